@@ -1,0 +1,37 @@
+# The two commands: `make run` and `make test`. Each installs what it needs first (idempotent).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test install java lint docs clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+# A Java runtime is installed through apt only when `java` is missing (PySpark needs it).
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "java not found: installing a JRE with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; }
+
+install: $(STAMP) java
+
+run: install
+	$(PY) examples/coordination/demo.py
+
+test: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+docs: install
+	$(PY) -m weirflow.config.reference > docs/configuration.md
+
+clean:
+	rm -rf $(VENV) .weirflow examples/*/.weirflow

@@ -1,0 +1,211 @@
+"""The leader's decisions, tick by tick, with a controlled clock over the embedded backend's primitives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from weirflow.coordination.job_model_store import latch_name, read_job_model
+from weirflow.coordination.leader import LeaderDuties
+from weirflow.coordination.timings import CoordinationTimings
+from weirflow.grouper import group_by_partition, ssps_of
+from weirflow.interfaces.coordination import LatchState, ProcessorInfo
+from weirflow.local.coordination import SqliteCoordinationUtils
+from weirflow.local.metadata import SqliteMetadataStore
+
+TIMINGS = CoordinationTimings(
+    lease_ms=15000,
+    renew_interval_ms=5000,
+    heartbeat_interval_ms=3000,
+    liveness_timeout_ms=10000,
+    debounce_ms=2000,
+    latch_timeout_ms=15000,
+    poll_interval_ms=500,
+    lock_timeout_ms=60000,
+)
+TASKS = group_by_partition("main", ssps_of("local", "events", 6))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.db = root / "job.db"
+        self.clock = Clock()
+        self.coordination = SqliteCoordinationUtils(self.db, owner="leader", lease_ms=TIMINGS.lease_ms)
+        self.metadata = SqliteMetadataStore(self.db)
+        self.metadata.start()
+        self.registry = self.coordination.processor_registry()
+
+    def duties(self) -> LeaderDuties:
+        return LeaderDuties("leader", self.coordination, self.metadata, lambda: TASKS, TIMINGS, clock=self.clock)
+
+    def beat(self, pid: str, started_ms: int | None = None, state: str = "RUNNING", at: int | None = None) -> None:
+        rows = {p.processor_id: p for p in self.registry.processors()}
+        started = started_ms if started_ms is not None else rows[pid].started_ms if pid in rows else self.clock.now
+        self.registry.heartbeat(
+            ProcessorInfo(
+                pid, "host", 1, state, heartbeat_ms=at if at is not None else self.clock.now, started_ms=started
+            )
+        )
+
+    def model(self):
+        return read_job_model(self.metadata)[0]
+
+    def join_latch(self, version: int, *pids: str) -> None:
+        latch = self.coordination.latch(latch_name(version))
+        for pid in pids:
+            latch.join(pid)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def test_first_model_waits_for_membership_to_be_stable_for_the_debounce_time(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 1000
+    assert duties.tick() is None
+    world.clock.now += 1000
+    model = duties.tick()
+    assert model is not None and model.version == 1
+    assert model.processors == ("p1", "p2")
+    assert sorted(t for p in model.processors for t in model.tasks_of(p)) == sorted(TASKS)
+
+
+def test_a_burst_of_joins_causes_one_rebalance_after_the_last_join(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.clock.now += 2000
+    assert duties.tick().version == 1
+    world.join_latch(1, "p1")
+    duties.tick()
+    world.clock.now += 500
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 1500
+    world.beat("p3")  # joins 1.5 s after p2: the debounce restarts
+    world.clock.now += 1000
+    assert duties.tick() is None
+    world.clock.now += 1000
+    model = duties.tick()
+    assert model.version == 2 and model.processors == ("p1", "p2", "p3")
+    assert world.model().version == 2
+
+
+def test_a_silent_processor_is_removed_once_past_liveness_plus_debounce(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    last_p2 = world.clock.now
+    world.clock.now += 2000
+    assert duties.tick().version == 1
+    world.join_latch(1, "p1", "p2")
+    duties.tick()
+    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + 1000
+    world.beat("p1")
+    assert duties.tick() is None  # p2 dead for 1 s only: still debouncing
+    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + TIMINGS.debounce_ms
+    world.beat("p1")
+    model = duties.tick()
+    assert model.version == 2 and model.processors == ("p1",)
+    assert set(model.tasks_of("p1")) == set(TASKS)
+
+
+def test_a_leader_elected_after_a_death_publishes_without_waiting_again(world: World) -> None:
+    first = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 2000
+    first.tick()
+    world.join_latch(1, "p1", "p2")
+    first.tick()
+    # p2 (the old leader) dies; a new leader is elected 15 s later and sees p2 silent for 15 s
+    world.clock.now += 15000
+    world.beat("p1")
+    model = world.duties().tick()
+    assert model is not None and model.processors == ("p1",)
+
+
+def test_a_stopped_processor_is_gone_after_the_debounce_without_waiting_for_liveness(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 2000
+    duties.tick()
+    world.join_latch(1, "p1", "p2")
+    duties.tick()
+    world.clock.now += 2000
+    world.beat("p2", state="STOPPED")
+    world.beat("p1")
+    assert duties.tick() is None
+    world.clock.now += TIMINGS.debounce_ms
+    world.beat("p1")
+    assert duties.tick().processors == ("p1",)
+
+
+def test_the_latch_completes_when_every_processor_of_the_model_joined(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 2000
+    duties.tick()
+    latch = world.coordination.latch(latch_name(1))
+    world.join_latch(1, "p1")
+    duties.tick()
+    assert latch.state() is LatchState.OPEN
+    world.join_latch(1, "p2")
+    duties.tick()
+    assert latch.state() is LatchState.COMPLETE
+
+
+def test_a_timed_out_latch_makes_the_leader_publish_a_new_version(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 2000
+    duties.tick()
+    world.join_latch(1, "p1")
+    world.clock.now += TIMINGS.latch_timeout_ms
+    world.beat("p1")
+    world.beat("p2")
+    model = duties.tick()
+    assert world.coordination.latch(latch_name(1)).state() is LatchState.TIMED_OUT
+    assert model is not None and model.version == 2
+
+
+def test_a_new_leader_adopts_the_open_latch_of_the_current_model(world: World) -> None:
+    world.beat("p1")
+    world.beat("p2")
+    world.clock.now += 2000
+    world.duties().tick()
+    world.join_latch(1, "p1", "p2")
+    successor = world.duties()
+    successor.tick()
+    assert world.coordination.latch(latch_name(1)).state() is LatchState.COMPLETE
+
+
+def test_a_stale_leader_cannot_overwrite_a_newer_model(world: World) -> None:
+    old, new = world.duties(), world.duties()
+    world.beat("p1")
+    world.clock.now += 2000
+    assert new.tick().version == 1
+    world.join_latch(1, "p1")
+    new.tick()
+    world.beat("p2")
+    world.clock.now += 2000
+    world.beat("p1")
+    assert new.tick().version == 2
+    # the old leader's view is stale only in memory; it re-reads and sees membership unchanged
+    assert old.tick() is None
+    assert world.model().version == 2

@@ -1,0 +1,3 @@
+from weirflow.cli import main
+
+main()

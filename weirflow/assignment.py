@@ -1,0 +1,49 @@
+"""Sticky balanced assignment of tasks to processors.
+
+Balance: with T tasks and P processors every processor gets ⌊T/P⌋ or ⌈T/P⌉ tasks, and exactly T mod P of
+them get the larger share. Stickiness: the number of tasks that stay where they were is the largest any
+balanced assignment allows. That maximum is reached by giving the ⌈T/P⌉ slots to the processors that
+previously held the most still-valid tasks (an exchange argument: swapping a larger slot to a processor with
+fewer previous tasks can only lower ``sum(min(previous_i, slot_i))``), letting each keep
+``min(previous_i, slot_i)`` of its tasks, and filling the remaining room with the freed and new tasks. Ties
+and choices are broken by sorted ids, so the result does not depend on input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def assign(
+    tasks: Iterable[str], processors: Iterable[str], previous: Mapping[str, Iterable[str]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    all_tasks = sorted(set(tasks))
+    procs = sorted(set(processors))
+    if not procs:
+        return {}
+    task_set = set(all_tasks)
+    prev: dict[str, list[str]] = {p: [] for p in procs}
+    claimed: set[str] = set()
+    for p in procs:
+        for t in sorted(set((previous or {}).get(p, ()))):
+            if t in task_set and t not in claimed:
+                prev[p].append(t)
+                claimed.add(t)
+    base, extra = divmod(len(all_tasks), len(procs))
+    order = sorted(procs, key=lambda p: (-len(prev[p]), p))
+    slots = {p: base + (1 if i < extra else 0) for i, p in enumerate(order)}
+    result: dict[str, list[str]] = {p: prev[p][: slots[p]] for p in procs}
+    kept = {t for ts in result.values() for t in ts}
+    free = [t for t in all_tasks if t not in kept]
+    for p in order:
+        room = slots[p] - len(result[p])
+        result[p].extend(free[:room])
+        free = free[room:]
+    return {p: tuple(sorted(result[p])) for p in procs}
+
+
+def moved_tasks(previous: Mapping[str, Iterable[str]], new: Mapping[str, Iterable[str]]) -> set[str]:
+    """Tasks present in both assignments whose owner changed."""
+    before = {t: p for p, ts in previous.items() for t in ts}
+    after = {t: p for p, ts in new.items() for t in ts}
+    return {t for t in before.keys() & after.keys() if before[t] != after[t]}

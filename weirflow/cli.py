@@ -1,0 +1,353 @@
+"""The `weirflow` command: run a processor, inspect a job, manage streams.
+
+Every command takes the job's CONFIG file first and `--set key=value` overrides. Errors print one line that
+names the key, file or endpoint, and exit with status 2 (bad input) or 1 (runtime failure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from weirflow.config import load_config
+from weirflow.errors import ConfigError, WeirflowError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+streams_app = typer.Typer(no_args_is_help=True, help="Create, list, write and read streams of the job's systems.")
+app.add_typer(streams_app, name="streams")
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="The job's config file (.yaml, .yml or .properties).")]
+SetOpt = Annotated[list[str], typer.Option("--set", help="Override a config key: --set key=value (repeatable).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as exc:
+        err_console.print(f"[bold red]config error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    except WeirflowError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def _load(config: Path, overrides: list[str] | None) -> Any:
+    cfg = load_config(config, overrides or [])
+    for warning in cfg.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    return cfg
+
+
+def _setup_logging(level: str, processor_id: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{processor_id}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,  # type: ignore[assignment]
+    processor_id: Annotated[
+        str | None, typer.Option(help="Identity of this processor (default: host-pid-random).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run one processor of the job; start N of them to share its tasks. Stops cleanly on SIGTERM / Ctrl-C."""
+    from weirflow.coordination.processor import StreamProcessor, default_processor_id
+
+    with _user_errors():
+        cfg = _load(config, set_)
+        pid = processor_id or cfg.get("processor.id") or default_processor_id()
+        _setup_logging(log_level, pid)
+        processor = StreamProcessor(cfg, processor_id=pid)
+
+        def _on_signal(signum: int, _frame: Any) -> None:
+            logging.getLogger("weirflow.cli").info("received %s; stopping", signal.Signals(signum).name)
+            processor.stop()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        code = processor.run()
+    raise typer.Exit(code)
+
+
+def status_document(cfg: Any) -> dict[str, Any]:
+    """The job's live picture: leader, job model and every registered processor (what `status --json` prints)."""
+    from weirflow.coordination.job_model_store import read_job_model
+    from weirflow.coordination.timings import CoordinationTimings
+    from weirflow.job_context import JobContext
+
+    ctx = JobContext.open(cfg, owner=f"status-{os.getpid()}")
+    try:
+        timings = CoordinationTimings.from_config(cfg)
+        leader = ctx.coordination.leader_elector().current_leader()
+        model, _ = read_job_model(ctx.metadata)
+        rows = ctx.coordination.processor_registry().processors()
+    finally:
+        ctx.close()
+    now = int(time.time() * 1000)
+    processors = []
+    for row in rows:
+        age = now - row.heartbeat_ms
+        processors.append(
+            {
+                **row.to_json(),
+                "heartbeat_age_s": round(age / 1000, 1),
+                "live": age <= timings.liveness_timeout_ms and row.state not in ("STOPPED", "FAILED"),
+                "leader": row.processor_id == leader,
+                "assigned": list(model.tasks_of(row.processor_id)),
+            }
+        )
+    return {
+        "job": f"{cfg.get('job.name')}-{cfg.get('job.id')}",
+        "leader": leader,
+        "job_model_version": model.version,
+        "task_count": len(model.tasks),
+        "assignment": {p: list(t) for p, t in model.assignment.items()},
+        "processors": processors,
+    }
+
+
+@app.command()
+def status(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:  # type: ignore[assignment]
+    """Show the leader, the job model version and each processor's state, tasks and heartbeat age."""
+    with _user_errors():
+        doc = status_document(_load(config, set_))
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    console.print(
+        f"job [bold]{doc['job']}[/]  leader [bold]{doc['leader'] or '(none)'}[/]  "
+        f"job model v{doc['job_model_version']}  {doc['task_count']} tasks"
+    )
+    table = Table(show_lines=False)
+    for column in ("processor", "state", "live", "model", "tasks running", "heartbeat age", "error"):
+        table.add_column(column)
+    for p in doc["processors"]:
+        name = p["processor_id"] + (" (leader)" if p["leader"] else "")
+        table.add_row(
+            name,
+            p["state"],
+            "yes" if p["live"] else "[red]no[/]",
+            f"v{p['job_model_version']}",
+            ", ".join(p["tasks"]) or "-",
+            f"{p['heartbeat_age_s']:.1f} s",
+            p["error"] or "",
+        )
+    console.print(table)
+
+
+@app.command("config")
+def show_config(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:  # type: ignore[assignment]
+    """Print the effective configuration (file + overrides + defaults), secrets masked."""
+    with _user_errors():
+        cfg = _load(config, set_)
+        values = cfg.masked()
+    if as_json:
+        print(json.dumps(values, indent=2, default=str))
+        return
+    table = Table()
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("from")
+    for key, value in values.items():
+        table.add_row(key, str(value), cfg.source_of(key))
+    console.print(table)
+
+
+@app.command("config-reference")
+def config_reference() -> None:
+    """Print the configuration reference (Markdown) generated from the key registry."""
+    from weirflow.config.reference import render_markdown
+
+    print(render_markdown(), end="")
+
+
+# --- streams ------------------------------------------------------------------------------------------
+@contextmanager
+def _systems(config: Path, overrides: list[str] | None) -> Iterator[Any]:
+    from weirflow.systems import Systems
+
+    cfg = _load(config, overrides)
+    systems = Systems(cfg)
+    try:
+        yield cfg, systems
+    finally:
+        systems.close()
+
+
+StreamArg = Annotated[str, typer.Argument(help="Stream id (its system comes from streams.<id>.system).")]
+
+
+@streams_app.command("create")
+def streams_create(
+    config: ConfigArg,
+    stream: StreamArg,
+    partitions: Annotated[
+        int | None, typer.Option(help="Partition count (default streams.<id>.partitions).")
+    ] = None,
+    set_: SetOpt = None,  # type: ignore[assignment]
+) -> None:
+    """Create a stream (idempotent when the partition count matches)."""
+    from weirflow.interfaces.system import StreamSpec
+
+    with _user_errors(), _systems(config, set_) as (cfg, systems):
+        count = partitions or cfg.get(f"streams.{stream}.partitions")
+        if not count:
+            raise cfg.error(f"streams.{stream}.partitions", "is not set; pass --partitions N")
+        ref = systems.resolve(stream)
+        try:
+            created = systems.admin(ref.system).create_stream(StreamSpec(ref.physical, int(count)))
+        except ValueError as exc:
+            raise WeirflowError(str(exc)) from exc
+        verb = "created" if created else "already exists:"
+        console.print(f"{verb} {ref.system}.{ref.physical} with {count} partitions")
+
+
+@streams_app.command("list")
+def streams_list(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:  # type: ignore[assignment]
+    """List the streams of every system the job uses, with partition counts and record counts."""
+    with _user_errors(), _systems(config, set_) as (cfg, systems):
+        names = sorted({cfg.get("job.default.system"), *cfg.names("systems")})
+        rows = []
+        for system in names:
+            admin = systems.admin(system)
+            for stream, count in sorted(admin.list_streams().items()):
+                meta = admin.partition_metadata(stream)
+                records = sum(int(m.upcoming) - int(m.oldest) for m in meta.values() if m.upcoming.isdigit())
+                rows.append({"system": system, "stream": stream, "partitions": count, "records": records})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table()
+    for column in ("system", "stream", "partitions", "records"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["system"], row["stream"], str(row["partitions"]), str(row["records"]))
+    console.print(table)
+
+
+@streams_app.command("produce")
+def streams_produce(
+    config: ConfigArg,
+    stream: StreamArg,
+    key_field: Annotated[str | None, typer.Option("--key-field", help="Use this JSON field as the key.")] = None,
+    batch: Annotated[int, typer.Option(help="Records per write.")] = 500,
+    set_: SetOpt = None,  # type: ignore[assignment]
+) -> None:
+    """Append JSON lines read from stdin to a stream (one record per line)."""
+    from weirflow.interfaces.system import OutgoingRecord
+
+    with _user_errors(), _systems(config, set_) as (_cfg, systems):
+        ref = systems.resolve(stream)
+        producer = systems.producer(ref.system)
+        pending: list[OutgoingRecord] = []
+        total = 0
+        for number, line in enumerate(sys.stdin, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WeirflowError(
+                    f"stdin line {number} is not JSON ({exc.msg}); nothing after it was sent"
+                ) from exc
+            key = None
+            if key_field is not None:
+                if not isinstance(value, dict) or key_field not in value:
+                    raise WeirflowError(f"stdin line {number} has no field '{key_field}' for --key-field")
+                key = str(value[key_field]).encode()
+            pending.append(OutgoingRecord(ref.physical, line.encode(), key=key))
+            if len(pending) >= batch:
+                producer.send(pending)
+                total += len(pending)
+                pending = []
+        if pending:
+            producer.send(pending)
+            total += len(pending)
+        producer.flush()
+    err_console.print(f"sent {total} records to {ref.system}.{ref.physical}")
+
+
+@streams_app.command("consume")
+def streams_consume(
+    config: ConfigArg,
+    stream: StreamArg,
+    as_json: JsonOpt = False,
+    limit: Annotated[int | None, typer.Option("--max", help="Stop after this many records.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep waiting for new records.")] = False,
+    set_: SetOpt = None,  # type: ignore[assignment]
+) -> None:
+    """Print the records of every partition from the oldest. `--json`: one JSON object per record."""
+    from weirflow.interfaces.system import SystemStreamPartition
+
+    with _user_errors(), _systems(config, set_) as (_cfg, systems):
+        ref = systems.resolve(stream)
+        admin = systems.admin(ref.system)
+        consumer = systems.consumer(ref.system)
+        positions = {p: m.oldest for p, m in admin.partition_metadata(ref.physical).items()}
+        printed = 0
+        while True:
+            progressed = False
+            for partition in sorted(positions):
+                ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+                for record in consumer.read(ssp, positions[partition], 1000):
+                    positions[partition] = record.next_offset
+                    progressed = True
+                    _print_record(record, as_json)
+                    printed += 1
+                    if limit is not None and printed >= limit:
+                        return
+            if not progressed:
+                if not follow:
+                    return
+                time.sleep(0.2)
+
+
+def _print_record(record: Any, as_json: bool) -> None:
+    value_text = record.value.decode(errors="replace")
+    if not as_json:
+        key = record.key.decode(errors="replace") if record.key is not None else "-"
+        print(f"{record.ssp.partition}\t{record.offset}\t{key}\t{value_text}")
+        return
+    try:
+        value: Any = json.loads(value_text)
+    except json.JSONDecodeError:
+        value = value_text
+    doc = {
+        "partition": record.ssp.partition,
+        "offset": record.offset,
+        "key": record.key.decode(errors="replace") if record.key is not None else None,
+        "timestamp_ms": record.timestamp_ms,
+        "value": value,
+    }
+    print(json.dumps(doc, separators=(",", ":")))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

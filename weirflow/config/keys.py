@@ -1,0 +1,205 @@
+"""Every configuration key weirflow knows: name, type, default and meaning.
+
+This module is the single source of truth. `docs/configuration.md` is generated from it
+(``weirflow config-reference``) and a test keeps the two identical. Keys containing ``<name>`` or ``<id>``
+are patterns: the placeholder matches one dotted segment (``systems.<name>.factory`` matches
+``systems.local.factory``). Keys under a `FREE_PREFIXES` prefix (``spark.``) are passed through unchecked.
+
+Plugins declare their own keys here too (in their own section), so that one table documents everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+KeyType = Literal["str", "int", "bool", "list", "duration_ms"]
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One key. ``default`` None with ``required`` False means "unset unless given"."""
+
+    name: str
+    type: KeyType
+    default: Any
+    doc: str
+    section: str
+    required: bool = False
+    secret: bool = False
+
+
+# Prefixes whose keys are passed through to another component without validation.
+FREE_PREFIXES: tuple[str, ...] = ("spark.",)
+
+_J = "Job"
+_C = "Coordination"
+_T = "Tasks and checkpoints"
+_S = "Systems and streams"
+_L = "Embedded default (`local`)"
+
+KEYS: tuple[ConfigKey, ...] = (
+    # --- Job -------------------------------------------------------------------------------------------
+    ConfigKey(
+        "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True
+    ),
+    ConfigKey("job.id", "str", "1", "Instance of the job, to run several copies of one job side by side.", _J),
+    ConfigKey(
+        "job.state.dir",
+        "str",
+        ".weirflow",
+        "Directory for local state (embedded databases, Spark checkpoints). Relative paths are resolved "
+        "against the directory of the config file.",
+        _J,
+    ),
+    ConfigKey("job.default.system", "str", "local", "System of streams that name no `streams.<id>.system`.", _J),
+    ConfigKey(
+        "processor.id",
+        "str",
+        None,
+        "Identity of this processor; default `<host>-<pid>-<random>`. Must be unique among live "
+        "processors of the job.",
+        _J,
+    ),
+    ConfigKey(
+        "job.coordinator.factory",
+        "str",
+        "local",
+        "Job coordinator: alias (`local`) or `module:Class` implementing `JobCoordinatorFactory`.",
+        _C,
+    ),
+    ConfigKey(
+        "metadata.store.factory",
+        "str",
+        "local",
+        "Metadata store (job model, drain notices): alias (`local`) or `module:Class` implementing "
+        "`MetadataStoreFactory`.",
+        _C,
+    ),
+    # --- Coordination timings -----------------------------------------------------------------------------
+    ConfigKey(
+        "job.coordinator.lease.duration.ms",
+        "duration_ms",
+        15000,
+        "Lease of the leader and of each task lock. A killed leader is replaced after at most this "
+        "long; a killed processor's tasks can start elsewhere after at most this long.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.lease.renew.interval.ms",
+        "duration_ms",
+        5000,
+        "How often held leases (leader, task locks) are renewed. Must be well under the lease duration.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.heartbeat.interval.ms",
+        "duration_ms",
+        3000,
+        "How often a processor writes its heartbeat row.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.liveness.timeout.ms",
+        "duration_ms",
+        10000,
+        "A processor silent for longer is considered dead and its tasks are reassigned.",
+        _C,
+    ),
+    ConfigKey(
+        "job.debounce.time.ms",
+        "duration_ms",
+        2000,
+        "The leader waits until membership has been stable this long before publishing a new job "
+        "model, so a burst of joins causes one rebalance.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.latch.timeout.ms",
+        "duration_ms",
+        15000,
+        "How long the leader waits for every processor to join a job model's latch before it gives "
+        "up on that version and publishes a new one.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.poll.interval.ms",
+        "duration_ms",
+        500,
+        "How often a processor checks leadership, membership, the job model and latches.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.lock.timeout.ms",
+        "duration_ms",
+        60000,
+        "How long a processor keeps trying to take a gained task's lock (the previous owner's lease "
+        "must expire first) before it reports the task as failed to start.",
+        _C,
+    ),
+    # --- Tasks and checkpoints ----------------------------------------------------------------------------
+    ConfigKey(
+        "task.inputs",
+        "list",
+        [],
+        "Input streams (stream ids) of a record-task job, grouped by partition into tasks "
+        "`<stage>-<n>` (stage `main`). Pipelines declare their inputs in code instead.",
+        _T,
+    ),
+    ConfigKey(
+        "task.class",
+        "str",
+        None,
+        "`module:callable` processing one record of a record-task job: "
+        "`fn(record: dict) -> list[dict]`; each returned dict has `stream`, `value`, optional `key`.",
+        _T,
+    ),
+    ConfigKey(
+        "task.checkpoint.factory",
+        "str",
+        "local",
+        "Checkpoint manager: alias (`local`) or `module:Class` implementing `CheckpointManagerFactory`.",
+        _T,
+    ),
+    ConfigKey("task.commit.ms", "duration_ms", 1000, "How often a running task checkpoints its offsets.", _T),
+    ConfigKey("task.poll.max.records", "int", 500, "Most records a record task reads per SSP per poll.", _T),
+    # --- Systems and streams ------------------------------------------------------------------------------
+    ConfigKey(
+        "systems.<name>.factory",
+        "str",
+        None,
+        "System plugin: alias (`local`) or `module:Class` implementing `SystemFactory`. The system "
+        "named `local` defaults to the embedded log.",
+        _S,
+    ),
+    ConfigKey("streams.<id>.system", "str", None, "System holding the stream; default `job.default.system`.", _S),
+    ConfigKey("streams.<id>.physical.name", "str", None, "Name of the stream on its system; default `<id>`.", _S),
+    ConfigKey(
+        "streams.<id>.partitions",
+        "int",
+        None,
+        "Partition count used when weirflow creates the stream (inputs of the example, intermediate "
+        "and output streams).",
+        _S,
+    ),
+    # --- Embedded default --------------------------------------------------------------------------------
+    ConfigKey(
+        "systems.<name>.path",
+        "str",
+        None,
+        "SQLite file of a `local` system; default `<job.state.dir>/<name>.streams.db`. Jobs sharing "
+        "the file share the streams.",
+        _L,
+    ),
+    ConfigKey(
+        "local.db.busy.timeout.ms",
+        "duration_ms",
+        10000,
+        "How long an embedded-database statement waits for another process's write lock.",
+        _L,
+    ),
+)
+
+
+def by_name() -> dict[str, ConfigKey]:
+    return {k.name: k for k in KEYS}

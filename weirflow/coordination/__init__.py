@@ -1,0 +1,1 @@
+"""The job-coordination protocol, written once against the interfaces in `weirflow.interfaces`."""

@@ -1,0 +1,168 @@
+"""What the leader does on every tick: complete or time out the current latch, notice membership changes,
+debounce them, and publish job model v+1 with a sticky balanced assignment.
+
+Debounce is derived from the registry, not from the leader's memory, so a leader elected a moment ago acts
+as promptly as one that watched the change happen: membership is *stable since* the latest change visible in
+the registry — the `started_ms` of a processor that joined, or ``heartbeat_ms + liveness timeout`` of one
+that went silent. A new model is published once that is at least `job.debounce.time.ms` ago. A burst of joins
+thus causes one rebalance, and a failover costs only lease expiry + one poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from weirflow.assignment import assign
+from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model
+from weirflow.coordination.timings import CoordinationTimings
+from weirflow.errors import EtagMismatchError
+from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo
+from weirflow.interfaces.metadata import MetadataStore
+from weirflow.job_model import JobModel, TaskModel
+
+log = logging.getLogger("weirflow.leader")
+
+# Rows silent for this many liveness timeouts are removed from the registry by the leader.
+_GC_FACTOR = 6
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LeaderDuties:
+    """State the leader keeps between ticks; a new instance is made each time leadership is won."""
+
+    def __init__(
+        self,
+        owner: str,
+        coordination: CoordinationUtils,
+        metadata: MetadataStore,
+        planner: Callable[[], dict[str, TaskModel]],
+        timings: CoordinationTimings,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.owner = owner
+        self._coordination = coordination
+        self._registry = coordination.processor_registry()
+        self._metadata = metadata
+        self._planner = planner
+        self._timings = timings
+        self._clock = clock
+        self._watched_latch: int | None = None  # version whose latch we are waiting on
+        self._latch_deadline_ms = 0
+        self._adopted = False  # checked the latch of the model we found on election
+        self._republish = False  # a latch timed out: publish again even if membership is unchanged
+
+    def tick(self) -> JobModel | None:
+        """One round of leader work; returns the model it published, if any."""
+        now = self._clock()
+        model, etag = read_job_model(self._metadata)
+        rows = self._registry.processors()
+        self._collect_garbage(rows, now)
+        live = sorted(p.processor_id for p in rows if self._is_live(p, now))
+
+        if not self._adopted:
+            self._adopted = True
+            if (
+                model.version > 0
+                and self._coordination.latch(latch_name(model.version)).state() is LatchState.OPEN
+            ):
+                self._watch_latch(model.version, now)
+        self._check_latch(model, now)
+
+        if not live:
+            return None
+        membership_changed = tuple(live) != model.processors
+        if not (membership_changed or self._republish or model.version == 0):
+            return None
+        if membership_changed and not self._republish:
+            stable_since = self._stable_since(model, rows, live)
+            if now - stable_since < self._timings.debounce_ms:
+                return None
+        return self._publish(model, etag, live, now)
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _is_live(self, info: ProcessorInfo, now: int) -> bool:
+        return now - info.heartbeat_ms <= self._timings.liveness_timeout_ms and info.state not in (
+            "STOPPING",
+            "STOPPED",
+            "FAILED",
+        )
+
+    def _stable_since(self, model: JobModel, rows: list[ProcessorInfo], live: list[str]) -> int:
+        by_id = {p.processor_id: p for p in rows}
+        changes = [0]
+        for pid in set(live) - set(model.processors):
+            changes.append(by_id[pid].started_ms)
+        for pid in set(model.processors) - set(live):
+            row = by_id.get(pid)
+            if row is not None and row.state in ("STOPPING", "STOPPED", "FAILED"):
+                changes.append(row.heartbeat_ms)
+            elif row is not None:
+                changes.append(row.heartbeat_ms + self._timings.liveness_timeout_ms)
+        return max(changes)
+
+    def _watch_latch(self, version: int, now: int) -> None:
+        self._watched_latch = version
+        self._latch_deadline_ms = now + self._timings.latch_timeout_ms
+
+    def _check_latch(self, model: JobModel, now: int) -> None:
+        if self._watched_latch is None:
+            return
+        if self._watched_latch != model.version:  # superseded (by us or a previous leader)
+            self._watched_latch = None
+            return
+        latch = self._coordination.latch(latch_name(model.version))
+        joined = latch.participants()
+        missing = set(model.processors) - joined
+        if not missing:
+            latch.complete()
+            log.info("job model v%d: all %d processors joined; latch complete", model.version, len(joined))
+            self._watched_latch = None
+        elif now >= self._latch_deadline_ms:
+            latch.time_out()
+            log.warning(
+                "job model v%d: latch timed out waiting for %s; publishing a new version",
+                model.version,
+                ", ".join(sorted(missing)),
+            )
+            self._watched_latch = None
+            self._republish = True
+
+    def _publish(self, model: JobModel, etag: str | None, live: list[str], now: int) -> JobModel | None:
+        tasks = self._planner()
+        assignment = assign(tasks.keys(), live, model.assignment)
+        new = JobModel(
+            version=model.version + 1, tasks=tasks, assignment=assignment, created_ms=now, leader=self.owner
+        )
+        try:
+            publish_job_model(self._metadata, new, etag)
+        except EtagMismatchError:
+            log.warning("job model changed while publishing v%d; another leader? re-reading", new.version)
+            return None
+        self._republish = False
+        self._watch_latch(new.version, now)
+        moved = sum(1 for t in tasks if model.owner_of(t) not in (None, new.owner_of(t)))
+        log.info(
+            "published job model v%d: %d tasks on %d processors (%s); %d tasks moved",
+            new.version,
+            len(tasks),
+            len(live),
+            ", ".join(f"{p}={len(new.tasks_of(p))}" for p in live),
+            moved,
+        )
+        return new
+
+    def _collect_garbage(self, rows: list[ProcessorInfo], now: int) -> None:
+        horizon = self._timings.liveness_timeout_ms * _GC_FACTOR
+        for row in rows:
+            if now - row.heartbeat_ms > horizon:
+                self._registry.unregister(row.processor_id)
+                log.info(
+                    "removed processor %s from the registry (silent for %d s)",
+                    row.processor_id,
+                    (now - row.heartbeat_ms) // 1000,
+                )

@@ -1,0 +1,38 @@
+"""Grouping SSPs into tasks by partition (Samza's GroupByPartition).
+
+Task ``<stage>-<n>`` holds partition n of every input stream of the stage that has a partition n, so a
+stage's co-partitioned inputs meet in one task (what joins and `partition_by` rely on).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job_model import TaskModel
+
+_STAGE = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def ssps_of(system: str, stream: str, partitions: int) -> list[SystemStreamPartition]:
+    return [SystemStreamPartition(system, stream, p) for p in range(partitions)]
+
+
+def group_by_partition(stage: str, ssps: Iterable[SystemStreamPartition]) -> dict[str, TaskModel]:
+    if not _STAGE.match(stage):
+        raise ValueError(f"stage name {stage!r} must match [A-Za-z0-9_]+ (task names are '<stage>-<n>')")
+    by_partition: dict[int, list[SystemStreamPartition]] = {}
+    for ssp in ssps:
+        by_partition.setdefault(ssp.partition, []).append(ssp)
+    return {
+        f"{stage}-{n}": TaskModel(f"{stage}-{n}", stage, tuple(sorted(set(group))))
+        for n, group in sorted(by_partition.items())
+    }
+
+
+def group_stages(stages: Mapping[str, Iterable[SystemStreamPartition]]) -> dict[str, TaskModel]:
+    tasks: dict[str, TaskModel] = {}
+    for stage, ssps in stages.items():
+        tasks.update(group_by_partition(stage, ssps))
+    return tasks

@@ -1,0 +1,63 @@
+"""`CheckpointManager`: where a task's input positions live, outside Spark and outside any processor.
+
+Positions are what makes tasks movable: the processor that takes a task over reads the task's checkpoint
+and resumes exactly there. Record shape (the same in every backend)::
+
+    Checkpoint(offsets={SystemStreamPartition("local", "page-views", 3): "1042"}, control={...})
+
+* ``offsets`` — per SSP, the **next offset to read** (not the last one processed), as the system's string.
+* ``control`` — JSON-serialisable control-message state (watermarks, end-of-stream per producer task) that
+  must move with the offsets; ``{}`` when unused.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from weirflow.interfaces.system import SystemStreamPartition
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    offsets: Mapping[SystemStreamPartition, str]
+    control: Mapping[str, Any] = field(default_factory=dict)
+
+
+class CheckpointManager(ABC):
+    """Stores one `Checkpoint` per task.
+
+    Contract:
+    * ``write_checkpoint`` replaces the task's offsets for the SSPs it names (other SSPs of the task keep
+      their stored offsets) and replaces ``control`` when it is non-empty. It is atomic per call: a reader
+      sees all of a write or none of it.
+    * ``read_last_checkpoint`` returns None for a task never checkpointed.
+    * Safe to call from several processes; the *fence* (only the task's lock holder writes) is the caller's
+      job, through `weirflow.fencing.FencedCheckpointWriter`.
+    * Raise on failure: a write that returns normally is durable.
+    """
+
+    def start(self) -> None:
+        """Create tables or containers if missing. Idempotent."""
+
+    @abstractmethod
+    def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None: ...
+
+    @abstractmethod
+    def read_last_checkpoint(self, task_name: str) -> Checkpoint | None: ...
+
+    def read_all(self) -> dict[str, Checkpoint]:
+        """Every task's checkpoint (for `weirflow status` and tests). Backends may override for speed."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class CheckpointManagerFactory(ABC):
+    """Named by `task.checkpoint.factory`; constructed with no arguments."""
+
+    @abstractmethod
+    def get_checkpoint_manager(self, config: Any) -> CheckpointManager: ...

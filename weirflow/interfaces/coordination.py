@@ -1,0 +1,211 @@
+"""Coordination primitives: `LeaderElector`, `Latch`, `Lock`, `ProcessorRegistry`, and their factory.
+
+The job-coordination protocol (`weirflow.coordination`) is written once against these interfaces; the
+embedded backend implements them on SQLite (`weirflow.local`), the Azure suite on lease blobs and Table rows.
+
+Design rules every implementation keeps:
+
+* **No background threads inside a primitive.** Renewals are driven by the caller (the processor's lease
+  keeper), so a failure surfaces in the processor's state instead of dying in a hidden timer.
+* **Leases are time-bounded.** A holder that stops renewing loses the lease after ``lease_ms``; another
+  owner can then take it. A holder learns of a loss on its next ``renew`` (returns False) or ``is_held``.
+* **Owners are strings** (the processor id). Calls are idempotent for the same owner.
+* Transient backend failures are retried inside the implementation with bounded backoff; what still fails
+  is raised (`ServiceUnavailableError` naming the endpoint), never swallowed.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class LeaderElector(ABC):
+    """One leader per job, chosen by whoever takes a lease first.
+
+    Example (what the processor's lease keeper does)::
+
+        if elector.try_become_leader():      # takes the free/expired lease, or renews our own
+            ...act as leader...
+        # every renew interval while leading:
+        if not elector.renew():
+            ...step down at once...
+        elector.resign()                      # on stop: frees the lease so a successor need not wait
+    """
+
+    @abstractmethod
+    def try_become_leader(self) -> bool:
+        """Take the leadership lease if nobody holds it (or its lease expired); if we already hold it, renew it.
+        Return whether this owner is the leader now. Never blocks for longer than one backend round trip."""
+
+    @abstractmethod
+    def renew(self) -> bool:
+        """Extend our lease. Return False (and stop being leader) if we no longer hold it."""
+
+    @abstractmethod
+    def resign(self) -> None:
+        """Give up the lease if we hold it. Idempotent."""
+
+    @property
+    @abstractmethod
+    def is_leader(self) -> bool:
+        """What the last call established (no round trip)."""
+
+    @abstractmethod
+    def current_leader(self) -> str | None:
+        """The owner of the unexpired lease, or None (a round trip; for status and tests)."""
+
+
+class Lock(ABC):
+    """A named lease held by one owner: one per task, taken before a task starts and checked as a fence
+    before every checkpoint write.
+
+    ``try_acquire`` is non-blocking and re-entrant for the same owner. ``is_held`` asks the backend (it is
+    the fence: a paused process that lost its lease must learn it here before writing anything).
+    """
+
+    name: str
+    owner: str
+
+    @abstractmethod
+    def try_acquire(self) -> bool: ...
+
+    @abstractmethod
+    def renew(self) -> bool:
+        """Extend the lease; False when it is no longer ours."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Free the lease if ours. Idempotent."""
+
+    @abstractmethod
+    def is_held(self) -> bool: ...
+
+
+class LatchState(str, enum.Enum):
+    OPEN = "open"
+    COMPLETE = "complete"
+    TIMED_OUT = "timed_out"
+
+
+class Latch(ABC):
+    """A barrier for the processors of one job-model version.
+
+    Participants ``join``; the leader watches ``participants()`` and calls ``complete()`` once every expected
+    processor joined, or ``time_out()`` after the latch timeout (then it publishes a new version). Processors
+    wait for ``state()`` to leave OPEN. Joining twice is harmless; ``complete``/``time_out`` are final (the
+    first one wins).
+    """
+
+    name: str
+
+    @abstractmethod
+    def join(self, participant: str) -> None: ...
+
+    @abstractmethod
+    def participants(self) -> set[str]: ...
+
+    @abstractmethod
+    def complete(self) -> None: ...
+
+    @abstractmethod
+    def time_out(self) -> None: ...
+
+    @abstractmethod
+    def state(self) -> LatchState: ...
+
+
+@dataclass
+class ProcessorInfo:
+    """A processor's row in the registry. JSON/table shape = these fields.
+
+    * ``processor_id`` — unique per process lifetime (`processor.id` or ``<host>-<pid>-<random>``)
+    * ``host``, ``pid`` — where it runs
+    * ``state`` — `ProcessorState` value (NEW, STARTED, IN_REBALANCE, RUNNING, STOPPING, STOPPED, FAILED)
+    * ``job_model_version`` — the model it runs (-1 before the first)
+    * ``tasks`` — task names it runs now
+    * ``endpoint`` — advertised ``http://host:port`` or ""
+    * ``heartbeat_ms`` — epoch ms of the last heartbeat, by the processor's clock
+    * ``started_ms`` — epoch ms it registered
+    * ``error`` — last error in a background thread, or ""
+    """
+
+    processor_id: str
+    host: str
+    pid: int
+    state: str
+    job_model_version: int = -1
+    tasks: list[str] = field(default_factory=list)
+    endpoint: str = ""
+    heartbeat_ms: int = 0
+    started_ms: int = 0
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessorInfo:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class ProcessorRegistry(ABC):
+    """Who is alive. Contract:
+    * ``heartbeat(info)`` upserts the row (``info.heartbeat_ms`` is set by the caller).
+    * ``processors()`` returns every row, live or not, sorted by processor id.
+    * ``unregister`` removes a row; idempotent.
+    Liveness is decided by the reader: a row is live when ``now - heartbeat_ms <= liveness timeout``
+    (see `live`). Clocks of processors are assumed in sync to well under the liveness timeout.
+    """
+
+    @abstractmethod
+    def heartbeat(self, info: ProcessorInfo) -> None: ...
+
+    @abstractmethod
+    def processors(self) -> list[ProcessorInfo]: ...
+
+    @abstractmethod
+    def unregister(self, processor_id: str) -> None: ...
+
+    def live(self, now_ms: int, liveness_timeout_ms: int) -> list[ProcessorInfo]:
+        """Rows heard from within the liveness timeout and not STOPPED."""
+        return [
+            p
+            for p in self.processors()
+            if now_ms - p.heartbeat_ms <= liveness_timeout_ms and p.state not in ("STOPPED", "FAILED")
+        ]
+
+
+class CoordinationUtils(ABC):
+    """The primitives of one job (`job.name` + `job.id`) for one owner (the processor id).
+
+    Names passed to ``lock``/``latch`` are ``[A-Za-z0-9._-]+``; implementations map them onto their
+    resources. ``close`` releases connections (not leases: resign/release do that).
+    """
+
+    @abstractmethod
+    def leader_elector(self) -> LeaderElector: ...
+
+    @abstractmethod
+    def lock(self, name: str) -> Lock: ...
+
+    @abstractmethod
+    def latch(self, name: str) -> Latch: ...
+
+    @abstractmethod
+    def processor_registry(self) -> ProcessorRegistry: ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class JobCoordinatorFactory(ABC):
+    """Named by `job.coordinator.factory` (alias ``local``, later ``azure``); constructed with no arguments.
+
+    ``owner`` is the processor id, or a read-only observer name (``weirflow status``)."""
+
+    @abstractmethod
+    def get_coordination_utils(self, config: Any, owner: str) -> CoordinationUtils: ...

@@ -1,0 +1,61 @@
+"""`MetadataStore`: small JSON documents with etag compare-and-set (job model, drain notices, endpoints).
+
+Documents are JSON objects up to a few hundred KB. Every write can be conditional, so two leaders that both
+believe they lead cannot both publish: the one holding a stale etag gets `EtagMismatchError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Document:
+    """A stored document: ``value`` is the decoded JSON object, ``etag`` an opaque version string that changes
+    on every write."""
+
+    key: str
+    value: dict[str, Any]
+    etag: str
+
+
+class MetadataStore(ABC):
+    """Contract:
+    * ``get`` returns None for a missing key.
+    * ``put(key, value)`` with neither condition overwrites unconditionally.
+      ``if_match=etag`` writes only if the stored etag equals it; ``if_none_match=True`` only if the key is
+      absent. A failed condition raises `EtagMismatchError` and changes nothing.
+    * ``put`` returns the new etag; etags of one key never repeat.
+    * ``delete`` of a missing key is a no-op unless ``if_match`` is given (then `EtagMismatchError`).
+    * ``list(prefix)`` returns documents whose key starts with ``prefix``, sorted by key.
+    * Keys are ``[A-Za-z0-9._/-]+``. Safe for concurrent use by several processes.
+    """
+
+    def start(self) -> None:
+        """Create tables or containers if missing. Idempotent."""
+
+    @abstractmethod
+    def get(self, key: str) -> Document | None: ...
+
+    @abstractmethod
+    def put(
+        self, key: str, value: dict[str, Any], *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str: ...
+
+    @abstractmethod
+    def delete(self, key: str, *, if_match: str | None = None) -> None: ...
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[Document]: ...
+
+    def stop(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class MetadataStoreFactory(ABC):
+    """Named by `metadata.store.factory`; constructed with no arguments."""
+
+    @abstractmethod
+    def get_metadata_store(self, config: Any) -> MetadataStore: ...

@@ -1,0 +1,187 @@
+"""Streams and the systems that hold them: `SystemFactory`, `SystemAdmin`, `SystemConsumer`, `SystemProducer`.
+
+A *system* (Samza's word) is a place where partitioned, ordered logs live: the embedded SQLite log, Event Hubs,
+Kinesis. The runtime never talks to a system directly; it asks the configured `SystemFactory`
+(`systems.<name>.factory`) for an admin, a consumer or a producer. These are plain-value interfaces so a new
+system needs nothing but this module's docstrings.
+
+Offsets are opaque strings defined by the system (the local log and Event Hubs use decimal sequence numbers).
+They are compared only by the system itself (`SystemAdmin.offset_comparator` is deliberately absent: the
+runtime stores the *next offset to read*, which every system can resume from without comparing).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, order=True)
+class SystemStream:
+    """A stream on a system: ``system`` is the config name (`systems.<name>`), ``stream`` the physical name."""
+
+    system: str
+    stream: str
+
+    def __str__(self) -> str:
+        return f"{self.system}.{self.stream}"
+
+
+@dataclass(frozen=True, order=True)
+class SystemStreamPartition:
+    """One partition of a stream (an SSP). JSON shape: ``{"system": str, "stream": str, "partition": int}``."""
+
+    system: str
+    stream: str
+    partition: int
+
+    @property
+    def system_stream(self) -> SystemStream:
+        return SystemStream(self.system, self.stream)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"system": self.system, "stream": self.stream, "partition": self.partition}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SystemStreamPartition:
+        return cls(str(data["system"]), str(data["stream"]), int(data["partition"]))
+
+    def key(self) -> str:
+        """Stable string form ``system.stream.partition``, used as a row/column key by stores."""
+        return f"{self.system}.{self.stream}.{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> SystemStreamPartition:
+        system, rest = text.split(".", 1)
+        stream, partition = rest.rsplit(".", 1)
+        return cls(system, stream, int(partition))
+
+    def __str__(self) -> str:
+        return self.key()
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What to create: a stream's physical name, its partition count and system-specific properties."""
+
+    stream: str
+    partitions: int
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionMetadata:
+    """Offsets of one partition.
+
+    ``oldest`` is the offset of the first readable record and ``upcoming`` the offset the next appended record
+    will get. The partition is empty when ``oldest == upcoming``. ``newest`` is the offset of the last record,
+    or None when empty. All are strings in the system's own format.
+    """
+
+    oldest: str
+    newest: str | None
+    upcoming: str
+
+
+@dataclass(frozen=True)
+class IncomingRecord:
+    """A record read from an SSP. ``offset`` is its own offset; ``next_offset`` the offset to resume after it."""
+
+    ssp: SystemStreamPartition
+    offset: str
+    next_offset: str
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class OutgoingRecord:
+    """A record to send. ``partition`` pins the partition; else ``key`` is hashed; else the system chooses."""
+
+    stream: str
+    value: bytes
+    key: bytes | None = None
+    partition: int | None = None
+
+
+class SystemAdmin(ABC):
+    """Metadata and stream management for one system.
+
+    Thread-safety: one admin may be used from several threads of one process. Every method may be called
+    from several processes at once; ``create_stream`` must be idempotent across them.
+    """
+
+    @abstractmethod
+    def partition_count(self, stream: str) -> int:
+        """Number of partitions of ``stream``; raise `StreamNotFoundError` (naming the stream) when absent."""
+
+    @abstractmethod
+    def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
+        """Oldest / newest / upcoming offsets of every partition of ``stream``."""
+
+    @abstractmethod
+    def create_stream(self, spec: StreamSpec) -> bool:
+        """Create the stream if missing. Return True if created, False if it already existed with the same
+        partition count; raise `ValueError` if it exists with a different count."""
+
+    @abstractmethod
+    def list_streams(self) -> dict[str, int]:
+        """Physical stream names and their partition counts."""
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class SystemConsumer(ABC):
+    """Reads ranges of SSPs. Stateless about positions: the caller passes the start offset every time."""
+
+    @abstractmethod
+    def read(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
+    ) -> list[IncomingRecord]:
+        """Records of ``ssp`` from offset ``start`` (inclusive) in offset order, at most ``max_records`` and
+        stopping before ``end`` when given. Returns an empty list when nothing is there yet; never blocks
+        for long. ``start`` older than the partition's oldest offset reads from the oldest."""
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+
+
+class SystemProducer(ABC):
+    """Appends records to streams. ``send`` is durable when it returns (at-least-once)."""
+
+    @abstractmethod
+    def send(self, records: Sequence[OutgoingRecord]) -> None:
+        """Append ``records``; records for one partition keep their order. Raise on failure: nothing returns
+        normally unless everything was written."""
+
+    def flush(self) -> None:
+        """Make previously sent records durable (no-op for systems whose ``send`` is synchronous)."""
+
+    def close(self) -> None:
+        """Flush and release connections. Idempotent."""
+
+
+class SystemFactory(ABC):
+    """Entry point of a system plugin, named by `systems.<name>.factory` (alias or ``module:Class``).
+
+    Constructed with no arguments; each method receives the system's config name and the whole job config
+    (`weirflow.config.Config`) so it can read `systems.<name>.*` keys.
+    """
+
+    @abstractmethod
+    def get_admin(self, system_name: str, config: Any) -> SystemAdmin: ...
+
+    @abstractmethod
+    def get_consumer(self, system_name: str, config: Any) -> SystemConsumer: ...
+
+    @abstractmethod
+    def get_producer(self, system_name: str, config: Any) -> SystemProducer: ...
+
+
+def partitions_of(admin: SystemAdmin, system: str, streams: Iterable[str]) -> dict[str, int]:
+    """Partition counts of several streams of one system, for the grouper."""
+    return {stream: admin.partition_count(stream) for stream in streams}

@@ -1,0 +1,47 @@
+"""Everything a processor (or `weirflow status`) opens for one job, built from the configured factories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from weirflow.factories import checkpoint_factory, coordinator_factory, metadata_store_factory
+from weirflow.interfaces.checkpoint import CheckpointManager
+from weirflow.interfaces.coordination import CoordinationUtils
+from weirflow.interfaces.metadata import MetadataStore
+from weirflow.systems import Systems
+
+
+@dataclass
+class JobContext:
+    config: Any
+    owner: str
+    coordination: CoordinationUtils
+    metadata: MetadataStore
+    checkpoints: CheckpointManager
+    systems: Systems
+
+    @classmethod
+    def open(cls, config: Any, owner: str) -> JobContext:
+        """Resolve every factory first (a wrong value fails here, before anything is created), then open."""
+        coordinator = coordinator_factory(config)
+        metadata_factory = metadata_store_factory(config)
+        checkpoints_factory = checkpoint_factory(config)
+        metadata = metadata_factory.get_metadata_store(config)
+        metadata.start()
+        checkpoints = checkpoints_factory.get_checkpoint_manager(config)
+        checkpoints.start()
+        return cls(
+            config=config,
+            owner=owner,
+            coordination=coordinator.get_coordination_utils(config, owner),
+            metadata=metadata,
+            checkpoints=checkpoints,
+            systems=Systems(config),
+        )
+
+    def close(self) -> None:
+        self.systems.close()
+        self.checkpoints.stop()
+        self.metadata.stop()
+        self.coordination.close()

@@ -1,0 +1,92 @@
+"""The versioned job model: which tasks exist (with their SSPs) and which processor runs each.
+
+Stored as the JSON document ``job-model`` in the MetadataStore; only the leader writes it. Shape::
+
+    {"format": 1,                       # document format; readers reject others
+     "version": 7,                      # increases by one per publication
+     "created_ms": 1763820000000,       # epoch ms of publication
+     "leader": "host-4242-a1b2c3",      # who published it
+     "tasks": {"main-0": {"stage": "main",
+                          "ssps": [{"system": "local", "stream": "page-views", "partition": 0}]}},
+     "assignment": {"host-4242-a1b2c3": ["main-0"]}}   # processor id -> sorted task names
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from weirflow.interfaces.system import SystemStreamPartition
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TaskModel:
+    name: str
+    stage: str
+    ssps: tuple[SystemStreamPartition, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "ssps": [s.to_json() for s in self.ssps]}
+
+
+@dataclass(frozen=True)
+class JobModel:
+    version: int
+    tasks: dict[str, TaskModel] = field(default_factory=dict)
+    assignment: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    created_ms: int = 0
+    leader: str = ""
+
+    @classmethod
+    def empty(cls) -> JobModel:
+        return cls(version=0)
+
+    @property
+    def processors(self) -> tuple[str, ...]:
+        return tuple(sorted(self.assignment))
+
+    def tasks_of(self, processor_id: str) -> tuple[str, ...]:
+        return self.assignment.get(processor_id, ())
+
+    def owner_of(self, task: str) -> str | None:
+        for processor, tasks in self.assignment.items():
+            if task in tasks:
+                return processor
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": self.version,
+            "created_ms": self.created_ms,
+            "leader": self.leader,
+            "tasks": {name: self.tasks[name].to_json() for name in sorted(self.tasks)},
+            "assignment": {p: sorted(self.assignment[p]) for p in sorted(self.assignment)},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobModel:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"job model document has format {data.get('format')!r}; this weirflow reads {FORMAT}")
+        try:
+            tasks = {
+                name: TaskModel(
+                    name, str(t["stage"]), tuple(SystemStreamPartition.from_json(s) for s in t["ssps"])
+                )
+                for name, t in data["tasks"].items()
+            }
+            assignment = {str(p): tuple(sorted(ts)) for p, ts in data["assignment"].items()}
+            model = cls(int(data["version"]), tasks, assignment, int(data["created_ms"]), str(data["leader"]))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed job model document: missing or bad field {exc}") from exc
+        seen: dict[str, str] = {}
+        for processor, names in assignment.items():
+            for name in names:
+                if name in seen:
+                    raise ValueError(f"malformed job model: task {name} assigned to {seen[name]} and {processor}")
+                if name not in tasks:
+                    raise ValueError(f"malformed job model: {processor} is assigned unknown task {name}")
+                seen[name] = processor
+        return model

@@ -1,0 +1,262 @@
+"""Coordination primitives on SQLite: leases (leader and task locks) with a history, latches, processor rows.
+
+Tables (in the job database):
+
+* ``leases(name PK, owner, expires_ms)`` — the leader lease is ``leader``; task locks are ``lock/<name>``.
+* ``lease_history(name, owner, acquired_ms, ended_ms, end_reason)`` — every tenure of every lease, closed
+  with reason ``released`` or ``expired`` (``ended_ms`` = the lease's expiry when a new owner took over an
+  expired lease). Tests use it to prove that no lock was ever held by two owners at once.
+* ``latches(name PK, state)`` and ``latch_participants(name, participant)``.
+* ``processors(processor_id PK, info JSON)``.
+
+All time is wall-clock epoch ms, shared by every process on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from weirflow.interfaces.coordination import (
+    CoordinationUtils,
+    Latch,
+    LatchState,
+    LeaderElector,
+    Lock,
+    ProcessorInfo,
+    ProcessorRegistry,
+)
+from weirflow.local.database import Database, now_ms
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS lease_history (
+    name TEXT NOT NULL, owner TEXT NOT NULL, acquired_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT);
+CREATE INDEX IF NOT EXISTS lease_history_open ON lease_history (name, owner, ended_ms);
+CREATE TABLE IF NOT EXISTS latches (name TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS latch_participants (name TEXT NOT NULL, participant TEXT NOT NULL,
+    PRIMARY KEY (name, participant));
+CREATE TABLE IF NOT EXISTS processors (processor_id TEXT PRIMARY KEY, info TEXT NOT NULL);
+"""
+
+LEADER_LEASE = "leader"
+
+
+def _close_history(conn: sqlite3.Connection, name: str, owner: str, ended_ms: int, reason: str) -> None:
+    conn.execute(
+        "UPDATE lease_history SET ended_ms = ?, end_reason = ? WHERE name = ? AND owner = ? AND ended_ms IS NULL",
+        (ended_ms, reason, name, owner),
+    )
+
+
+class _Lease:
+    """A named lease row; the shared mechanics of the leader lease and task locks."""
+
+    def __init__(self, db: Database, name: str, owner: str, lease_ms: int) -> None:
+        self._db = db
+        self.lease_name = name
+        self.owner = owner
+        self.lease_ms = lease_ms
+
+    def acquire(self) -> bool:
+        now = now_ms()
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                "SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,)
+            ).fetchone()
+            if row is not None and row[0] != self.owner and row[1] > now:
+                return False
+            if row is None or row[0] != self.owner or row[1] <= now:
+                if row is not None:
+                    _close_history(conn, self.lease_name, row[0], min(row[1], now), "expired")
+                conn.execute(
+                    "INSERT INTO lease_history (name, owner, acquired_ms) VALUES (?, ?, ?)",
+                    (self.lease_name, self.owner, now),
+                )
+            conn.execute(
+                "INSERT INTO leases (name, owner, expires_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, expires_ms = excluded.expires_ms",
+                (self.lease_name, self.owner, now + self.lease_ms),
+            )
+            return True
+
+    def renew(self) -> bool:
+        """Only an unexpired lease can be renewed: once expired, another owner may already have acted on it."""
+        now = now_ms()
+        with self._db.transaction() as conn:
+            cursor = conn.execute(
+                "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ? AND expires_ms > ?",
+                (now + self.lease_ms, self.lease_name, self.owner, now),
+            )
+            return cursor.rowcount == 1
+
+    def release(self) -> None:
+        now = now_ms()
+        with self._db.transaction() as conn:
+            cursor = conn.execute(
+                "DELETE FROM leases WHERE name = ? AND owner = ? AND expires_ms > ?",
+                (self.lease_name, self.owner, now),
+            )
+            if cursor.rowcount:
+                _close_history(conn, self.lease_name, self.owner, now, "released")
+
+    def held(self) -> bool:
+        row = (
+            self._db.connection()
+            .execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,))
+            .fetchone()
+        )
+        return row is not None and row[0] == self.owner and row[1] > now_ms()
+
+    def holder(self) -> str | None:
+        row = (
+            self._db.connection()
+            .execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,))
+            .fetchone()
+        )
+        return row[0] if row is not None and row[1] > now_ms() else None
+
+
+class SqliteLeaderElector(LeaderElector):
+    def __init__(self, db: Database, owner: str, lease_ms: int) -> None:
+        self._lease = _Lease(db, LEADER_LEASE, owner, lease_ms)
+        self._leader = False
+
+    def try_become_leader(self) -> bool:
+        self._leader = self._lease.acquire()
+        return self._leader
+
+    def renew(self) -> bool:
+        self._leader = self._lease.renew()
+        return self._leader
+
+    def resign(self) -> None:
+        self._lease.release()
+        self._leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def current_leader(self) -> str | None:
+        return self._lease.holder()
+
+
+class SqliteLock(Lock):
+    def __init__(self, db: Database, name: str, owner: str, lease_ms: int) -> None:
+        self.name = name
+        self.owner = owner
+        self._lease = _Lease(db, f"lock/{name}", owner, lease_ms)
+
+    def try_acquire(self) -> bool:
+        return self._lease.acquire()
+
+    def renew(self) -> bool:
+        return self._lease.renew()
+
+    def release(self) -> None:
+        self._lease.release()
+
+    def is_held(self) -> bool:
+        return self._lease.held()
+
+
+class SqliteLatch(Latch):
+    def __init__(self, db: Database, name: str) -> None:
+        self._db = db
+        self.name = name
+
+    def join(self, participant: str) -> None:
+        with self._db.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO latches (name, state) VALUES (?, ?)", (self.name, LatchState.OPEN.value)
+            )
+            conn.execute("INSERT OR IGNORE INTO latch_participants VALUES (?, ?)", (self.name, participant))
+
+    def participants(self) -> set[str]:
+        rows = (
+            self._db.connection()
+            .execute("SELECT participant FROM latch_participants WHERE name = ?", (self.name,))
+            .fetchall()
+        )
+        return {r[0] for r in rows}
+
+    def _finish(self, state: LatchState) -> None:
+        with self._db.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO latches (name, state) VALUES (?, ?)", (self.name, LatchState.OPEN.value)
+            )
+            conn.execute(
+                "UPDATE latches SET state = ? WHERE name = ? AND state = ?",
+                (state.value, self.name, LatchState.OPEN.value),
+            )
+
+    def complete(self) -> None:
+        self._finish(LatchState.COMPLETE)
+
+    def time_out(self) -> None:
+        self._finish(LatchState.TIMED_OUT)
+
+    def state(self) -> LatchState:
+        row = self._db.connection().execute("SELECT state FROM latches WHERE name = ?", (self.name,)).fetchone()
+        return LatchState(row[0]) if row else LatchState.OPEN
+
+
+class SqliteProcessorRegistry(ProcessorRegistry):
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def heartbeat(self, info: ProcessorInfo) -> None:
+        self._db.connection().execute(
+            "INSERT INTO processors (processor_id, info) VALUES (?, ?) "
+            "ON CONFLICT(processor_id) DO UPDATE SET info = excluded.info",
+            (info.processor_id, json.dumps(info.to_json())),
+        )
+
+    def processors(self) -> list[ProcessorInfo]:
+        rows = self._db.connection().execute("SELECT info FROM processors ORDER BY processor_id").fetchall()
+        return [ProcessorInfo.from_json(json.loads(r[0])) for r in rows]
+
+    def unregister(self, processor_id: str) -> None:
+        self._db.connection().execute("DELETE FROM processors WHERE processor_id = ?", (processor_id,))
+
+
+class SqliteCoordinationUtils(CoordinationUtils):
+    """All primitives of one job in its SQLite database, for one owner."""
+
+    def __init__(self, db_path: Path, owner: str, lease_ms: int, busy_timeout_ms: int = 10000) -> None:
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self._db = Database(db_path, SCHEMA, busy_timeout_ms)
+
+    def leader_elector(self) -> LeaderElector:
+        return SqliteLeaderElector(self._db, self.owner, self.lease_ms)
+
+    def lock(self, name: str) -> Lock:
+        return SqliteLock(self._db, name, self.owner, self.lease_ms)
+
+    def latch(self, name: str) -> Latch:
+        return SqliteLatch(self._db, name)
+
+    def processor_registry(self) -> ProcessorRegistry:
+        return SqliteProcessorRegistry(self._db)
+
+    def lock_history(self) -> list[dict[str, Any]]:
+        """Every tenure of every lease: ``name`` (``leader`` or the lock name), ``owner``, ``acquired_ms``,
+        ``ended_ms`` (None while held), ``end_reason``."""
+        rows = (
+            self._db.connection()
+            .execute(
+                "SELECT name, owner, acquired_ms, ended_ms, end_reason FROM lease_history ORDER BY acquired_ms"
+            )
+            .fetchall()
+        )
+        return [
+            {"name": n.removeprefix("lock/"), "owner": o, "acquired_ms": a, "ended_ms": e, "end_reason": r}
+            for n, o, a, e, r in rows
+        ]
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,82 @@
+"""Start and stop `weirflow run` processes on this machine (the demo, tests and benchmarks use it).
+
+Each processor is a real OS process running the CLI, so killing one with SIGKILL is exactly what a crash is.
+Its output goes to a log file beside the job's state, named after the processor id.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+@dataclass
+class ProcessorProcess:
+    """One running `weirflow run`."""
+
+    processor_id: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    _log: IO[bytes] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, like a crashed machine."""
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+        self._log.close()
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM and wait for a clean stop; SIGKILL if it does not stop in time. Returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+        return self.popen.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def start_processor(
+    config: Path, processor_id: str, overrides: Sequence[str] = (), log_dir: Path | None = None
+) -> ProcessorProcess:
+    """Start `weirflow run CONFIG --processor-id ID [--set ...]` with this interpreter."""
+    log_dir = log_dir or config.parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{processor_id}.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - owned by ProcessorProcess
+    args = [sys.executable, "-m", "weirflow", "run", str(config), "--processor-id", processor_id]
+    for item in overrides:
+        args += ["--set", item]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return ProcessorProcess(processor_id, popen, log_path, log)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> float:
+    """Poll ``condition`` until true; return the seconds it took. Raise `TimeoutError` naming ``what``."""
+    start = time.monotonic()
+    while True:
+        if condition():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)

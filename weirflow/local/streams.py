@@ -1,0 +1,168 @@
+"""The embedded partitioned log: streams of a `local` system in one SQLite file.
+
+Records get per-partition sequence offsets 0, 1, 2, ... (decimal strings). A producer picks the partition
+from the record's explicit partition, else ``crc32(key) % partitions`` (stable across processes and runs),
+else round robin. Appends compute the next offset inside a ``BEGIN IMMEDIATE`` transaction, so concurrent
+producer processes never reuse an offset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from weirflow.errors import StreamNotFoundError
+from weirflow.interfaces.system import (
+    IncomingRecord,
+    OutgoingRecord,
+    PartitionMetadata,
+    StreamSpec,
+    SystemAdmin,
+    SystemConsumer,
+    SystemProducer,
+    SystemStreamPartition,
+)
+from weirflow.local.database import Database, now_ms
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS streams (
+    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS records (stream TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    key BLOB, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL,
+    PRIMARY KEY (stream, partition, offset)) WITHOUT ROWID;
+"""
+
+
+class SqliteStreamStore:
+    """The shared database of one `local` system; admin, consumer and producer wrap it."""
+
+    def __init__(self, db_path: Path, busy_timeout_ms: int = 10000) -> None:
+        self.path = Path(db_path)
+        self.db = Database(self.path, SCHEMA, busy_timeout_ms)
+
+    def partitions(self, stream: str) -> int:
+        row = self.db.connection().execute("SELECT partitions FROM streams WHERE name = ?", (stream,)).fetchone()
+        if row is None:
+            raise StreamNotFoundError(
+                f"stream '{stream}' does not exist in {self.path}; create it with "
+                f"`weirflow streams create CONFIG {stream} --partitions N`"
+            )
+        return int(row[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class LocalSystemAdmin(SystemAdmin):
+    def __init__(self, store: SqliteStreamStore) -> None:
+        self._store = store
+
+    def partition_count(self, stream: str) -> int:
+        return self._store.partitions(stream)
+
+    def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
+        count = self._store.partitions(stream)
+        rows = (
+            self._store.db.connection()
+            .execute(
+                "SELECT partition, MIN(offset), MAX(offset) FROM records WHERE stream = ? GROUP BY partition",
+                (stream,),
+            )
+            .fetchall()
+        )
+        found = {p: (lo, hi) for p, lo, hi in rows}
+        result = {}
+        for p in range(count):
+            if p in found:
+                lo, hi = found[p]
+                result[p] = PartitionMetadata(str(lo), str(hi), str(hi + 1))
+            else:
+                result[p] = PartitionMetadata("0", None, "0")
+        return result
+
+    def create_stream(self, spec: StreamSpec) -> bool:
+        if spec.partitions < 1:
+            raise ValueError(f"stream '{spec.stream}' needs at least one partition, not {spec.partitions}")
+        with self._store.db.transaction() as conn:
+            row = conn.execute("SELECT partitions FROM streams WHERE name = ?", (spec.stream,)).fetchone()
+            if row is not None:
+                if row[0] != spec.partitions:
+                    raise ValueError(
+                        f"stream '{spec.stream}' already exists in {self._store.path} with {row[0]} partitions, "
+                        f"not {spec.partitions}"
+                    )
+                return False
+            conn.execute("INSERT INTO streams VALUES (?, ?, ?)", (spec.stream, spec.partitions, now_ms()))
+            return True
+
+    def close(self) -> None:
+        self._store.close()
+
+    def list_streams(self) -> dict[str, int]:
+        rows = self._store.db.connection().execute("SELECT name, partitions FROM streams ORDER BY name").fetchall()
+        return {name: count for name, count in rows}
+
+
+class LocalSystemConsumer(SystemConsumer):
+    def __init__(self, store: SqliteStreamStore) -> None:
+        self._store = store
+
+    def read(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
+    ) -> list[IncomingRecord]:
+        upper = int(end) if end is not None else 2**62
+        rows = (
+            self._store.db.connection()
+            .execute(
+                "SELECT offset, key, value, timestamp_ms FROM records WHERE stream = ? AND partition = ? "
+                "AND offset >= ? AND offset < ? ORDER BY offset LIMIT ?",
+                (ssp.stream, ssp.partition, int(start), upper, max_records),
+            )
+            .fetchall()
+        )
+        return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts) for o, k, v, ts in rows]
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class LocalSystemProducer(SystemProducer):
+    def __init__(self, store: SqliteStreamStore) -> None:
+        self._store = store
+        self._round_robin = itertools.count()
+
+    def _partition(self, record: OutgoingRecord, partitions: int) -> int:
+        if record.partition is not None:
+            if not 0 <= record.partition < partitions:
+                raise ValueError(
+                    f"stream '{record.stream}' has no partition {record.partition} (it has {partitions})"
+                )
+            return record.partition
+        if record.key is not None:
+            return zlib.crc32(record.key) % partitions
+        return next(self._round_robin) % partitions
+
+    def close(self) -> None:
+        self._store.close()
+
+    def send(self, records: Sequence[OutgoingRecord]) -> None:
+        if not records:
+            return
+        counts = {stream: self._store.partitions(stream) for stream in {r.stream for r in records}}
+        placed = [(r, self._partition(r, counts[r.stream])) for r in records]
+        timestamp = now_ms()
+        with self._store.db.transaction() as conn:
+            next_offsets: dict[tuple[str, int], int] = {}
+            rows = []
+            for record, partition in placed:
+                slot = (record.stream, partition)
+                if slot not in next_offsets:
+                    row = conn.execute(
+                        "SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?", slot
+                    ).fetchone()
+                    next_offsets[slot] = (row[0] + 1) if row[0] is not None else 0
+                rows.append((record.stream, partition, next_offsets[slot], record.key, record.value, timestamp))
+                next_offsets[slot] += 1
+            conn.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", rows)

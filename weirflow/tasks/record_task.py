@@ -1,0 +1,230 @@
+"""The record runner: runs each task as a thread that reads its SSPs and calls `task.class` per record.
+
+It is the data plane for jobs without Spark (coordination demos, simple relays) and the reference for what
+any runner must do: start from the task's checkpoint, write outputs before advancing offsets (at-least-once),
+checkpoint through the fence, and stop cleanly before the lock is released.
+
+The task function (``task.class: module:callable``; the config file's directory is importable) gets one dict
+per record::
+
+    {"stream": "page-views", "partition": 3, "offset": "41", "key": "u7" | None,
+     "value": "<text>" (bytes when not UTF-8), "timestamp_ms": 1700000000000}
+
+and returns an iterable of outgoing dicts ``{"stream": <stream id>, "value": str | bytes | dict | list,
+"key": str | bytes | None, "partition": int | None}`` (dicts and lists are sent as JSON).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from weirflow.errors import ConfigError, LockLostError
+from weirflow.fencing import FencedCheckpointWriter
+from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
+from weirflow.interfaces.coordination import Lock
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job_model import TaskModel
+from weirflow.systems import Systems
+from weirflow.tasks.runner import TaskRunner
+
+log = logging.getLogger("weirflow.tasks")
+
+RecordFunction = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]
+
+_IDLE_WAIT_S = 0.05
+
+
+def load_record_function(config: Any) -> RecordFunction:
+    """Import `task.class`, with the config file's directory importable; errors name the key and file."""
+    target = config.get("task.class")
+    if not target or ":" not in target:
+        raise config.error("task.class", f"must be 'module:callable', got {target!r}")
+    module_name, attr = target.split(":", 1)
+    base = str(config.base_dir)
+    if base not in sys.path:
+        sys.path.insert(0, base)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise config.error("task.class", f"cannot import module '{module_name}': {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise config.error("task.class", f"'{module_name}' has no callable '{attr}'")
+    return fn
+
+
+def _encode(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class _TaskThread:
+    def __init__(self, runner: RecordTaskRunner, task: TaskModel, lock: Lock) -> None:
+        self.task = task
+        self.lock = lock
+        self.stop_event = threading.Event()
+        self.error: str | None = None
+        self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
+        self.thread = threading.Thread(target=self._run, args=(runner,), name=f"task-{task.name}", daemon=True)
+
+    def _run(self, runner: RecordTaskRunner) -> None:
+        try:
+            runner.run_task(self)
+        except LockLostError as exc:
+            self.error = str(exc)
+            log.error("task %s stopped: %s", self.task.name, exc)
+        except Exception as exc:  # surfaced through failures(); the processor reports it
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("task %s failed", self.task.name)
+
+
+class RecordTaskRunner(TaskRunner):
+    """Runs tasks as threads of this process. ``fn`` is the record function; ``commit_ms`` the checkpoint
+    interval; ``max_records`` the read size per SSP per poll."""
+
+    def __init__(
+        self,
+        systems: Systems,
+        checkpoints: CheckpointManager,
+        fn: RecordFunction,
+        *,
+        commit_ms: int = 1000,
+        max_records: int = 500,
+    ) -> None:
+        self.systems = systems
+        self.checkpoints = checkpoints
+        self.fn = fn
+        self.commit_ms = commit_ms
+        self.max_records = max_records
+        self._tasks: dict[str, _TaskThread] = {}
+        self._failed: dict[str, str] = {}
+        self._guard = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: Any, systems: Systems, checkpoints: CheckpointManager) -> RecordTaskRunner:
+        return cls(
+            systems,
+            checkpoints,
+            load_record_function(config),
+            commit_ms=config.get("task.commit.ms"),
+            max_records=config.get("task.poll.max.records"),
+        )
+
+    # --- TaskRunner -----------------------------------------------------------------------------------
+    def start_task(self, task: TaskModel, lock: Lock) -> None:
+        with self._guard:
+            if task.name in self._tasks and self._tasks[task.name].thread.is_alive():
+                return
+            handle = _TaskThread(self, task, lock)
+            self._tasks[task.name] = handle
+            self._failed.pop(task.name, None)
+        handle.thread.start()
+
+    def stop_task(self, task_name: str) -> None:
+        with self._guard:
+            handle = self._tasks.pop(task_name, None)
+        if handle is None:
+            return
+        handle.stop_event.set()
+        handle.thread.join()
+
+    def running(self) -> set[str]:
+        with self._guard:
+            return {n for n, h in self._tasks.items() if h.thread.is_alive() and h.error is None}
+
+    def failures(self) -> dict[str, str]:
+        with self._guard:
+            for name, handle in list(self._tasks.items()):
+                if handle.error is not None and not handle.thread.is_alive():
+                    self._failed[name] = handle.error
+                    del self._tasks[name]
+            return dict(self._failed)
+
+    def forget(self, task_name: str) -> None:
+        with self._guard:
+            self._failed.pop(task_name, None)
+
+    # --- the task loop --------------------------------------------------------------------------------
+    def _start_offsets(self, task: TaskModel) -> dict[SystemStreamPartition, str]:
+        checkpoint = self.checkpoints.read_last_checkpoint(task.name)
+        stored = dict(checkpoint.offsets) if checkpoint else {}
+        offsets: dict[SystemStreamPartition, str] = {}
+        for ssp in task.ssps:
+            if ssp in stored:
+                offsets[ssp] = stored[ssp]
+            else:
+                offsets[ssp] = self.systems.admin(ssp.system).partition_metadata(ssp.stream)[ssp.partition].oldest
+        return offsets
+
+    def run_task(self, handle: _TaskThread) -> None:
+        task = handle.task
+        offsets = self._start_offsets(task)
+        log.info("task %s started at %s", task.name, {str(k): v for k, v in offsets.items()})
+        dirty = False
+        last_commit = time.monotonic()
+        while not handle.stop_event.is_set():
+            progressed = False
+            for ssp in task.ssps:
+                records = self.systems.consumer(ssp.system).read(ssp, offsets[ssp], self.max_records)
+                if not records:
+                    continue
+                outgoing = self._process(ssp, records)
+                self._send(outgoing)
+                offsets[ssp] = records[-1].next_offset
+                progressed = dirty = True
+            if dirty and (time.monotonic() - last_commit) * 1000 >= self.commit_ms:
+                handle.writer.write(Checkpoint(offsets=dict(offsets)))
+                dirty = False
+                last_commit = time.monotonic()
+            if not progressed:
+                handle.stop_event.wait(_IDLE_WAIT_S)
+        if dirty:
+            handle.writer.write(Checkpoint(offsets=dict(offsets)))
+        log.info("task %s stopped at %s", task.name, {str(k): v for k, v in offsets.items()})
+
+    def _process(self, ssp: SystemStreamPartition, records: list[Any]) -> dict[str, list[OutgoingRecord]]:
+        stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
+        by_system: dict[str, list[OutgoingRecord]] = {}
+        for record in records:
+            try:
+                value: str | bytes = record.value.decode()
+            except UnicodeDecodeError:
+                value = record.value
+            message = {
+                "stream": stream_id,
+                "partition": ssp.partition,
+                "offset": record.offset,
+                "key": record.key.decode(errors="replace") if record.key is not None else None,
+                "value": value,
+                "timestamp_ms": record.timestamp_ms,
+            }
+            for out in self.fn(message) or ():
+                if "stream" not in out or "value" not in out:
+                    raise ConfigError(
+                        f"task.class returned {out!r}; each outgoing dict needs 'stream' and 'value'"
+                    )
+                ref = self.systems.resolve(out["stream"])
+                key = out.get("key")
+                by_system.setdefault(ref.system, []).append(
+                    OutgoingRecord(
+                        stream=ref.physical,
+                        value=_encode(out["value"]),
+                        key=_encode(key) if key is not None else None,
+                        partition=out.get("partition"),
+                    )
+                )
+        return by_system
+
+    def _send(self, outgoing: dict[str, list[OutgoingRecord]]) -> None:
+        for system, records in outgoing.items():
+            self.systems.producer(system).send(records)
