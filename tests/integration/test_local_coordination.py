@@ -150,13 +150,13 @@ def assert_no_lock_held_twice(history: list[dict]) -> None:
             assert end <= later["acquired_ms"], f"{name} held by {earlier['owner']} and {later['owner']} at once"
 
 
-def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the_lease(job: Job) -> None:
+def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the_lease(job: Job, measure) -> None:
     ids = {"p1", "p2", "p3"}
     for pid in sorted(ids):
         job.start(pid)
     job.produce(3000)
     took = wait_until(lambda: job.all_tasks_running_once(ids), 60, "12 tasks running once on 3 processors")
-    print(f"3 processors running all tasks {took:.1f} s after start")
+    measure(f"3 processors running all tasks {took:.1f} s after start")
     assert {len(t) for t in job.status()["assignment"].values()} == {4}
 
     leader = job.status()["leader"]
@@ -181,7 +181,7 @@ def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the
     assert_no_lock_held_twice(job.lock_history())
 
 
-def test_a_fourth_processor_joining_moves_only_the_tasks_needed_for_balance(job: Job) -> None:
+def test_a_fourth_processor_joining_moves_only_the_tasks_needed_for_balance(job: Job, measure) -> None:
     first = {"p1", "p2", "p3"}
     for pid in sorted(first):
         job.start(pid)
@@ -189,10 +189,10 @@ def test_a_fourth_processor_joining_moves_only_the_tasks_needed_for_balance(job:
     before = job.status()["assignment"]
 
     job.start("p4")
-    wait_until(lambda: job.all_tasks_running_once(first | {"p4"}), 60, "12 tasks running once on 4 processors")
+    took = wait_until(lambda: job.all_tasks_running_once(first | {"p4"}), 60, "12 tasks running once on 4 processors")
     after = job.status()["assignment"]
     moved = {t for pid, tasks in after.items() for t in tasks if t not in before.get(pid, [])}
-    print(f"p4 joined: moved {sorted(moved)}")
+    measure(f"p4 joined: moved {sorted(moved)}; all 12 running on 4 processors {took:.2f} s after its start")
     assert len(moved) == 3, "12 tasks over 3 -> 4 processors needs exactly 3 moves"
     assert set(after["p4"]) == moved
     assert all(set(after[pid]) <= set(before[pid]) for pid in first)

@@ -55,8 +55,11 @@ class _LoopErrors:
     def __init__(self) -> None:
         self.since_ms: int | None = None
 
-    def ok(self) -> None:
+    def ok(self) -> bool:
+        """Record a good round; True when it ends a run of failures."""
+        recovered = self.since_ms is not None
         self.since_ms = None
+        return recovered
 
     def failed(self, now: int) -> int:
         if self.since_ms is None:
@@ -167,6 +170,11 @@ class StreamProcessor:
             self._set_state(ProcessorState.FAILED)
             self._stop.set()
 
+    def _recovered(self, errors: _LoopErrors, loop: str) -> None:
+        if errors.ok() and self.error.startswith(f"{loop}:"):
+            log.info("%s loop recovered", loop)
+            self.error = ""
+
     def _wait(self, ms: int) -> bool:
         """Sleep up to ``ms`` unless stopping; True when stop was requested."""
         return self._stop.wait(ms / 1000)
@@ -182,7 +190,7 @@ class StreamProcessor:
                     self._rebalance(model)
                 self._start_pending(model)
                 self._reap_failed_tasks()
-                errors.ok()
+                self._recovered(errors, "follower")
             except Exception as exc:
                 self._loop_error("follower", errors, exc)
             self._wait(self.timings.poll_interval_ms)
@@ -303,7 +311,7 @@ class StreamProcessor:
                         duties = None
                 if duties is not None:
                     duties.tick()
-                errors.ok()
+                self._recovered(errors, "leader")
             except Exception as exc:
                 self._loop_error("leader", errors, exc)
             self._wait(self.timings.poll_interval_ms)
@@ -330,7 +338,7 @@ class StreamProcessor:
                     self._heartbeat_now.clear()
                     self._write_heartbeat()
                     last_heartbeat = now
-                errors.ok()
+                self._recovered(errors, "keeper")
             except Exception as exc:
                 self._loop_error("keeper", errors, exc)
 
