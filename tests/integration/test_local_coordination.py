@@ -189,7 +189,8 @@ def test_a_fourth_processor_joining_moves_only_the_tasks_needed_for_balance(job:
     before = job.status()["assignment"]
 
     job.start("p4")
-    took = wait_until(lambda: job.all_tasks_running_once(first | {"p4"}), 60, "12 tasks running once on 4 processors")
+    everyone = first | {"p4"}
+    took = wait_until(lambda: job.all_tasks_running_once(everyone), 60, "12 tasks running once on 4 processors")
     after = job.status()["assignment"]
     moved = {t for pid, tasks in after.items() for t in tasks if t not in before.get(pid, [])}
     measure(f"p4 joined: moved {sorted(moved)}; all 12 running on 4 processors {took:.2f} s after its start")
