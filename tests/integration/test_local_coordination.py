@@ -16,6 +16,7 @@ import pytest
 
 from weirflow.cli import status_document
 from weirflow.config import load_config
+from weirflow.coordination.timings import CoordinationTimings
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path
@@ -28,16 +29,19 @@ PARTITIONS = 12
 LEASE_MS = 6000
 DEBOUNCE_MS = 1000
 
+# Shortened timings keep most tests fast; the failover test also runs once with the shipped defaults.
+SHORT_TIMINGS = {
+    "job.coordinator.lease.duration.ms": LEASE_MS,
+    "job.coordinator.lease.renew.interval.ms": 2000,
+    "job.coordinator.heartbeat.interval.ms": 1000,
+    "job.coordinator.liveness.timeout.ms": 4000,
+    "job.coordinator.poll.interval.ms": 250,
+    "job.debounce.time.ms": DEBOUNCE_MS,
+}
+
 JOB_YAML = f"""
 job:
   name: itest
-  coordinator:
-    lease.duration.ms: {LEASE_MS}
-    lease.renew.interval.ms: 2000
-    heartbeat.interval.ms: 1000
-    liveness.timeout.ms: 4000
-    poll.interval.ms: 250
-  debounce.time.ms: {DEBOUNCE_MS}
 task:
   inputs: [events]
   class: relay_task:relay
@@ -54,10 +58,11 @@ def relay(record):
 
 
 class Job:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, timings: dict[str, int]) -> None:
         self.root = root
         self.config_path = root / "job.yaml"
-        self.config_path.write_text(textwrap.dedent(JOB_YAML))
+        lines = "".join(f"{key}: {value}\n" for key, value in timings.items())
+        self.config_path.write_text(textwrap.dedent(JOB_YAML) + lines)
         (root / "relay_task.py").write_text(RELAY)
         self.config = load_config(self.config_path)
         self.systems = Systems(self.config)
@@ -115,7 +120,7 @@ class Job:
         return ids
 
     def lock_history(self) -> list[dict]:
-        utils = SqliteCoordinationUtils(job_database_path(self.config), owner="test", lease_ms=LEASE_MS)
+        utils = SqliteCoordinationUtils(job_database_path(self.config), owner="test", lease_ms=1000)
         try:
             return utils.lock_history()
         finally:
@@ -129,8 +134,8 @@ class Job:
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> Iterator[Job]:
-    job = Job(tmp_path)
+def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Job]:
+    job = Job(tmp_path, getattr(request, "param", SHORT_TIMINGS))
     yield job
     job.close()
     for proc in job.processes.values():
@@ -150,7 +155,12 @@ def assert_no_lock_held_twice(history: list[dict]) -> None:
             assert end <= later["acquired_ms"], f"{name} held by {earlier['owner']} and {later['owner']} at once"
 
 
-def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the_lease(job: Job, measure) -> None:
+@pytest.mark.parametrize(
+    ("job", "profile"), [(SHORT_TIMINGS, "short"), ({}, "default")], indirect=["job"], ids=["short", "default"]
+)
+def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the_lease(
+    job: Job, profile: str, measure
+) -> None:
     ids = {"p1", "p2", "p3"}
     for pid in sorted(ids):
         job.start(pid)
@@ -168,9 +178,10 @@ def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the
     wait_until(lambda: job.all_tasks_running_once(survivors), 60, "all tasks running on the survivors")
     failover_s = time.monotonic() - killed_at
     new_leader = job.status()["leader"]
-    bound_s = (LEASE_MS + DEBOUNCE_MS) / 1000 + 2
-    print(
-        f"leader {leader} SIGKILLed: new leader {new_leader}, all tasks running again after "
+    timings = CoordinationTimings.from_config(job.config)
+    bound_s = (timings.lease_ms + timings.debounce_ms) / 1000 + 2
+    measure(
+        f"[{profile} timings] leader {leader} SIGKILLed: new leader {new_leader}, all tasks running again after "
         f"{failover_s:.2f} s (bound: lease + debounce + 2 s = {bound_s:.0f} s)"
     )
     assert new_leader in survivors
