@@ -1,0 +1,80 @@
+"""Lock contract: mutual exclusion, re-entrancy, release, expiry takeover and the fence, across processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from tests.contract.conftest import build_coordination
+from weirflow.local.launcher import wait_until
+
+
+def test_only_one_owner_holds_a_lock(coordination) -> None:
+    a, b = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+    assert a.try_acquire()
+    assert not b.try_acquire()
+    assert a.is_held() and not b.is_held()
+
+
+def test_acquiring_again_as_the_same_owner_succeeds(coordination) -> None:
+    lock = coordination("a").lock("task-1")
+    assert lock.try_acquire()
+    assert lock.try_acquire()
+    assert lock.is_held()
+
+
+def test_locks_with_different_names_are_independent(coordination) -> None:
+    assert coordination("a").lock("task-1").try_acquire()
+    assert coordination("b").lock("task-2").try_acquire()
+
+
+def test_release_frees_the_lock_and_only_the_owner_can_release(coordination) -> None:
+    a, b = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+    assert a.try_acquire()
+    b.release()  # not b's: nothing happens
+    assert a.is_held()
+    a.release()
+    a.release()  # idempotent
+    assert not a.is_held()
+    assert b.try_acquire()
+
+
+def test_an_expired_lock_is_taken_over_and_the_old_owner_is_fenced(coordination) -> None:
+    old, new = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+    assert old.try_acquire()
+    wait_until(new.try_acquire, 10, "b to take the expired lock", interval_s=0.05)
+    assert not old.is_held()
+    assert not old.renew()
+    assert new.is_held()
+    assert new.renew()
+
+
+def _contend(backend: str, location: str, owner: str, seconds: float, queue) -> None:
+    lock = build_coordination(backend, location, owner, lease_ms=5000).lock("contended")
+    intervals = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if lock.try_acquire():
+            start = time.time()
+            assert lock.is_held()
+            time.sleep(0.005)
+            stop = time.time()
+            lock.release()
+            intervals.append((start, stop))
+    queue.put((owner, intervals))
+
+
+def test_no_two_processes_hold_a_lock_at_once(backend: str, location: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_contend, args=(backend, location, f"p{i}", 1.5, queue)) for i in range(4)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    held = sorted((start, stop, owner) for owner, intervals in results for start, stop in intervals)
+    assert len({owner for _, _, owner in held}) >= 2, "the test needs real contention"
+    for (_, end_a, owner_a), (start_b, _, owner_b) in zip(held, held[1:], strict=False):
+        assert end_a <= start_b, f"{owner_a} and {owner_b} held the lock at once"

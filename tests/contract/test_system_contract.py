@@ -1,0 +1,92 @@
+"""System contract (admin, consumer, producer): streams, exact offsets, key routing, concurrent producers."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+from tests.contract.conftest import build_system
+from weirflow.errors import StreamNotFoundError
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+
+
+def test_create_stream_is_idempotent_and_rejects_another_partition_count(system) -> None:
+    assert system.admin.create_stream(StreamSpec("views", 4)) is True
+    assert system.admin.create_stream(StreamSpec("views", 4)) is False
+    with pytest.raises(ValueError, match="views"):
+        system.admin.create_stream(StreamSpec("views", 8))
+    assert system.admin.partition_count("views") == 4
+    assert system.admin.list_streams() == {"views": 4}
+
+
+def test_a_missing_stream_is_an_error_naming_it(system) -> None:
+    with pytest.raises(StreamNotFoundError, match="nowhere"):
+        system.admin.partition_count("nowhere")
+    with pytest.raises(StreamNotFoundError, match="nowhere"):
+        system.producer.send([OutgoingRecord("nowhere", b"x")])
+
+
+def test_records_read_back_with_exact_offsets_in_order_within_bounds(system) -> None:
+    system.admin.create_stream(StreamSpec("views", 2))
+    system.producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=1) for i in range(10)])
+    ssp = SystemStreamPartition(system.name, "views", 1)
+    meta = system.admin.partition_metadata("views")
+    everything = system.consumer.read(ssp, meta[1].oldest, 100)
+    assert [r.value for r in everything] == [f"v{i}".encode() for i in range(10)]
+    assert all(r.next_offset == nxt.offset for r, nxt in zip(everything, everything[1:], strict=False))
+    assert everything[-1].next_offset == meta[1].upcoming
+    assert meta[1].newest == everything[-1].offset
+
+    middle = system.consumer.read(ssp, everything[3].offset, 4)
+    assert [r.value for r in middle] == [b"v3", b"v4", b"v5", b"v6"]
+    bounded = system.consumer.read(ssp, everything[3].offset, 100, end=everything[5].offset)
+    assert [r.value for r in bounded] == [b"v3", b"v4"]
+    assert system.consumer.read(ssp, meta[1].upcoming, 100) == []
+
+
+def test_an_empty_partition_has_no_newest_offset(system) -> None:
+    system.admin.create_stream(StreamSpec("views", 2))
+    meta = system.admin.partition_metadata("views")
+    assert set(meta) == {0, 1}
+    assert meta[0].newest is None and meta[0].oldest == meta[0].upcoming
+
+
+def test_a_key_always_lands_on_the_same_partition(system) -> None:
+    system.admin.create_stream(StreamSpec("views", 8))
+    system.producer.send(
+        [OutgoingRecord("views", str(i).encode(), key=f"user-{i % 5}".encode()) for i in range(100)]
+    )
+    partitions_by_key: dict[bytes, set[int]] = {}
+    for partition, meta in system.admin.partition_metadata("views").items():
+        ssp = SystemStreamPartition(system.name, "views", partition)
+        for record in system.consumer.read(ssp, meta.oldest, 1000):
+            partitions_by_key.setdefault(record.key, set()).add(partition)
+    assert len(partitions_by_key) == 5
+    assert all(len(p) == 1 for p in partitions_by_key.values())
+
+
+def _produce(backend: str, location: str, writer: int) -> None:
+    sut = build_system(backend, location)
+    for batch in range(10):
+        sut.producer.send(
+            [OutgoingRecord("shared", f"{writer}-{batch * 100 + i}".encode(), partition=0) for i in range(100)]
+        )
+    sut.producer.close()
+
+
+def test_concurrent_producer_processes_never_reuse_or_skip_an_offset(backend: str, location: str, system) -> None:
+    system.admin.create_stream(StreamSpec("shared", 1))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_produce, args=(backend, location, w)) for w in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    ssp = SystemStreamPartition(system.name, "shared", 0)
+    records = system.consumer.read(ssp, system.admin.partition_metadata("shared")[0].oldest, 10_000)
+    assert len(records) == 3000
+    assert len({r.offset for r in records}) == 3000, "an offset was reused"
+    assert all(r.next_offset == nxt.offset for r, nxt in zip(records, records[1:], strict=False)), "an offset gap"
+    assert sorted(r.value for r in records) == sorted(f"{w}-{i}".encode() for w in range(3) for i in range(1000))
