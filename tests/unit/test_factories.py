@@ -1,0 +1,92 @@
+"""Factory resolution: aliases from entry points, `module:Class` paths, and errors that list the aliases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from weirflow.config import Config, load_config
+from weirflow.errors import ConfigError, FactoryError
+from weirflow.factories import (
+    CHECKPOINTS,
+    COORDINATORS,
+    METADATA,
+    SYSTEMS,
+    checkpoint_factory,
+    coordinator_factory,
+    known_aliases,
+    metadata_store_factory,
+    system_factory,
+    validate_factories,
+)
+from weirflow.interfaces.coordination import JobCoordinatorFactory
+from weirflow.local.factories import LocalCheckpointManagerFactory, LocalJobCoordinatorFactory, LocalSystemFactory
+
+
+class CustomCoordinators(JobCoordinatorFactory):
+    def get_coordination_utils(self, config, owner):  # pragma: no cover - never called here
+        raise NotImplementedError
+
+
+class NotAFactory:
+    pass
+
+
+def cfg(**values: str) -> Config:
+    return Config.from_dict({"job.name": "x", **values})
+
+
+@pytest.mark.parametrize("group", [COORDINATORS, CHECKPOINTS, METADATA, SYSTEMS])
+def test_local_is_registered_in_every_group(group: str) -> None:
+    assert "local" in known_aliases(group)
+
+
+def test_the_local_aliases_resolve_to_the_embedded_backend() -> None:
+    config = cfg()
+    assert isinstance(coordinator_factory(config), LocalJobCoordinatorFactory)
+    assert isinstance(checkpoint_factory(config), LocalCheckpointManagerFactory)
+    assert metadata_store_factory(config) is not None
+    assert isinstance(system_factory(config, "local"), LocalSystemFactory)
+
+
+def test_a_module_class_path_is_imported() -> None:
+    config = cfg(**{"job.coordinator.factory": "tests.unit.test_factories:CustomCoordinators"})
+    assert isinstance(coordinator_factory(config), CustomCoordinators)
+
+
+def test_an_unknown_alias_lists_the_known_ones_and_names_the_key_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("job: {name: x, coordinator.factory: zookeeper}\n")
+    with pytest.raises(FactoryError) as err:
+        coordinator_factory(load_config(path))
+    message = str(err.value)
+    assert "unknown alias 'zookeeper'" in message
+    assert "known aliases: local" in message
+    assert "job.coordinator.factory" in message and str(path) in message
+
+
+def test_an_unimportable_module_is_named() -> None:
+    with pytest.raises(FactoryError, match="cannot import module 'no_such_module'"):
+        checkpoint_factory(cfg(**{"task.checkpoint.factory": "no_such_module:Thing"}))
+
+
+def test_a_missing_attribute_is_named() -> None:
+    with pytest.raises(FactoryError, match="has no attribute 'Nope'"):
+        checkpoint_factory(cfg(**{"task.checkpoint.factory": "tests.unit.test_factories:Nope"}))
+
+
+def test_a_class_that_does_not_implement_the_interface_is_rejected() -> None:
+    with pytest.raises(FactoryError, match="implementing CheckpointManagerFactory"):
+        checkpoint_factory(cfg(**{"task.checkpoint.factory": "tests.unit.test_factories:NotAFactory"}))
+
+
+def test_only_the_local_system_has_a_default_factory() -> None:
+    assert isinstance(system_factory(cfg(), "local"), LocalSystemFactory)
+    with pytest.raises(ConfigError, match=r"systems\.events\.factory"):
+        system_factory(cfg(), "events")
+
+
+def test_validate_factories_fails_on_any_bad_system() -> None:
+    with pytest.raises(FactoryError, match=r"systems\.eh\.factory"):
+        validate_factories(cfg(**{"systems.eh.factory": "eventhubz"}))
