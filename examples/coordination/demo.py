@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rich.progress import MofNCompleteColumn, Progress
+
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
@@ -56,13 +58,16 @@ def main() -> None:
         def routed() -> int:
             return sum(int(m.upcoming) for m in admin.partition_metadata("page-visits").values())
 
-        def all_routed() -> bool:
-            done = routed()
-            print(f"\r  routed {done}/{EVENTS} views", end="", flush=True)
-            return done >= EVENTS
+        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), transient=True) as progress:
+            bar = progress.add_task("routing page views", total=EVENTS)
 
-        wait_until(all_routed, 120, "every page view to reach page-visits", interval_s=0.5)
-        print(f"\nall {EVENTS} views routed {time.monotonic() - started:.1f} s after the processors started")
+            def all_routed() -> bool:
+                done = routed()
+                progress.update(bar, completed=done)
+                return done >= EVENTS
+
+            wait_until(all_routed, 120, "every page view to reach page-visits", interval_s=0.25)
+        print(f"all {EVENTS} views routed {time.monotonic() - started:.1f} s after the processors started")
 
         def all_running() -> bool:
             doc = status_document(config)
