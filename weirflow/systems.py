@@ -9,6 +9,7 @@ calls it (`streams.<id>.physical.name`, default the id). Its system is `streams.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,26 +66,20 @@ class Systems:
                 self._factories[system] = system_factory(self._config, system)
             return self._factories[system]
 
-    def admin(self, system: str) -> SystemAdmin:
-        factory = self.factory(system)
+    def _client(self, cache: dict[str, Any], system: str, make: Callable[[str, Any], Any]) -> Any:
         with self._lock:
-            if system not in self._admins:
-                self._admins[system] = factory.get_admin(system, self._config)
-            return self._admins[system]
+            if system not in cache:
+                cache[system] = make(system, self._config)
+            return cache[system]
+
+    def admin(self, system: str) -> SystemAdmin:
+        return self._client(self._admins, system, self.factory(system).get_admin)
 
     def consumer(self, system: str) -> SystemConsumer:
-        factory = self.factory(system)
-        with self._lock:
-            if system not in self._consumers:
-                self._consumers[system] = factory.get_consumer(system, self._config)
-            return self._consumers[system]
+        return self._client(self._consumers, system, self.factory(system).get_consumer)
 
     def producer(self, system: str) -> SystemProducer:
-        factory = self.factory(system)
-        with self._lock:
-            if system not in self._producers:
-                self._producers[system] = factory.get_producer(system, self._config)
-            return self._producers[system]
+        return self._client(self._producers, system, self.factory(system).get_producer)
 
     def close(self) -> None:
         with self._lock:

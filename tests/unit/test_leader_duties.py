@@ -65,6 +65,16 @@ class World:
             latch.join(pid)
 
 
+def settle(world: World, duties: LeaderDuties, *pids: str) -> None:
+    """Register ``pids``, let the debounce pass, publish v1 and complete its latch."""
+    for pid in pids:
+        world.beat(pid)
+    world.clock.now += TIMINGS.debounce_ms
+    assert duties.tick().version == 1
+    world.join_latch(1, *pids)
+    duties.tick()
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> World:
     return World(tmp_path)
@@ -85,11 +95,7 @@ def test_first_model_waits_for_membership_to_be_stable_for_the_debounce_time(wor
 
 def test_a_burst_of_joins_causes_one_rebalance_after_the_last_join(world: World) -> None:
     duties = world.duties()
-    world.beat("p1")
-    world.clock.now += 2000
-    assert duties.tick().version == 1
-    world.join_latch(1, "p1")
-    duties.tick()
+    settle(world, duties, "p1")
     world.clock.now += 500
     world.beat("p1")
     world.beat("p2")
@@ -123,13 +129,7 @@ def test_a_silent_processor_is_removed_once_past_liveness_plus_debounce(world: W
 
 
 def test_a_leader_elected_after_a_death_publishes_without_waiting_again(world: World) -> None:
-    first = world.duties()
-    world.beat("p1")
-    world.beat("p2")
-    world.clock.now += 2000
-    first.tick()
-    world.join_latch(1, "p1", "p2")
-    first.tick()
+    settle(world, world.duties(), "p1", "p2")
     # p2 (the old leader) dies; a new leader is elected 15 s later and sees p2 silent for 15 s
     world.clock.now += 15000
     world.beat("p1")
@@ -139,12 +139,7 @@ def test_a_leader_elected_after_a_death_publishes_without_waiting_again(world: W
 
 def test_a_stopped_processor_is_gone_after_the_debounce_without_waiting_for_liveness(world: World) -> None:
     duties = world.duties()
-    world.beat("p1")
-    world.beat("p2")
-    world.clock.now += 2000
-    duties.tick()
-    world.join_latch(1, "p1", "p2")
-    duties.tick()
+    settle(world, duties, "p1", "p2")
     world.clock.now += 2000
     world.beat("p2", state="STOPPED")
     world.beat("p1")
