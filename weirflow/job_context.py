@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from weirflow.factories import checkpoint_factory, coordinator_factory, metadata_store_factory
+from weirflow.factories import (
+    checkpoint_factory,
+    coordinator_factory,
+    metadata_store_factory,
+    validate_factories,
+)
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils
 from weirflow.interfaces.metadata import MetadataStore
@@ -24,6 +29,7 @@ class JobContext:
     @classmethod
     def open(cls, config: Any, owner: str) -> JobContext:
         """Resolve every factory first (a wrong value fails here, before anything is created), then open."""
+        validate_factories(config)
         coordinator = coordinator_factory(config)
         metadata_factory = metadata_store_factory(config)
         checkpoints_factory = checkpoint_factory(config)

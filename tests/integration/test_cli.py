@@ -137,3 +137,9 @@ def test_status_json_shows_the_live_group_and_a_missing_input_stream_surfaces_as
     finally:
         assert proc.terminate() == 0
     assert status_document(cfg)["processors"][0]["state"] == "STOPPED"
+
+
+def test_a_wrong_system_factory_fails_at_start_not_at_first_use(config: Path) -> None:
+    result = weirflow("run", str(config), "--set", "systems.vault.factory=eventhubz")
+    assert result.returncode == 2
+    assert "systems.vault.factory" in result.stderr and "unknown alias 'eventhubz'" in result.stderr

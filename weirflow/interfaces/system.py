@@ -13,7 +13,7 @@ runtime stores the *next offset to read*, which every system can resume from wit
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +181,3 @@ class SystemFactory(ABC):
     @abstractmethod
     def get_producer(self, system_name: str, config: Any) -> SystemProducer: ...
 
-
-def partitions_of(admin: SystemAdmin, system: str, streams: Iterable[str]) -> dict[str, int]:
-    """Partition counts of several streams of one system, for the grouper."""
-    return {stream: admin.partition_count(stream) for stream in streams}
