@@ -42,15 +42,20 @@ class Systems:
     def __init__(self, config: Any) -> None:
         self._config = config
         self._lock = threading.Lock()
+        self._refs: dict[str, StreamRef] = {}
         self._factories: dict[str, SystemFactory] = {}
         self._admins: dict[str, SystemAdmin] = {}
         self._consumers: dict[str, SystemConsumer] = {}
         self._producers: dict[str, SystemProducer] = {}
 
     def resolve(self, stream_id: str) -> StreamRef:
-        system = self._config.get(f"streams.{stream_id}.system") or self._config.get("job.default.system")
-        physical = self._config.get(f"streams.{stream_id}.physical.name") or stream_id
-        return StreamRef(stream_id, system, physical)
+        """Cached: the record runner resolves the stream of every outgoing record."""
+        ref = self._refs.get(stream_id)
+        if ref is None:
+            system = self._config.get(f"streams.{stream_id}.system") or self._config.get("job.default.system")
+            physical = self._config.get(f"streams.{stream_id}.physical.name") or stream_id
+            ref = self._refs[stream_id] = StreamRef(stream_id, system, physical)
+        return ref
 
     def stream_id_of(self, system: str, physical: str) -> str:
         """Inverse of `resolve` for streams declared in config; undeclared streams are their own id."""
