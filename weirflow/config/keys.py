@@ -139,6 +139,15 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     # --- Tasks and checkpoints ----------------------------------------------------------------------------
     ConfigKey(
+        "app.pipeline",
+        "str",
+        None,
+        "`module:function` building the job's pipeline (`fn(app: weirflow.App)`); the config file's directory "
+        "is importable. Selects the Spark data plane; without it the job runs `task.class` per record.",
+        _T,
+    ),
+    ConfigKey("app.run.id", "str", None, "Identifies one deployment; carried by control messages.", _T),
+    ConfigKey(
         "task.inputs",
         "list",
         [],
@@ -161,6 +170,36 @@ KEYS: tuple[ConfigKey, ...] = (
         "Checkpoint manager: alias (`local`) or `module:Class` implementing `CheckpointManagerFactory`.",
         _T,
     ),
+    ConfigKey(
+        "task.trigger.interval.ms",
+        "duration_ms",
+        500,
+        "Spark data plane: how often each task's streaming query starts a micro-batch when data is waiting.",
+        _T,
+    ),
+    ConfigKey(
+        "task.max.records.per.trigger",
+        "int",
+        50000,
+        "Spark data plane: most records one micro-batch reads per input stream of a task.",
+        _T,
+    ),
+    ConfigKey(
+        "task.output.mode",
+        "str",
+        "append",
+        "Spark output mode of every task query (`append` emits a window once the watermark passes it; `update`).",
+        _T,
+    ),
+    ConfigKey(
+        "task.spark.checkpoint.dir",
+        "str",
+        None,
+        "Root of the tasks' Spark checkpoint dirs (operator state), one subdir per task; default "
+        "`<job.state.dir>/spark/<job.name>-<job.id>`. Point it at shared storage for stateful tasks that move "
+        "between machines; input positions always come from the checkpoint store.",
+        _T,
+    ),
     ConfigKey("task.commit.ms", "duration_ms", 1000, "How often a running task checkpoints its offsets.", _T),
     ConfigKey("task.poll.max.records", "int", 500, "Most records a record task reads per SSP per poll.", _T),
     # --- Systems and streams ------------------------------------------------------------------------------
@@ -180,6 +219,65 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "Partition count used when weirflow creates the stream (inputs of the example, intermediate "
         "and output streams).",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.schema",
+        "str",
+        None,
+        "Spark DDL of a `json` stream's values, e.g. `user string, page string, event_time timestamp`.",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.serde",
+        "str",
+        None,
+        "How values decode: `json` (needs `schema`; default when a schema is set), `string` or `bytes` "
+        "(columns `key`, `value`). Undecodable values go to the dead-letter stream `<physical>.dlq`.",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.event-time.field",
+        "str",
+        None,
+        "Timestamp column holding each event's time; default: the time the record was appended, "
+        "as column `event_time`.",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.lateness",
+        "duration_ms",
+        0,
+        "How far behind the newest event time an event may arrive and still count (Spark's watermark delay).",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.bounded",
+        "bool",
+        False,
+        "The stream is read up to its end (as of when the task catches up), then ends with end-of-stream; "
+        "the job finishes when all its tasks have.",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.start",
+        "str",
+        "earliest",
+        "Where a task without a checkpoint starts reading: `earliest` or `latest`.",
+        _S,
+    ),
+    ConfigKey(
+        "job.intermediate.system",
+        "str",
+        None,
+        "System of the pipeline's intermediate streams (`partition_by`); default `job.default.system`.",
+        _S,
+    ),
+    ConfigKey(
+        "job.intermediate.partitions",
+        "int",
+        None,
+        "Partitions of intermediate streams weirflow creates; default the most partitions of any input.",
         _S,
     ),
     # --- Embedded default --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ overrides, typed access with declared defaults, and errors that name the key and
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
 import re
@@ -201,6 +202,23 @@ class Config:
             values[key] = _interpolate(value, key, OVERRIDE_SOURCE)
             sources[key] = OVERRIDE_SOURCE
         return Config(values, sources, self.source, self.base_dir)
+
+    def snapshot(self) -> str:
+        """JSON of this config, to rebuild it in another process (Spark's data-source and worker processes)."""
+        return json.dumps(
+            {"values": self._values, "sources": self._sources, "source": self.source, "base_dir": str(self.base_dir)}
+        )
+
+    @classmethod
+    def from_snapshot(cls, text: str) -> Config:
+        data = json.loads(text)
+        config = cls.__new__(cls)
+        config._values = dict(data["values"])
+        config._sources = dict(data["sources"])
+        config.source = data["source"]
+        config.base_dir = Path(data["base_dir"])
+        config.warnings = []
+        return config
 
     # --- access ---------------------------------------------------------------------------------------
     _MISSING = object()

@@ -85,8 +85,9 @@ class StreamProcessor:
         self.config = config
         self.processor_id = processor_id or config.get("processor.id") or default_processor_id()
         self.timings = CoordinationTimings.from_config(config)
-        self._runner_factory = runner_factory or _record_runner
-        self._planner_factory = planner_factory or _record_planner
+        self._runner_factory = runner_factory or _default_runner
+        self._planner_factory = planner_factory or _default_planner
+        self.finished = False
         self._state = ProcessorState.NEW
         self._state_lock = threading.Lock()
         self._stop = threading.Event()
@@ -190,10 +191,25 @@ class StreamProcessor:
                     self._rebalance(model)
                 self._start_pending(model)
                 self._reap_failed_tasks()
+                if self._job_finished(model):
+                    log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
+                    self.finished = True
+                    self._stop.set()
+                    break
                 self._recovered(errors, "follower")
             except Exception as exc:
                 self._loop_error("follower", errors, exc)
             self._wait(self.timings.poll_interval_ms)
+
+    def _job_finished(self, model: JobModel) -> bool:
+        """Every task of the model checkpointed ``finished`` (bounded inputs consumed, end-of-stream sent)."""
+        assert self.ctx is not None
+        if not model.tasks or model.version != self._working_version:
+            return False
+        checkpoints = self.ctx.checkpoints.read_all()
+        return all(
+            name in checkpoints and dict(checkpoints[name].control).get("finished") for name in model.tasks
+        )
 
     def _newer_model_published(self, version: int) -> bool:
         assert self.ctx is not None
@@ -365,6 +381,7 @@ class StreamProcessor:
         try:
             for task in sorted(self.runner.running()):
                 self._stop_task(task, reason="processor stopping")
+            self.runner.close()
             with self._locks_guard:
                 leftover = list(self._locks.values())
                 self._locks.clear()
@@ -378,6 +395,23 @@ class StreamProcessor:
                 log.error("could not write the final heartbeat: %s", exc)
             self.ctx.close()
             log.info("processor %s stopped", self.processor_id)
+
+
+def _default_runner(ctx: JobContext) -> TaskRunner:
+    """The Spark data plane when the job has a pipeline (`app.pipeline`), else the record runner."""
+    if ctx.config.get("app.pipeline"):
+        from weirflow.spark.plane import data_plane
+
+        return data_plane(ctx).runner
+    return _record_runner(ctx)
+
+
+def _default_planner(ctx: JobContext) -> Callable[[], dict[str, TaskModel]]:
+    if ctx.config.get("app.pipeline"):
+        from weirflow.spark.plane import data_plane
+
+        return data_plane(ctx).planner()
+    return _record_planner(ctx)
 
 
 def _record_runner(ctx: JobContext) -> TaskRunner:

@@ -1,0 +1,215 @@
+"""In-band control messages on intermediate streams (seed 004) and how a consumer reconciles them.
+
+Wire format of every message on an intermediate stream::
+
+    [type: 1 byte][payload]     type 0 user (payload = the serde's bytes), 1 watermark, 2 end-of-stream, 3 drain
+
+Control payloads are JSON: ``{"version": 1, "task-name": "page-views-2", "task-count": 4,
+"timestamp": <ms>, "run-id": "..."}``. Each producer task writes its control messages to *every* partition of
+the stream, after the data they cover, so on one partition a control message from task T means "T has sent
+everything it will send before this point".
+
+A consumer cannot trust one producer alone: a partition carries data from all ``task-count`` producer tasks.
+Reconciliation (what `StreamControl` does) is therefore:
+
+* a partition has **ended** when end-of-stream arrived from every producer task;
+* its **watermark** is the minimum over producer tasks (unknown until each has reported), an ended producer
+  counting as +infinity; the stream's watermark over a task's partitions is the minimum over partitions;
+* watermarks **never move backwards**, and replays after a restart (duplicates, or old messages out of order)
+  change nothing: per producer only the maximum is kept, and end-of-stream is a set.
+
+The state is plain JSON so it is checkpointed with the offsets and restored with them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+CONTROL_VERSION = 1
+# 9999-12-31T00:00:00Z in ms: "no more data, ever". Spark accepts it as a timestamp and a watermark.
+MAX_TIMESTAMP_MS = 253_402_214_400_000
+# A Spark watermark at or past this point (9999-01-01) means every window has been emitted.
+FLUSHED_WATERMARK_MS = 253_370_764_800_000
+
+
+class MessageType(IntEnum):
+    USER = 0
+    WATERMARK = 1
+    END_OF_STREAM = 2
+    DRAIN = 3
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """A watermark, end-of-stream or drain message from producer task ``task_name`` (one of ``task_count``)."""
+
+    type: MessageType
+    task_name: str
+    task_count: int
+    timestamp: int
+    run_id: str = ""
+    version: int = CONTROL_VERSION
+
+    def encode(self) -> bytes:
+        payload = {
+            "version": self.version,
+            "task-name": self.task_name,
+            "task-count": self.task_count,
+            "timestamp": self.timestamp,
+            "run-id": self.run_id,
+        }
+        return bytes([int(self.type)]) + json.dumps(payload, separators=(",", ":")).encode()
+
+
+class MalformedMessageError(ValueError):
+    """An intermediate-stream message whose type byte or control payload cannot be understood."""
+
+
+def encode_user(payload: bytes) -> bytes:
+    return b"\x00" + payload
+
+
+def decode(raw: bytes) -> tuple[MessageType, bytes | ControlMessage]:
+    """Split one intermediate-stream message: (USER, payload bytes) or (type, `ControlMessage`)."""
+    if not raw:
+        raise MalformedMessageError("empty message (no type byte)")
+    try:
+        kind = MessageType(raw[0])
+    except ValueError:
+        raise MalformedMessageError(f"unknown message type byte {raw[0]}") from None
+    if kind is MessageType.USER:
+        return kind, raw[1:]
+    try:
+        data = json.loads(raw[1:])
+        return kind, ControlMessage(
+            type=kind,
+            task_name=str(data["task-name"]),
+            task_count=int(data["task-count"]),
+            timestamp=int(data["timestamp"]),
+            run_id=str(data.get("run-id", "")),
+            version=int(data.get("version", CONTROL_VERSION)),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MalformedMessageError(f"bad {kind.name.lower()} control payload: {exc}") from exc
+
+
+@dataclass
+class PartitionControl:
+    """What one consumed partition has heard from its producer tasks."""
+
+    task_count: int = 0
+    watermarks: dict[str, int] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+
+    def apply(self, message: ControlMessage) -> None:
+        self.task_count = max(self.task_count, message.task_count)
+        if message.type is MessageType.END_OF_STREAM:
+            self.ended.add(message.task_name)
+            self.watermarks[message.task_name] = MAX_TIMESTAMP_MS
+        elif message.type is MessageType.WATERMARK:
+            previous = self.watermarks.get(message.task_name)
+            self.watermarks[message.task_name] = (
+                message.timestamp if previous is None else max(previous, message.timestamp)
+            )
+
+    @property
+    def has_ended(self) -> bool:
+        return self.task_count > 0 and len(self.ended) >= self.task_count
+
+    def watermark(self) -> int | None:
+        """Minimum over producers; None until every one of ``task_count`` producers has reported."""
+        if self.task_count == 0 or len(self.watermarks) < self.task_count:
+            return None
+        return min(self.watermarks.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task-count": self.task_count, "watermarks": dict(self.watermarks), "ended": sorted(self.ended)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionControl:
+        return cls(
+            task_count=int(data.get("task-count", 0)),
+            watermarks={str(k): int(v) for k, v in dict(data.get("watermarks", {})).items()},
+            ended=set(data.get("ended", [])),
+        )
+
+
+@dataclass
+class StreamControl:
+    """Control state of one input stream over the partitions (SSP keys) a task consumes."""
+
+    partitions: dict[str, PartitionControl] = field(default_factory=dict)
+    high: int | None = None  # highest watermark reported so far: the output never moves backwards
+
+    def apply(self, ssp_key: str, message: ControlMessage) -> None:
+        self.partitions.setdefault(ssp_key, PartitionControl()).apply(message)
+
+    def ended(self, ssp_keys: Iterable[str]) -> bool:
+        keys = list(ssp_keys)
+        return bool(keys) and all(k in self.partitions and self.partitions[k].has_ended for k in keys)
+
+    def watermark(self, ssp_keys: Iterable[str]) -> int | None:
+        """Minimum over the partitions' watermarks, never below what was reported before; None if unknown."""
+        values = []
+        for key in ssp_keys:
+            part = self.partitions.get(key)
+            value = part.watermark() if part else None
+            if value is None:
+                return self.high
+            values.append(value)
+        if not values:
+            return self.high
+        current = min(values)
+        self.high = current if self.high is None else max(self.high, current)
+        return self.high
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partitions": {k: p.to_json() for k, p in sorted(self.partitions.items())}, "high": self.high}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StreamControl:
+        return cls(
+            partitions={k: PartitionControl.from_json(v) for k, v in dict(data.get("partitions", {})).items()},
+            high=data.get("high"),
+        )
+
+
+@dataclass
+class TaskControl:
+    """A task's whole control state, stored in its checkpoint's ``control`` field.
+
+    ``streams`` — per input stream id, its `StreamControl`; ``injected`` — per input stream, the watermark the
+    runtime has asked the source to feed into Spark; ``finished`` — the task consumed all its bounded inputs,
+    flushed its windows and sent end-of-stream downstream; ``dead_letters`` — records sent to dead-letter
+    streams so far.
+    """
+
+    streams: dict[str, StreamControl] = field(default_factory=dict)
+    injected: dict[str, int] = field(default_factory=dict)
+    finished: bool = False
+    dead_letters: int = 0
+
+    def stream(self, stream_id: str) -> StreamControl:
+        return self.streams.setdefault(stream_id, StreamControl())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "streams": {k: s.to_json() for k, s in sorted(self.streams.items())},
+            "injected": dict(self.injected),
+            "finished": self.finished,
+            "dead-letters": self.dead_letters,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> TaskControl:
+        data = data or {}
+        return cls(
+            streams={k: StreamControl.from_json(v) for k, v in dict(data.get("streams", {})).items()},
+            injected={str(k): int(v) for k, v in dict(data.get("injected", {})).items()},
+            finished=bool(data.get("finished", False)),
+            dead_letters=int(data.get("dead-letters", 0)),
+        )

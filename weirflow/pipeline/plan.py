@@ -1,0 +1,240 @@
+"""Cutting a pipeline graph into stages and tasks, and naming the streams between them.
+
+**Stages.** Operators connected by ``transform`` / ``merge`` / ``join`` belong to one stage; ``partition_by``
+ends a stage (its rows go to an intermediate stream) and the stream's reader starts another. A stage is named
+after its first input in declaration order, with characters outside [A-Za-z0-9_] as ``_``: the stage reading
+``page-views`` is ``page_views``, the stage after ``partition_by("page")`` is ``partition_by_0`` (or the
+``name=`` given, likewise rewritten). Tasks are
+``<stage>-<n>``, holding partition n of every input of the stage (Samza's GroupByPartition).
+
+**Intermediate streams.** Stream id = the ``partition_by`` name; physical name
+``<job.name>-<job.id>-<name>`` on system `job.intermediate.system` (default `job.default.system`) with
+`job.intermediate.partitions` partitions (default: the most partitions of any input of the pipeline).
+They are created through the system's `SystemAdmin` when missing. Their messages carry the in-band
+control framing of `weirflow.control`.
+
+**Dead letters.** Each input stream ``<id>`` has a dead-letter stream ``<physical>.dlq`` on the same system,
+with as many partitions, created when missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from weirflow.grouper import group_by_partition
+from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.job_model import TaskModel
+from weirflow.pipeline.api import App, Node, PipelineError, Sink
+from weirflow.systems import StreamRef, Systems
+
+
+def load_pipeline(config: Any) -> App:
+    """Import `app.pipeline` (``module:function``; the config file's directory is importable) and record it."""
+    target = config.get("app.pipeline")
+    if not target or ":" not in target:
+        raise config.error("app.pipeline", f"must be 'module:function', got {target!r}")
+    module_name, attr = target.split(":", 1)
+    base = str(config.base_dir)
+    if base not in sys.path:
+        sys.path.insert(0, base)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise config.error("app.pipeline", f"cannot import module '{module_name}': {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise config.error("app.pipeline", f"'{module_name}' has no function '{attr}'")
+    app = App(config)
+    try:
+        fn(app)
+    except PipelineError as exc:
+        raise config.error("app.pipeline", f"{target} builds an invalid pipeline: {exc}") from exc
+    if not app.sinks:
+        raise config.error("app.pipeline", f"{target} writes nothing: call send_to on at least one stream")
+    return app
+
+
+@dataclass
+class Stage:
+    name: str
+    inputs: list[Node] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    sinks: list[Sink] = field(default_factory=list)
+
+    @property
+    def input_ids(self) -> list[str]:
+        return [n.stream_id for n in self.inputs if n.stream_id is not None]
+
+
+def stage_name(stream_id: str) -> str:
+    """A stage is named after its first input, with every character outside [A-Za-z0-9_] as ``_``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", stream_id)
+
+
+def dlq_physical(physical: str) -> str:
+    return f"{physical}.dlq"
+
+
+class PipelinePlan:
+    """The stages of one pipeline, in an order where every stage comes after the stages feeding it."""
+
+    def __init__(self, app: App, config: Any, systems: Systems) -> None:
+        self.app = app
+        self.config = config
+        self.systems = systems
+        self.stages = self._cut()
+        self.stage_of_node = {id(n): s for s in self.stages for n in s.nodes}
+        self._partitions: dict[str, int] = {}
+
+    # --- stages -----------------------------------------------------------------------------------------
+    def _cut(self) -> list[Stage]:
+        parent: dict[int, int] = {n.index: n.index for n in self.app.nodes}
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for node in self.app.nodes:
+            for p in node.parents:
+                parent[find(node.index)] = find(p.index)
+        groups: dict[int, list[Node]] = {}
+        for node in self.app.nodes:
+            groups.setdefault(find(node.index), []).append(node)
+        stages: dict[int, Stage] = {}
+        for root, nodes in groups.items():
+            inputs = [n for n in nodes if n.op == "input"]
+            stages[root] = Stage(name=stage_name(str(inputs[0].stream_id)), inputs=inputs, nodes=nodes)
+        for sink in self.app.sinks:
+            stages[find(sink.node.index)].sinks.append(sink)
+        for stage in stages.values():
+            if not stage.sinks:
+                raise PipelineError(f"stage '{stage.name}' writes nothing: send its rows somewhere (send_to)")
+        # order: a stage reading intermediate stream X comes after the stage writing X
+        writer = {s.stream_id: st for st in stages.values() for s in st.sinks if s.intermediate}
+        ordered: list[Stage] = []
+        visiting: set[str] = set()
+
+        def visit(stage: Stage) -> None:
+            if stage in ordered:
+                return
+            if stage.name in visiting:
+                raise PipelineError(f"stage '{stage.name}' feeds itself through an intermediate stream")
+            visiting.add(stage.name)
+            for stream_id in stage.input_ids:
+                if stream_id in writer:
+                    visit(writer[stream_id])
+            ordered.append(stage)
+
+        for stage in sorted(stages.values(), key=lambda s: s.inputs[0].index):
+            visit(stage)
+        return ordered
+
+    def stage(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def is_intermediate(self, stream_id: str) -> bool:
+        return stream_id in self.app.intermediates
+
+    def writer_stage(self, stream_id: str) -> Stage:
+        for stage in self.stages:
+            if any(s.intermediate and s.stream_id == stream_id for s in stage.sinks):
+                return stage
+        raise KeyError(stream_id)
+
+    # --- streams ----------------------------------------------------------------------------------------
+    def ref(self, stream_id: str) -> StreamRef:
+        if self.is_intermediate(stream_id):
+            configured = self.config.get(f"streams.{stream_id}.physical.name")
+            system = self.config.get("job.intermediate.system") or self.config.get("job.default.system")
+            physical = configured or f"{self.config.get('job.name')}-{self.config.get('job.id')}-{stream_id}"
+            return StreamRef(stream_id, system, physical)
+        return self.systems.resolve(stream_id)
+
+    def partition_count(self, stream_id: str) -> int:
+        if stream_id not in self._partitions:
+            ref = self.ref(stream_id)
+            self._partitions[stream_id] = self.systems.admin(ref.system).partition_count(ref.physical)
+        return self._partitions[stream_id]
+
+    def _intermediate_partitions(self) -> int:
+        configured = self.config.get("job.intermediate.partitions")
+        if configured:
+            return int(configured)
+        user_inputs = [n.stream_id for n in self.app.nodes if n.op == "input" and not self.is_intermediate(
+            str(n.stream_id))]
+        return max(self.partition_count(str(s)) for s in user_inputs)
+
+    def ensure_streams(self) -> None:
+        """Create intermediate, dead-letter and (when `streams.<id>.partitions` is set) output streams."""
+        for stage in self.stages:
+            for stream_id in stage.input_ids:
+                if self.is_intermediate(stream_id):
+                    continue
+                ref = self.ref(stream_id)
+                admin = self.systems.admin(ref.system)
+                admin.create_stream(StreamSpec(dlq_physical(ref.physical), self.partition_count(stream_id)))
+        count = None
+        for stream_id in self.app.intermediates:
+            ref = self.ref(stream_id)
+            admin = self.systems.admin(ref.system)
+            if ref.physical not in admin.list_streams():
+                count = count or self._intermediate_partitions()
+                admin.create_stream(StreamSpec(ref.physical, count))
+        for sink in self.app.sinks:
+            if sink.intermediate:
+                continue
+            ref = self.ref(sink.stream_id)
+            partitions = self.config.get(f"streams.{sink.stream_id}.partitions")
+            admin = self.systems.admin(ref.system)
+            if partitions and ref.physical not in admin.list_streams():
+                admin.create_stream(StreamSpec(ref.physical, int(partitions)))
+            admin.partition_count(ref.physical)  # a clear StreamNotFoundError when missing
+
+    # --- tasks ------------------------------------------------------------------------------------------
+    def stage_ssps(self, stage: Stage) -> list[SystemStreamPartition]:
+        ssps: list[SystemStreamPartition] = []
+        for stream_id in stage.input_ids:
+            ref = self.ref(stream_id)
+            ssps.extend(SystemStreamPartition(ref.system, ref.physical, p) for p in range(self.partition_count(stream_id)))
+        return ssps
+
+    def check_joins(self, stage: Stage) -> None:
+        for node in stage.nodes:
+            if node.op != "join":
+                continue
+            counts = {self.partition_count(str(i.stream_id)) for i in _inputs_of(node)}
+            if len(counts) > 1:
+                names = sorted(str(i.stream_id) for i in _inputs_of(node))
+                raise PipelineError(
+                    f"join in stage '{stage.name}' needs co-partitioned inputs, but {names} have "
+                    f"{sorted(counts)} partitions; partition_by both sides first"
+                )
+
+    def plan_tasks(self) -> dict[str, TaskModel]:
+        self.ensure_streams()
+        tasks: dict[str, TaskModel] = {}
+        for stage in self.stages:
+            self.check_joins(stage)
+            tasks.update(group_by_partition(stage.name, self.stage_ssps(stage)))
+        return tasks
+
+    def task_count(self, stage: Stage) -> int:
+        return max(self.partition_count(s) for s in stage.input_ids)
+
+
+def _inputs_of(node: Node) -> list[Node]:
+    if node.op == "input":
+        return [node]
+    found: list[Node] = []
+    for parent in node.parents:
+        found.extend(i for i in _inputs_of(parent) if i not in found)
+    return found

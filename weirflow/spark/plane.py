@@ -1,0 +1,54 @@
+"""The Spark data plane of one processor: its SparkSession, the job's pipeline plan and the task runner.
+
+Built once per processor (the leader's planner and the runner share it) when the job sets `app.pipeline`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from weirflow.job_model import TaskModel
+from weirflow.pipeline.plan import PipelinePlan, load_pipeline
+from weirflow.spark.query import StageBuilder
+from weirflow.spark.runner import SparkTaskRunner
+from weirflow.spark.session import build_spark_session
+
+log = logging.getLogger("weirflow.spark")
+
+
+class SparkDataPlane:
+    def __init__(self, ctx: Any) -> None:
+        config = ctx.config
+        # Python workers import the job's modules (UDFs, transforms) from the config file's directory.
+        base = str(config.base_dir)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if base not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([base, *paths])
+        # The session comes first: pipeline functions may build Columns (F.col, ...), which need it.
+        self.spark = build_spark_session(config)
+        app = load_pipeline(config)
+        self.plan = PipelinePlan(app, config, ctx.systems)
+        self.plan.ensure_streams()
+        from weirflow.spark.sink import WeirflowSink
+        from weirflow.spark.source import WeirflowSource
+
+        self.spark.dataSource.register(WeirflowSource)
+        self.spark.dataSource.register(WeirflowSink)
+        self.builder = StageBuilder(self.spark, self.plan, config.snapshot())
+        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder)
+
+    def planner(self) -> Callable[[], dict[str, TaskModel]]:
+        return self.plan.plan_tasks
+
+
+_planes: dict[int, SparkDataPlane] = {}
+
+
+def data_plane(ctx: Any) -> SparkDataPlane:
+    """The processor's data plane (one per JobContext)."""
+    if id(ctx) not in _planes:
+        _planes[id(ctx)] = SparkDataPlane(ctx)
+    return _planes[id(ctx)]

@@ -1,0 +1,232 @@
+"""Building one task's streaming DataFrame, in the order DESIGN.md ("Data plane") prescribes.
+
+Per input stream of the task's stage:
+
+1. the `weirflow` source over the task's SSPs of that stream (data, control and dead-letter rows);
+2. the serde already decoded values into the user's columns (in the source's workers);
+3. ``__wm_time``: the event time on input streams, the reconciled watermark (``inject`` rows) everywhere;
+4. ``withWatermark("__wm_time", lateness)`` — applied here, never by the user;
+5. ``observe(...)`` collecting the batch's control rows and counts. It is also a **barrier**: without it the
+   optimizer pushes the ``__kind = 'data'`` filter below the watermark node and control rows stop moving the
+   watermark (tests/integration/test_watermark_barrier.py keeps this true);
+6. filter to data rows; the event-time column is re-declared as the watermarked column (Spark finds the
+   event-time column of windows and state eviction by the ``spark.watermarkDelayMs`` metadata, so data
+   rows keep their own event time while only ``__wm_time`` drives the watermark); internal columns dropped;
+7. the stage's transforms, then one union of all its outputs into the `weirflow-sink`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from weirflow.pipeline.api import Node, Sink
+from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.serde import SERDES, decoder_schema
+from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
+
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"  # Spark's metadata key for the event-time column
+DEFAULT_EVENT_TIME = "event_time"
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    """How one input stream is decoded and timed."""
+
+    serde: str
+    user_schema: T.StructType
+    event_time_field: str
+    event_time_from_record: bool
+    delay_ms: int
+    intermediate: bool
+    bounded: bool
+
+
+def observation_name(index: int) -> str:
+    return f"wf_in_{index}"
+
+
+class StageBuilder:
+    """Builds DataFrames of a plan's stages on one SparkSession; stage output schemas are memoized so an
+    intermediate stream's schema is the schema its writer stage produces."""
+
+    def __init__(self, spark: Any, plan: PipelinePlan, snapshot: str) -> None:
+        self.spark = spark
+        self.plan = plan
+        self.config = plan.config
+        self.snapshot = snapshot
+        self._settings: dict[str, InputSettings] = {}
+
+    # --- input settings ---------------------------------------------------------------------------------
+    def settings(self, stream_id: str) -> InputSettings:
+        if stream_id not in self._settings:
+            self._settings[stream_id] = (
+                self._intermediate_settings(stream_id)
+                if self.plan.is_intermediate(stream_id)
+                else self._input_settings(stream_id)
+            )
+        return self._settings[stream_id]
+
+    def _input_settings(self, stream_id: str) -> InputSettings:
+        cfg = self.config
+        ddl = cfg.get(f"streams.{stream_id}.schema")
+        serde = cfg.get(f"streams.{stream_id}.serde") or ("json" if ddl else "string")
+        if serde not in SERDES:
+            raise cfg.error(f"streams.{stream_id}.serde", f"must be one of {', '.join(SERDES)}, not '{serde}'")
+        schema = None
+        if serde == "json":
+            if not ddl:
+                raise cfg.error(
+                    f"streams.{stream_id}.schema",
+                    "the json serde needs a schema: Spark DDL such as 'user string, page string, ts timestamp'",
+                )
+            try:
+                schema = T._parse_datatype_string(ddl)
+            except Exception as exc:
+                raise cfg.error(f"streams.{stream_id}.schema", f"is not valid Spark DDL: {exc}") from exc
+        user_schema = decoder_schema(serde, schema)
+        field = cfg.get(f"streams.{stream_id}.event-time.field")
+        if field:
+            match = [f for f in user_schema.fields if f.name == field]
+            if not match or not isinstance(match[0].dataType, T.TimestampType):
+                raise cfg.error(
+                    f"streams.{stream_id}.event-time.field",
+                    f"names '{field}', which is not a timestamp column of the stream's schema",
+                )
+        return InputSettings(
+            serde=serde,
+            user_schema=user_schema,
+            event_time_field=field or DEFAULT_EVENT_TIME,
+            event_time_from_record=not field,
+            delay_ms=int(cfg.get(f"streams.{stream_id}.lateness") or 0),
+            intermediate=False,
+            bounded=bool(cfg.get(f"streams.{stream_id}.bounded")),
+        )
+
+    def _intermediate_settings(self, stream_id: str) -> InputSettings:
+        writer = self.plan.writer_stage(stream_id)
+        sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
+        schema = self.build(writer, task=None, starts={})[1][id(sink.node)].schema
+        event_field = self._event_time_of(writer, schema)
+        return InputSettings(
+            serde="json",
+            user_schema=schema,
+            event_time_field=event_field or DEFAULT_EVENT_TIME,
+            event_time_from_record=event_field is None,
+            delay_ms=0,
+            intermediate=True,
+            bounded=False,
+        )
+
+    def _event_time_of(self, stage: Stage, schema: T.StructType) -> str | None:
+        for stream_id in stage.input_ids:
+            name = self.settings(stream_id).event_time_field
+            if name in schema.fieldNames() and isinstance(schema[name].dataType, T.TimestampType):
+                return name
+        return None
+
+    # --- frames -----------------------------------------------------------------------------------------
+    def _source(self, stage: Stage, index: int, stream_id: str, task: Any, starts: dict[str, Any]) -> DataFrame:
+        settings = self.settings(stream_id)
+        ref = self.plan.ref(stream_id)
+        ssps = [s.key() for s in (task.ssps if task is not None else []) if (s.system, s.stream) == (
+            ref.system, ref.physical)]
+        options = {
+            "config": self.snapshot,
+            "stream": stream_id,
+            "task": task.name if task is not None else "",
+            "system": ref.system,
+            "physical": ref.physical,
+            "ssps": json.dumps(ssps),
+            "start": json.dumps({k: starts.get(k, {"o": "0", "e": False}) for k in ssps}),
+            "serde": settings.serde,
+            "user_schema": json.dumps(settings.user_schema.jsonValue()),
+            "event_time_field": settings.event_time_field,
+            "event_time_from_record": str(settings.event_time_from_record).lower(),
+            "delay_ms": str(settings.delay_ms),
+            "intermediate": str(settings.intermediate).lower(),
+            "bounded": str(settings.bounded).lower(),
+            "max_records": str(self.config.get("task.max.records.per.trigger")),
+        }
+        raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
+        kind = F.col("__kind")
+        timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
+        observed = timed.observe(
+            observation_name(index),
+            F.collect_list(
+                F.when(
+                    ~kind.isin("data", "dlq"),
+                    F.struct("__kind", "__ssp", "__producer", "__task_count", "__ctl_ms"),
+                )
+            ).alias("control"),
+            F.count(F.when(kind == "data", 1)).alias("data"),
+            F.count(F.when(kind == "dlq", 1)).alias("dlq"),
+        )
+        metadata = {WATERMARK_DELAY_KEY: settings.delay_ms}
+        columns = [
+            F.col(f.name).alias(f.name, metadata=metadata) if f.name == settings.event_time_field else F.col(f.name)
+            for f in raw.schema.fields
+            if f.name not in INTERNAL_COLUMNS
+        ]
+        return observed.filter(kind == "data").select(*columns)
+
+    def build(self, stage: Stage, task: Any, starts: dict[str, Any]) -> tuple[list[str], dict[int, DataFrame]]:
+        """Frames of every node of ``stage`` for ``task`` (None: schema only). Returns (input stream ids in
+        observation order, node id -> DataFrame)."""
+        frames: dict[int, DataFrame] = {}
+        inputs = stage.input_ids
+
+        def frame(node: Node) -> DataFrame:
+            if id(node) in frames:
+                return frames[id(node)]
+            if node.op == "input":
+                df = self._source(stage, inputs.index(str(node.stream_id)), str(node.stream_id), task, starts)
+            elif node.op == "transform":
+                assert node.fn is not None
+                df = node.fn(frame(node.parents[0]))
+                if not isinstance(df, DataFrame):
+                    raise TypeError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
+            elif node.op == "merge":
+                df = frame(node.parents[0])
+                for other in node.parents[1:]:
+                    df = df.unionByName(frame(other))
+            elif node.op == "join":
+                df = frame(node.parents[0]).join(frame(node.parents[1]), on=node.join_on, how=node.join_how)
+            else:
+                raise ValueError(f"unknown operator {node.op}")
+            frames[id(node)] = df
+            return df
+
+        for node in stage.nodes:
+            frame(node)
+        return inputs, frames
+
+    def sink_frame(self, stage: Stage, frames: dict[int, DataFrame]) -> DataFrame:
+        """One DataFrame (stream, key, value, partition) of all the stage's outputs."""
+        parts = []
+        for sink in stage.sinks:
+            parts.append(self._sink_rows(sink, frames[id(sink.node)]))
+        out = parts[0]
+        for other in parts[1:]:
+            out = out.unionByName(other)
+        return out
+
+    @staticmethod
+    def _sink_rows(sink: Sink, df: DataFrame) -> DataFrame:
+        if sink.key is None:
+            key = F.lit(None).cast("binary")
+        else:
+            key_col = F.col(sink.key) if isinstance(sink.key, str) else sink.key
+            key = key_col.cast("string").cast("binary")
+        value = F.to_json(F.struct(*[F.col(c) for c in df.columns])).cast("binary")
+        return df.select(
+            F.lit(sink.stream_id).alias("stream"),
+            key.alias("key"),
+            value.alias("value"),
+            F.lit(None).cast("int").alias("partition"),
+        )

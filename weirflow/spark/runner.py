@@ -1,0 +1,436 @@
+"""`SparkTaskRunner`: each task is one Spark streaming query; the processor checkpoints it from query progress.
+
+Why progress events (DESIGN.md, "Data plane"): the source's driver-side methods run in another process and
+Spark never calls ``commit(end)`` for a query's last batch, so the processor writes each task's checkpoint
+itself, from the end offsets of every batch Spark reports as done (a `StreamingQueryListener` runs in this
+process, where the task's lock is held, so every write goes through the fence).
+
+On each progress event of a task (`TaskQuery.on_progress`):
+
+1. the batch's control rows (collected by ``observe``) update the task's `TaskControl`; the reconciled
+   watermark of each intermediate input, when it advanced, is stored as ``injected`` so the source feeds it
+   into Spark on its next batch;
+2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (or at once
+   for a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops;
+3. the checkpoint (end offsets + control state) is written through the fence;
+4. a watermark message goes to every partition of each intermediate output when the task's watermark moved.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from weirflow.control import (
+    FLUSHED_WATERMARK_MS,
+    MAX_TIMESTAMP_MS,
+    ControlMessage,
+    MessageType,
+    TaskControl,
+)
+from weirflow.errors import LockLostError
+from weirflow.fencing import FencedCheckpointWriter
+from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.coordination import Lock
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job_model import TaskModel
+from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.query import StageBuilder, observation_name
+from weirflow.tasks.runner import TaskRunner
+
+log = logging.getLogger("weirflow.spark")
+
+_CONTROL_TYPES = {"watermark": MessageType.WATERMARK, "eos": MessageType.END_OF_STREAM, "drain": MessageType.DRAIN}
+_MONITOR_S = 0.2
+
+
+def parse_spark_time(text: str | None) -> int | None:
+    """Milliseconds of a progress timestamp such as ``2026-01-01T00:00:00.000Z``; None when absent."""
+    if not text:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return MAX_TIMESTAMP_MS if text.startswith("+") or text[:4] > "9998" else None
+    return int(parsed.timestamp() * 1000)
+
+
+class TaskQuery:
+    """One task's query and the bookkeeping between its progress events."""
+
+    def __init__(self, runner: SparkTaskRunner, task: TaskModel, lock: Lock, stage: Stage) -> None:
+        self.runner = runner
+        self.task = task
+        self.stage = stage
+        self.lock = lock
+        self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
+        self.guard = threading.RLock()
+        self.query: Any = None
+        self.inputs: list[str] = []
+        self.control = TaskControl()
+        self.last_batch = -1
+        self.flush_batch: int | None = None
+        self.sent_watermark = -1
+        self.done = False  # finished: stop the query, never restart it
+        self.stopped = False
+        self.error: str | None = None
+
+    # --- start ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        runner = self.runner
+        checkpoint = runner.checkpoints.read_last_checkpoint(self.task.name)
+        self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        stored = dict(checkpoint.offsets) if checkpoint else {}
+        starts = {ssp.key(): {"o": self._start_offset(ssp, stored), "e": self._ended(ssp)} for ssp in self.task.ssps}
+        self.sent_watermark = int(self.control.injected.get("__out__", -1))
+        self.inputs, frames = runner.builder.build(self.stage, self.task, starts)
+        sink = runner.builder.sink_frame(self.stage, frames)
+        location = runner.spark_checkpoint_dir(self.task.name)
+        fresh = not (location / "offsets").exists()
+        if fresh and location.exists():
+            shutil.rmtree(location)
+        streams = {
+            s.stream_id: {
+                "system": runner.plan.ref(s.stream_id).system,
+                "physical": runner.plan.ref(s.stream_id).physical,
+                "intermediate": s.intermediate,
+            }
+            for s in self.stage.sinks
+        }
+        self.query = (
+            sink.writeStream.format("weirflow-sink")
+            .option("config", runner.builder.snapshot)
+            .option("streams", json.dumps(streams))
+            .option("checkpointLocation", str(location))
+            .outputMode(runner.output_mode)
+            .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
+            .queryName(f"{runner.job}-{self.task.name}")
+            .start()
+        )
+        log.info(
+            "task %s: query %s started (%s Spark checkpoint) at %s",
+            self.task.name,
+            self.query.id,
+            "new" if fresh else "existing",
+            {k: v["o"] for k, v in starts.items()},
+        )
+
+    def _start_offset(self, ssp: SystemStreamPartition, stored: dict[SystemStreamPartition, str]) -> str:
+        if ssp in stored:
+            return stored[ssp]
+        stream_id = self.runner.stream_id_of(ssp)
+        start = (self.runner.plan.config.get(f"streams.{stream_id}.start") or "earliest").lower()
+        metadata = self.runner.plan.systems.admin(ssp.system).partition_metadata(ssp.stream)[ssp.partition]
+        if start == "latest":
+            return metadata.upcoming
+        return metadata.oldest
+
+    def _ended(self, ssp: SystemStreamPartition) -> bool:
+        stream_id = self.runner.stream_id_of(ssp)
+        part = self.control.streams.get(stream_id, None)
+        return bool(part and part.ended([ssp.key()])) and not self.runner.plan.is_intermediate(stream_id)
+
+    # --- progress ---------------------------------------------------------------------------------------
+    def on_progress(self, progress: Any) -> None:
+        with self.guard:
+            if self.stopped or self.done or progress.batchId <= self.last_batch:
+                return
+            self.last_batch = progress.batchId
+            try:
+                self._apply(progress)
+            except LockLostError as exc:
+                self.error = str(exc)
+                log.error("task %s: %s", self.task.name, exc)
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.exception("task %s: could not checkpoint batch %s", self.task.name, progress.batchId)
+
+    def _apply(self, progress: Any) -> None:
+        offsets: dict[SystemStreamPartition, str] = {}
+        for source in progress.sources:
+            end = json.loads(source.endOffset) if source.endOffset else None
+            if not end or "p" not in end:
+                continue
+            for key, position in end["p"].items():
+                offsets[SystemStreamPartition.parse(key)] = position["o"]
+        metrics = progress.observedMetrics or {}
+        for index, stream_id in enumerate(self.inputs):
+            row = metrics.get(observation_name(index))
+            if row is None:
+                continue
+            self.control.dead_letters += int(row["dlq"] or 0)
+            if row["dlq"]:
+                log.warning("task %s: %d undecodable records of %s sent to its dead-letter stream",
+                            self.task.name, row["dlq"], stream_id)
+            for ctl in row["control"] or []:
+                if ctl["__kind"] == "inject":
+                    if int(ctl["__ctl_ms"]) >= MAX_TIMESTAMP_MS and self.flush_batch is None:
+                        self.flush_batch = progress.batchId
+                    continue
+                message = ControlMessage(
+                    type=_CONTROL_TYPES[ctl["__kind"]],
+                    task_name=str(ctl["__producer"]),
+                    task_count=int(ctl["__task_count"] or 1),
+                    timestamp=int(ctl["__ctl_ms"] or 0),
+                )
+                self.control.stream(stream_id).apply(str(ctl["__ssp"]), message)
+        self._reconcile()
+        spark_watermark = parse_spark_time(progress.eventTime.get("watermark")) or 0
+        finishing = self.flush_batch is not None and (
+            not progress.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
+        )
+        out = self._output_watermark(progress, spark_watermark)
+        if finishing:
+            self._send_control(MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+            self.control.finished = True
+        elif out is not None and out > self.sent_watermark:
+            self._send_control(MessageType.WATERMARK, out)
+            self.sent_watermark = out
+            self.control.injected["__out__"] = out
+        self.writer.write(Checkpoint(offsets=offsets, control=self.control.to_json()))
+        if finishing:
+            self.done = True
+            log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", self.task.name)
+
+    def _ssps_of(self, stream_id: str) -> list[str]:
+        ref = self.runner.plan.ref(stream_id)
+        return [s.key() for s in self.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
+
+    def _reconcile(self) -> None:
+        all_ended = True
+        for stream_id in self.inputs:
+            keys = self._ssps_of(stream_id)
+            state = self.control.stream(stream_id)
+            if not keys:
+                continue
+            if not state.ended(keys):
+                all_ended = False
+            if self.runner.plan.is_intermediate(stream_id):
+                watermark = state.watermark(keys)
+                if watermark is not None and watermark > self.control.injected.get(stream_id, -1):
+                    self.control.injected[stream_id] = watermark
+        if all_ended:
+            for stream_id in self.inputs:
+                self.control.injected[stream_id] = MAX_TIMESTAMP_MS
+
+    def _output_watermark(self, progress: Any, spark_watermark: int) -> int | None:
+        """The task's event-time watermark after this batch: Spark's watermark of the next batch, which is
+        known now for a one-input stage (max event time seen minus the lateness)."""
+        out = spark_watermark or None
+        if len(self.inputs) == 1:
+            seen = parse_spark_time(progress.eventTime.get("max"))
+            if seen is not None:
+                delay = self.runner.builder.settings(self.inputs[0]).delay_ms
+                out = max(out or 0, seen - delay)
+        return out
+
+    def _send_control(self, kind: MessageType, timestamp: int) -> None:
+        message = ControlMessage(
+            type=kind,
+            task_name=self.task.name,
+            task_count=self.runner.plan.task_count(self.stage),
+            timestamp=timestamp,
+            run_id=str(self.runner.plan.config.get("app.run.id") or ""),
+        ).encode()
+        by_system: dict[str, list[OutgoingRecord]] = {}
+        for sink in self.stage.sinks:
+            if not sink.intermediate:
+                continue
+            ref = self.runner.plan.ref(sink.stream_id)
+            for partition in range(self.runner.plan.partition_count(sink.stream_id)):
+                by_system.setdefault(ref.system, []).append(
+                    OutgoingRecord(stream=ref.physical, value=message, partition=partition)
+                )
+        for system, records in by_system.items():
+            self.runner.plan.systems.producer(system).send(records)
+
+    # --- stop -------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the query, then checkpoint its last completed batch (its event may not have arrived yet)."""
+        if self.query is not None:
+            try:
+                self.query.stop()
+            except Exception as exc:
+                log.warning("task %s: stopping its query raised %s", self.task.name, exc)
+            last = self.query.lastProgress
+            if last is not None and not self.done:
+                self.on_progress(_ProgressView(last))
+        with self.guard:
+            self.stopped = True
+
+    def failure(self) -> str | None:
+        if self.error:
+            return self.error
+        if self.query is not None and not self.query.isActive and not self.stopped and not self.done:
+            exc = self.query.exception()
+            return f"query stopped: {exc}" if exc else "query stopped unexpectedly"
+        return None
+
+
+class _ProgressView:
+    """``query.lastProgress`` is a dict; give it the attribute shape of a progress event."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.batchId = data["batchId"]
+        self.eventTime = data.get("eventTime") or {}
+        self.stateOperators = data.get("stateOperators") or []
+        self.observedMetrics = data.get("observedMetrics") or {}
+        self.sources = [_SourceView(s) for s in data.get("sources") or []]
+
+
+class _SourceView:
+    def __init__(self, data: dict[str, Any]) -> None:
+        end = data.get("endOffset")
+        self.endOffset = json.dumps(end) if isinstance(end, dict) else end
+
+
+class _Listener(StreamingQueryListener):
+    def __init__(self, runner: SparkTaskRunner) -> None:
+        self.runner = runner
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        self.runner.on_progress(event.progress)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+class SparkTaskRunner(TaskRunner):
+    """Runs tasks of a pipeline as queries on this processor's SparkSession."""
+
+    def __init__(self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder) -> None:
+        config = plan.config
+        self.spark = spark
+        self.plan = plan
+        self.checkpoints = checkpoints
+        self.builder = builder
+        self.job = f"{config.get('job.name')}-{config.get('job.id')}"
+        self.trigger_ms = int(config.get("task.trigger.interval.ms"))
+        self.output_mode = str(config.get("task.output.mode"))
+        self.checkpoint_root = (
+            config.path("task.spark.checkpoint.dir")
+            if config.get("task.spark.checkpoint.dir")
+            else config.state_dir() / "spark" / self.job
+        )
+        self._tasks: dict[str, TaskQuery] = {}
+        self._by_query: dict[str, TaskQuery] = {}
+        self._failed: dict[str, str] = {}
+        self._finished: set[str] = set()
+        self._guard = threading.Lock()
+        self._closing = threading.Event()
+        self._listener = _Listener(self)
+        spark.streams.addListener(self._listener)
+        self._monitor = threading.Thread(target=self._monitor_loop, name="spark-monitor", daemon=True)
+        self._monitor.start()
+
+    def spark_checkpoint_dir(self, task_name: str) -> Path:
+        return self.checkpoint_root / task_name
+
+    def stream_id_of(self, ssp: SystemStreamPartition) -> str:
+        for stage in self.plan.stages:
+            for stream_id in stage.input_ids:
+                ref = self.plan.ref(stream_id)
+                if (ref.system, ref.physical) == (ssp.system, ssp.stream):
+                    return stream_id
+        return ssp.stream
+
+    # --- TaskRunner -------------------------------------------------------------------------------------
+    def start_task(self, task: TaskModel, lock: Lock) -> None:
+        with self._guard:
+            if task.name in self._tasks or task.name in self._finished:
+                return
+        checkpoint = self.checkpoints.read_last_checkpoint(task.name)
+        if checkpoint and TaskControl.from_json(checkpoint.control).finished:
+            with self._guard:
+                self._finished.add(task.name)
+            log.info("task %s already finished", task.name)
+            return
+        stage = self.plan.stage(task.name.rsplit("-", 1)[0])
+        handle = TaskQuery(self, task, lock, stage)
+        with self._guard:
+            self._tasks[task.name] = handle
+            self._failed.pop(task.name, None)
+        try:
+            handle.start()
+        except Exception as exc:
+            with self._guard:
+                self._tasks.pop(task.name, None)
+                self._failed[task.name] = f"{type(exc).__name__}: {exc}"
+            log.exception("task %s could not start", task.name)
+            return
+        with self._guard:
+            self._by_query[str(handle.query.id)] = handle
+
+    def stop_task(self, task_name: str) -> None:
+        with self._guard:
+            handle = self._tasks.pop(task_name, None)
+        if handle is None:
+            return
+        handle.stop()
+        with self._guard:
+            if handle.query is not None:
+                self._by_query.pop(str(handle.query.id), None)
+
+    def running(self) -> set[str]:
+        with self._guard:
+            return {n for n, h in self._tasks.items() if not h.done and h.error is None}
+
+    def failures(self) -> dict[str, str]:
+        with self._guard:
+            return dict(self._failed)
+
+    def forget(self, task_name: str) -> None:
+        with self._guard:
+            self._failed.pop(task_name, None)
+
+    def finished(self) -> set[str]:
+        with self._guard:
+            return set(self._finished)
+
+    def close(self) -> None:
+        self._closing.set()
+        super().close()
+        try:
+            self.spark.streams.removeListener(self._listener)
+        except Exception as exc:
+            log.debug("could not remove the query listener: %s", exc)
+
+    # --- events -----------------------------------------------------------------------------------------
+    def on_progress(self, progress: Any) -> None:
+        with self._guard:
+            handle = self._by_query.get(str(progress.id))
+        if handle is not None:
+            handle.on_progress(progress)
+
+    def _monitor_loop(self) -> None:
+        """Stops finished tasks' queries and turns dead queries into failures (never from the listener)."""
+        while not self._closing.wait(_MONITOR_S):
+            with self._guard:
+                handles = list(self._tasks.values())
+            for handle in handles:
+                if handle.done:
+                    handle.stop()
+                    with self._guard:
+                        self._tasks.pop(handle.task.name, None)
+                        self._finished.add(handle.task.name)
+                    continue
+                error = handle.failure()
+                if error:
+                    handle.stop()
+                    with self._guard:
+                        self._tasks.pop(handle.task.name, None)
+                        self._failed[handle.task.name] = error
+                    log.error("task %s failed: %s", handle.task.name, error)
