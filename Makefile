@@ -22,7 +22,7 @@ java:
 install: $(STAMP) java
 
 run: install
-	$(PY) examples/coordination/demo.py
+	$(PY) examples/pageviews/demo.py
 
 test: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider

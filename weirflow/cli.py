@@ -61,6 +61,7 @@ def _setup_logging(level: str, processor_id: str) -> None:
         format=f"%(asctime)s %(levelname)s [{processor_id}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @app.command()

@@ -31,7 +31,9 @@ def events(n: int, seed: int = 7) -> Iterator[dict[str, Any]]:
         }
 
 
-def write(config: Any, n: int, seed: int = 7, *, progress: Any = None, batch: int = 10_000) -> list[dict[str, Any]]:
+def write(
+    config: Any, n: int, seed: int = 7, *, progress: Any = None, batch: int = 10_000
+) -> list[dict[str, Any]]:
     """Create `page-views` if needed and append ``n`` events; returns them (for checking the results)."""
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec
     from weirflow.systems import Systems

@@ -31,4 +31,5 @@ def count_per_minute(views: DataFrame) -> DataFrame:
 def pipeline(app: weirflow.App) -> None:
     views = app.input("page-views")
     counts = views.partition_by("page", name="views-by-page").transform(count_per_minute)
-    counts.send_to("page-counts", key=F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm")))
+    window_key = F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm"))
+    counts.send_to("page-counts", key=window_key)

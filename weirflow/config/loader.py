@@ -206,7 +206,12 @@ class Config:
     def snapshot(self) -> str:
         """JSON of this config, to rebuild it in another process (Spark's data-source and worker processes)."""
         return json.dumps(
-            {"values": self._values, "sources": self._sources, "source": self.source, "base_dir": str(self.base_dir)}
+            {
+                "values": self._values,
+                "sources": self._sources,
+                "source": self.source,
+                "base_dir": str(self.base_dir),
+            }
         )
 
     @classmethod

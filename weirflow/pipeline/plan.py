@@ -174,13 +174,15 @@ class PipelinePlan:
         return max(self.partition_count(str(s)) for s in user_inputs)
 
     def ensure_streams(self) -> None:
-        """Create intermediate, dead-letter and (when `streams.<id>.partitions` is set) output streams."""
+        """Create intermediate and dead-letter streams, and inputs and outputs that set
+        `streams.<id>.partitions`."""
         for stage in self.stages:
             for stream_id in stage.input_ids:
                 if self.is_intermediate(stream_id):
                     continue
                 ref = self.ref(stream_id)
                 admin = self.systems.admin(ref.system)
+                self._create_if_configured(stream_id)
                 admin.create_stream(StreamSpec(dlq_physical(ref.physical), self.partition_count(stream_id)))
         count = None
         for stream_id in self.app.intermediates:
@@ -192,19 +194,25 @@ class PipelinePlan:
         for sink in self.app.sinks:
             if sink.intermediate:
                 continue
-            ref = self.ref(sink.stream_id)
-            partitions = self.config.get(f"streams.{sink.stream_id}.partitions")
-            admin = self.systems.admin(ref.system)
-            if partitions and ref.physical not in admin.list_streams():
-                admin.create_stream(StreamSpec(ref.physical, int(partitions)))
-            admin.partition_count(ref.physical)  # a clear StreamNotFoundError when missing
+            self._create_if_configured(sink.stream_id)
+
+    def _create_if_configured(self, stream_id: str) -> None:
+        """Create an input or output stream with `streams.<id>.partitions` when missing; without that key a
+        missing stream is a `StreamNotFoundError` naming it."""
+        ref = self.ref(stream_id)
+        partitions = self.config.get(f"streams.{stream_id}.partitions")
+        admin = self.systems.admin(ref.system)
+        if partitions and ref.physical not in admin.list_streams():
+            admin.create_stream(StreamSpec(ref.physical, int(partitions)))
+        admin.partition_count(ref.physical)
 
     # --- tasks ------------------------------------------------------------------------------------------
     def stage_ssps(self, stage: Stage) -> list[SystemStreamPartition]:
         ssps: list[SystemStreamPartition] = []
         for stream_id in stage.input_ids:
             ref = self.ref(stream_id)
-            ssps.extend(SystemStreamPartition(ref.system, ref.physical, p) for p in range(self.partition_count(stream_id)))
+            count = self.partition_count(stream_id)
+            ssps.extend(SystemStreamPartition(ref.system, ref.physical, p) for p in range(count))
         return ssps
 
     def check_joins(self, stage: Stage) -> None:

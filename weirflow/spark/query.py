@@ -169,7 +169,9 @@ class StageBuilder:
         )
         metadata = {WATERMARK_DELAY_KEY: settings.delay_ms}
         columns = [
-            F.col(f.name).alias(f.name, metadata=metadata) if f.name == settings.event_time_field else F.col(f.name)
+            F.col(f.name).alias(f.name, metadata=metadata)
+            if f.name == settings.event_time_field
+            else F.col(f.name)
             for f in raw.schema.fields
             if f.name not in INTERNAL_COLUMNS
         ]

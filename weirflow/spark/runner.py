@@ -32,8 +32,10 @@ from weirflow.control import (
     FLUSHED_WATERMARK_MS,
     MAX_TIMESTAMP_MS,
     ControlMessage,
+    MalformedMessageError,
     MessageType,
     TaskControl,
+    decode,
 )
 from weirflow.errors import LockLostError
 from weirflow.fencing import FencedCheckpointWriter
@@ -49,6 +51,29 @@ log = logging.getLogger("weirflow.spark")
 
 _CONTROL_TYPES = {"watermark": MessageType.WATERMARK, "eos": MessageType.END_OF_STREAM, "drain": MessageType.DRAIN}
 _MONITOR_S = 0.2
+
+
+def _source_watermark(source: Any) -> int:
+    end = json.loads(source.endOffset) if source.endOffset else {}
+    return int(end.get("w", -1)) if isinstance(end, dict) else -1
+
+
+def _last_committed(location: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(metadata, source offsets) of the last batch in Spark's commit log at ``location``; None if none.
+
+    Reads Spark's offset-log files (``offsets/<batch>``: a version line, a metadata line, one JSON line per
+    source); only the weirflow sources' own offsets are used.
+    """
+    log_dir = location / "commits"
+    commits = [int(p.name) for p in log_dir.glob("[0-9]*")] if log_dir.exists() else []
+    if not commits:
+        return None
+    batch = max(commits)
+    lines = (location / "offsets" / str(batch)).read_text().splitlines()
+    metadata = json.loads(lines[1])
+    metadata["batchId"] = batch
+    sources = [json.loads(line) for line in lines[2:] if line.strip().startswith("{")]
+    return metadata, [s for s in sources if isinstance(s, dict) and "p" in s]
 
 
 def parse_spark_time(text: str | None) -> int | None:
@@ -76,7 +101,6 @@ class TaskQuery:
         self.inputs: list[str] = []
         self.control = TaskControl()
         self.last_batch = -1
-        self.flush_batch: int | None = None
         self.sent_watermark = -1
         self.done = False  # finished: stop the query, never restart it
         self.stopped = False
@@ -88,7 +112,9 @@ class TaskQuery:
         checkpoint = runner.checkpoints.read_last_checkpoint(self.task.name)
         self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
         stored = dict(checkpoint.offsets) if checkpoint else {}
-        starts = {ssp.key(): {"o": self._start_offset(ssp, stored), "e": self._ended(ssp)} for ssp in self.task.ssps}
+        starts = {
+            ssp.key(): {"o": self._start_offset(ssp, stored), "e": self._ended(ssp)} for ssp in self.task.ssps
+        }
         self.sent_watermark = int(self.control.injected.get("__out__", -1))
         self.inputs, frames = runner.builder.build(self.stage, self.task, starts)
         sink = runner.builder.sink_frame(self.stage, frames)
@@ -96,6 +122,10 @@ class TaskQuery:
         fresh = not (location / "offsets").exists()
         if fresh and location.exists():
             shutil.rmtree(location)
+        if not fresh:
+            self._catch_up(location, stored)
+            if self.done:
+                return
         streams = {
             s.stream_id: {
                 "system": runner.plan.ref(s.stream_id).system,
@@ -171,8 +201,6 @@ class TaskQuery:
                             self.task.name, row["dlq"], stream_id)
             for ctl in row["control"] or []:
                 if ctl["__kind"] == "inject":
-                    if int(ctl["__ctl_ms"]) >= MAX_TIMESTAMP_MS and self.flush_batch is None:
-                        self.flush_batch = progress.batchId
                     continue
                 message = ControlMessage(
                     type=_CONTROL_TYPES[ctl["__kind"]],
@@ -183,7 +211,8 @@ class TaskQuery:
                 self.control.stream(stream_id).apply(str(ctl["__ssp"]), message)
         self._reconcile()
         spark_watermark = parse_spark_time(progress.eventTime.get("watermark")) or 0
-        finishing = self.flush_batch is not None and (
+        injected_all = all(_source_watermark(s) >= MAX_TIMESTAMP_MS for s in progress.sources)
+        finishing = self._all_inputs_ended() and injected_all and (
             not progress.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
         )
         out = self._output_watermark(progress, spark_watermark)
@@ -202,6 +231,57 @@ class TaskQuery:
     def _ssps_of(self, stream_id: str) -> list[str]:
         ref = self.runner.plan.ref(stream_id)
         return [s.key() for s in self.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
+
+    def _all_inputs_ended(self) -> bool:
+        return all(self.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(s))
+
+    def _catch_up(self, location: Path, offsets: dict[SystemStreamPartition, str]) -> None:
+        """Bring the control state up to Spark's last committed batch before the query restarts.
+
+        Spark commits a batch before the processor hears of it, so a processor killed in between leaves
+        Spark's checkpoint ahead of the checkpoint store; the control rows of those batches would be lost
+        (Spark will not read them again). They are re-read here from the streams themselves.
+        """
+        committed = _last_committed(location)
+        if committed is None:
+            return
+        metadata, sources = committed
+        plan = self.runner.plan
+        for source in sources:
+            stream_id = source.get("s")
+            if stream_id not in self.inputs:
+                continue
+            state = self.control.stream(stream_id)
+            for key, end in source["p"].items():
+                ssp = SystemStreamPartition.parse(key)
+                start = offsets.get(ssp)
+                if plan.is_intermediate(stream_id) and start is not None and int(start) < int(end["o"]):
+                    consumer = plan.systems.consumer(ssp.system)
+                    position = start
+                    while records := consumer.read(ssp, position, 5000, end["o"]):
+                        for record in records:
+                            if record.value[:1] not in (b"\x00", b""):
+                                try:
+                                    kind, body = decode(record.value)
+                                except MalformedMessageError:
+                                    continue
+                                assert isinstance(body, ControlMessage)
+                                state.apply(key, body)
+                        position = records[-1].next_offset
+                elif end.get("e"):
+                    state.apply(key, ControlMessage(MessageType.END_OF_STREAM, f"{stream_id}:{key}", 1, 0))
+                offsets[ssp] = end["o"]
+        self._reconcile()
+        stateless = not (location / "state").exists()
+        flushed = stateless or int(metadata.get("batchWatermarkMs", 0)) >= FLUSHED_WATERMARK_MS
+        injected = all(int(s.get("w", -1)) >= MAX_TIMESTAMP_MS for s in sources)
+        if self._all_inputs_ended() and injected and flushed:
+            self._send_control(MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+            self.control.finished = True
+            self.done = True
+        self.writer.write(Checkpoint(offsets=dict(offsets), control=self.control.to_json()))
+        log.info("task %s: control state caught up with Spark's batch %s%s", self.task.name,
+                 metadata.get("batchId", "?"), " (already finished)" if self.done else "")
 
     def _reconcile(self) -> None:
         all_ended = True
@@ -371,8 +451,9 @@ class SparkTaskRunner(TaskRunner):
                 self._failed[task.name] = f"{type(exc).__name__}: {exc}"
             log.exception("task %s could not start", task.name)
             return
-        with self._guard:
-            self._by_query[str(handle.query.id)] = handle
+        if handle.query is not None:
+            with self._guard:
+                self._by_query[str(handle.query.id)] = handle
 
     def stop_task(self, task_name: str) -> None:
         with self._guard:

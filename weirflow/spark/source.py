@@ -33,7 +33,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from weirflow.control import MalformedMessageError, MessageType, decode
 from weirflow.spark.serde import DecodeError, JsonDecoder, KeyValueDecoder
@@ -138,7 +138,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         return int(value) if value is not None else None
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "maxRows", None)
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends: dict[str, Any] = {}
         metadata = None
         for key in self.spec.ssps:
