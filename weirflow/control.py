@@ -185,13 +185,14 @@ class TaskControl:
     ``streams`` — per input stream id, its `StreamControl`; ``injected`` — per input stream, the watermark the
     runtime has asked the source to feed into Spark; ``finished`` — the task consumed all its bounded inputs,
     flushed its windows and sent end-of-stream downstream; ``dead_letters`` — records sent to dead-letter
-    streams so far.
+    streams so far; ``sent_watermark`` — the last watermark the task sent to its intermediate outputs.
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
     finished: bool = False
     dead_letters: int = 0
+    sent_watermark: int = -1
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -202,6 +203,7 @@ class TaskControl:
             "injected": dict(self.injected),
             "finished": self.finished,
             "dead-letters": self.dead_letters,
+            "sent-watermark": self.sent_watermark,
         }
 
     @classmethod
@@ -212,4 +214,5 @@ class TaskControl:
             injected={str(k): int(v) for k, v in dict(data.get("injected", {})).items()},
             finished=bool(data.get("finished", False)),
             dead_letters=int(data.get("dead-letters", 0)),
+            sent_watermark=int(data.get("sent-watermark", -1)),
         )

@@ -85,11 +85,11 @@ def test_a_control_row_advances_the_watermark_and_flushes_open_windows(tmp_path:
         measure(f"windows before an in-band watermark emitted {took:.1f} s after the task started")
         assert emitted() == [("a", "00:00", 1), ("b", "00:01", 1)]  # the 00:05 window is still open
 
-        def checkpointed_batches() -> int:
+        def injected_watermark() -> int:
             cp = ctx.checkpoints.read_last_checkpoint("byk-0")
             return dict(cp.control).get("injected", {}).get("byk", -1) if cp else -1
 
-        wait_until(lambda: checkpointed_batches() == BASE_MS + 2 * MINUTE_MS, 60, "the reconciled watermark")
+        wait_until(lambda: injected_watermark() == BASE_MS + 2 * MINUTE_MS, 60, "the reconciled watermark")
         assert emitted() == [("a", "00:00", 1), ("b", "00:01", 1)]
 
         producer.send([OutgoingRecord(mid, ControlMessage(

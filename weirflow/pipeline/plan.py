@@ -19,9 +19,7 @@ with as many partitions, created when missing.
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,24 +28,13 @@ from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
 from weirflow.systems import StreamRef, Systems
+from weirflow.user_code import load_callable
 
 
 def load_pipeline(config: Any) -> App:
     """Import `app.pipeline` (``module:function``; the config file's directory is importable) and record it."""
     target = config.get("app.pipeline")
-    if not target or ":" not in target:
-        raise config.error("app.pipeline", f"must be 'module:function', got {target!r}")
-    module_name, attr = target.split(":", 1)
-    base = str(config.base_dir)
-    if base not in sys.path:
-        sys.path.insert(0, base)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise config.error("app.pipeline", f"cannot import module '{module_name}': {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise config.error("app.pipeline", f"'{module_name}' has no function '{attr}'")
+    fn = load_callable(config, "app.pipeline")
     app = App(config)
     try:
         fn(app)

@@ -131,7 +131,7 @@ class StageBuilder:
         return None
 
     # --- frames -----------------------------------------------------------------------------------------
-    def _source(self, stage: Stage, index: int, stream_id: str, task: Any, starts: dict[str, Any]) -> DataFrame:
+    def _source(self, index: int, stream_id: str, task: Any, starts: dict[str, Any]) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
         ssps = [s.key() for s in (task.ssps if task is not None else []) if (s.system, s.stream) == (
@@ -187,7 +187,7 @@ class StageBuilder:
             if id(node) in frames:
                 return frames[id(node)]
             if node.op == "input":
-                df = self._source(stage, inputs.index(str(node.stream_id)), str(node.stream_id), task, starts)
+                df = self._source(inputs.index(str(node.stream_id)), str(node.stream_id), task, starts)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))

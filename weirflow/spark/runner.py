@@ -101,21 +101,19 @@ class TaskQuery:
         self.inputs: list[str] = []
         self.control = TaskControl()
         self.last_batch = -1
-        self.sent_watermark = -1
         self.done = False  # finished: stop the query, never restart it
         self.stopped = False
         self.error: str | None = None
 
     # --- start ------------------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, checkpoint: Checkpoint | None) -> None:
+        """Start the query from ``checkpoint`` (the task's last one, already read by the runner)."""
         runner = self.runner
-        checkpoint = runner.checkpoints.read_last_checkpoint(self.task.name)
         self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
         stored = dict(checkpoint.offsets) if checkpoint else {}
         starts = {
             ssp.key(): {"o": self._start_offset(ssp, stored), "e": self._ended(ssp)} for ssp in self.task.ssps
         }
-        self.sent_watermark = int(self.control.injected.get("__out__", -1))
         self.inputs, frames = runner.builder.build(self.stage, self.task, starts)
         sink = runner.builder.sink_frame(self.stage, frames)
         location = runner.spark_checkpoint_dir(self.task.name)
@@ -219,10 +217,9 @@ class TaskQuery:
         if finishing:
             self._send_control(MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
             self.control.finished = True
-        elif out is not None and out > self.sent_watermark:
+        elif out is not None and out > self.control.sent_watermark:
             self._send_control(MessageType.WATERMARK, out)
-            self.sent_watermark = out
-            self.control.injected["__out__"] = out
+            self.control.sent_watermark = out
         self.writer.write(Checkpoint(offsets=offsets, control=self.control.to_json()))
         if finishing:
             self.done = True
@@ -444,7 +441,7 @@ class SparkTaskRunner(TaskRunner):
             self._tasks[task.name] = handle
             self._failed.pop(task.name, None)
         try:
-            handle.start()
+            handle.start(checkpoint)
         except Exception as exc:
             with self._guard:
                 self._tasks.pop(task.name, None)

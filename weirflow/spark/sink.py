@@ -22,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow.control import encode_user
 from weirflow.interfaces.system import OutgoingRecord
-from weirflow.spark.source import _systems
+from weirflow.spark.source import systems_for
 
 SINK_NAME = "weirflow-sink"
 
@@ -61,7 +61,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self.streams = streams
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
-        systems = _systems(self.snapshot)
+        systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
         for batch in iterator:
             data = batch.to_pydict()

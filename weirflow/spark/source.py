@@ -60,7 +60,8 @@ _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
 
 
-def _systems(snapshot: str) -> Any:
+def systems_for(snapshot: str) -> Any:
+    """This worker's `Systems` for a job config snapshot, built once and reused across micro-batches."""
     with _clients_lock:
         systems = _clients.get(snapshot)
         if systems is None:
@@ -147,7 +148,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 ends[key] = current
                 continue
             if metadata is None:
-                admin = _systems(self.spec.snapshot).admin(self.spec.system)
+                admin = systems_for(self.spec.snapshot).admin(self.spec.system)
                 metadata = admin.partition_metadata(self.spec.physical)
             partition = int(key.rsplit(".", 1)[1])
             position = int(current["o"])
@@ -228,7 +229,7 @@ class _BatchReader:
         from weirflow.interfaces.system import SystemStreamPartition
 
         ssp = SystemStreamPartition(self.spec.system, self.spec.physical, int(key.rsplit(".", 1)[1]))
-        consumer = _systems(self.spec.snapshot).consumer(self.spec.system)
+        consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         position = start
         while int(position) < int(end):
             records = consumer.read(ssp, position, _READ_CHUNK, end)
@@ -255,7 +256,7 @@ class _BatchReader:
                            partition=ssp.partition)
             for letter, key in self._dead
         ]
-        _systems(self.spec.snapshot).producer(self.spec.system).send(records)
+        systems_for(self.spec.snapshot).producer(self.spec.system).send(records)
         self._dead = []
 
     def _rows(self, key: str, records: list[Any]) -> list[list[Any]]:

@@ -16,10 +16,8 @@ and returns an iterable of outgoing dicts ``{"stream": <stream id>, "value": str
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +31,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.systems import Systems
 from weirflow.tasks.runner import TaskRunner
+from weirflow.user_code import load_callable
 
 log = logging.getLogger("weirflow.tasks")
 
@@ -43,21 +42,7 @@ _IDLE_WAIT_S = 0.05
 
 def load_record_function(config: Any) -> RecordFunction:
     """Import `task.class`, with the config file's directory importable; errors name the key and file."""
-    target = config.get("task.class")
-    if not target or ":" not in target:
-        raise config.error("task.class", f"must be 'module:callable', got {target!r}")
-    module_name, attr = target.split(":", 1)
-    base = str(config.base_dir)
-    if base not in sys.path:
-        sys.path.insert(0, base)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise config.error("task.class", f"cannot import module '{module_name}': {exc}") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise config.error("task.class", f"'{module_name}' has no callable '{attr}'")
-    return fn
+    return load_callable(config, "task.class")
 
 
 def _encode(value: Any) -> bytes:
