@@ -4,13 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java lint docs clean
+.PHONY: run test install java node lint docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,azure]'
 	@touch $(STAMP)
 
 # A Java runtime is installed through apt only when `java` is missing (PySpark needs it).
@@ -19,12 +20,22 @@ java:
 	  echo "java not found: installing a JRE with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; }
 
+# Azurite (the Azure Storage emulator the tests run against) comes from npm, pinned in package-lock.json.
+node:
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "npm not found: installing Node.js with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+
+$(NODE_STAMP): package.json package-lock.json | node
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
+
 install: $(STAMP) java
 
 run: install
 	$(PY) examples/pageviews/demo.py
 
-test: install
+test: install $(NODE_STAMP)
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 lint: install
@@ -34,4 +45,4 @@ docs: install
 	$(PY) -m weirflow.config.reference > docs/configuration.md
 
 clean:
-	rm -rf $(VENV) .weirflow examples/*/.weirflow
+	rm -rf $(VENV) node_modules .weirflow examples/*/.weirflow

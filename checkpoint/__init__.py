@@ -1,1 +1,2 @@
-"""Placeholder package of the Azure suite; implemented by a later issue (see DESIGN.md)."""
+"""Checkpoint managers of the Azure suite: `TableCheckpointManager` (``task.checkpoint.factory: azure-table``),
+which also writes Event Hubs checkpoints in the Azure SDKs' table layout (`checkpoint.eventhubs_layout`)."""

@@ -1,11 +1,56 @@
 """Suite-wide fixtures. `measure` records a figure that is printed in the summary of every run, so CI logs
-show the measured failover and rebalance times without `-s`."""
+show the measured failover and rebalance times without `-s`.
+
+`azure_storage` is the connection string of the storage account the Azure suite runs against: Azurite
+started for the session on free ports (see `azure_coordinator.azurite`), or a real account when the
+environment variable ``WEIRFLOW_TEST_AZURE_STORAGE`` holds its connection string. Every test names its own
+job, so jobs' containers and tables never collide and nothing needs cleaning between tests.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+REAL_ACCOUNT_ENV = "WEIRFLOW_TEST_AZURE_STORAGE"
+
+
+@pytest.fixture(scope="session")
+def azure_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    real = os.environ.get(REAL_ACCOUNT_ENV)
+    if real:
+        yield real
+        return
+    from azure_coordinator.azurite import Azurite
+
+    azurite = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    try:
+        yield azurite.connection_string
+    finally:
+        azurite.stop()
+
+
+@pytest.fixture
+def own_azurite(tmp_path: Path) -> Iterator[object]:
+    """An Azurite of this test alone (it may be stopped and restarted); skipped on a real account."""
+    if os.environ.get(REAL_ACCOUNT_ENV):
+        pytest.skip("stops and restarts storage: needs Azurite, not a real account")
+    from azure_coordinator.azurite import Azurite
+
+    azurite = Azurite(tmp_path / "azurite").start()
+    try:
+        yield azurite
+    finally:
+        azurite.stop()
+
+
+def unique_job_name(prefix: str = "t") -> str:
+    """A job name no other test (or earlier run on a real account) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 _MEASUREMENTS: list[str] = []
 

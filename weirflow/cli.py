@@ -61,7 +61,9 @@ def _setup_logging(level: str, processor_id: str) -> None:
         format=f"%(asctime)s %(levelname)s [{processor_id}] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Client libraries log every request at INFO; weirflow logs what matters (retries, failures) itself.
+    for noisy in ("py4j", "azure", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @app.command()

@@ -73,7 +73,11 @@ def checkpoint_factory(config: Any) -> CheckpointManagerFactory:
 
 
 def metadata_store_factory(config: Any) -> MetadataStoreFactory:
-    return _resolve(config, "metadata.store.factory", METADATA, MetadataStoreFactory)
+    """`metadata.store.factory`, or when unset the coordinator's alias: a job switches backends with one key."""
+    key = "metadata.store.factory"
+    if config.get(key) is None:
+        key = "job.coordinator.factory"
+    return _load(str(config.get(key)), METADATA, MetadataStoreFactory, key, config.source_of(key))
 
 
 def system_factory(config: Any, system_name: str) -> SystemFactory:

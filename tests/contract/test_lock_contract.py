@@ -39,10 +39,10 @@ def test_release_frees_the_lock_and_only_the_owner_can_release(coordination) -> 
     assert b.try_acquire()
 
 
-def test_an_expired_lock_is_taken_over_and_the_old_owner_is_fenced(coordination) -> None:
+def test_an_expired_lock_is_taken_over_and_the_old_owner_is_fenced(coordination, lease_ms) -> None:
     old, new = coordination("a").lock("task-1"), coordination("b").lock("task-1")
     assert old.try_acquire()
-    wait_until(new.try_acquire, 10, "b to take the expired lock", interval_s=0.05)
+    wait_until(new.try_acquire, lease_ms / 1000 + 10, "b to take the expired lock", interval_s=0.05)
     assert not old.is_held()
     assert not old.renew()
     assert new.is_held()

@@ -75,10 +75,10 @@ def _produce(backend: str, location: str, writer: int) -> None:
     sut.producer.close()
 
 
-def test_concurrent_producer_processes_never_reuse_or_skip_an_offset(backend: str, location: str, system) -> None:
+def test_concurrent_producer_processes_never_reuse_or_skip_an_offset(system_backend: str, tmp_path, system):
     system.admin.create_stream(StreamSpec("shared", 1))
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_produce, args=(backend, location, w)) for w in range(3)]
+    procs = [ctx.Process(target=_produce, args=(system_backend, str(tmp_path), w)) for w in range(3)]
     for proc in procs:
         proc.start()
     for proc in procs:

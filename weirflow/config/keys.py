@@ -37,6 +37,7 @@ _C = "Coordination"
 _T = "Tasks and checkpoints"
 _S = "Systems and streams"
 _L = "Embedded default (`local`)"
+_A = "Azure suite (`azure`, `azure-table`)"
 
 KEYS: tuple[ConfigKey, ...] = (
     # --- Job -------------------------------------------------------------------------------------------
@@ -65,15 +66,15 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.coordinator.factory",
         "str",
         "local",
-        "Job coordinator: alias (`local`) or `module:Class` implementing `JobCoordinatorFactory`.",
+        "Job coordinator: alias (`local`, `azure`) or `module:Class` implementing `JobCoordinatorFactory`.",
         _C,
     ),
     ConfigKey(
         "metadata.store.factory",
         "str",
-        "local",
-        "Metadata store (job model, drain notices): alias (`local`) or `module:Class` implementing "
-        "`MetadataStoreFactory`.",
+        None,
+        "Metadata store (job model, drain notices): alias (`local`, `azure`) or `module:Class` implementing "
+        "`MetadataStoreFactory`; default: the alias of `job.coordinator.factory`.",
         _C,
     ),
     # --- Coordination timings -----------------------------------------------------------------------------
@@ -82,7 +83,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "duration_ms",
         15000,
         "Lease of the leader and of each task lock. A killed leader is replaced after at most this "
-        "long; a killed processor's tasks can start elsewhere after at most this long.",
+        "long; a killed processor's tasks can start elsewhere after at most this long. The `azure` "
+        "coordinator's blob leases take 15000 to 60000, in whole seconds.",
         _C,
     ),
     ConfigKey(
@@ -167,7 +169,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "task.checkpoint.factory",
         "str",
         "local",
-        "Checkpoint manager: alias (`local`) or `module:Class` implementing `CheckpointManagerFactory`.",
+        "Checkpoint manager: alias (`local`, `azure-table`) or `module:Class` implementing "
+        "`CheckpointManagerFactory`.",
         _T,
     ),
     ConfigKey(
@@ -295,6 +298,112 @@ KEYS: tuple[ConfigKey, ...] = (
         10000,
         "How long an embedded-database statement waits for another process's write lock.",
         _L,
+    ),
+)
+
+
+# Azure keys are declared here, in the one registry, although the Azure packages read them.
+KEYS += (
+    ConfigKey(
+        "azure.storage.connection.string",
+        "str",
+        None,
+        "Connection string of the job's storage account, e.g. `${AZURE_STORAGE_CONNECTION_STRING}`. "
+        "Without it and without `azure.storage.account`, the environment variable "
+        "`AZURE_STORAGE_CONNECTION_STRING` is used.",
+        _A,
+        secret=True,
+    ),
+    ConfigKey(
+        "azure.storage.account",
+        "str",
+        None,
+        "Storage account name, to sign in with `DefaultAzureCredential` (managed identity, workload identity, "
+        "`az login`) instead of a connection string.",
+        _A,
+    ),
+    ConfigKey(
+        "azure.storage.endpoint.suffix",
+        "str",
+        "core.windows.net",
+        "DNS suffix of `azure.storage.account`'s endpoints (sovereign clouds).",
+        _A,
+    ),
+    ConfigKey(
+        "azure.storage.container",
+        "str",
+        None,
+        "Blob container of the job's leases (`leases/...`) and metadata documents (`metadata/...`); "
+        "default `weirflow-<job.name>-<job.id>-<hash>`, sanitised. Created when missing.",
+        _A,
+    ),
+    ConfigKey(
+        "azure.storage.table.prefix",
+        "str",
+        None,
+        "Prefix of the job's tables `<prefix>processors`, `<prefix>latches`, `<prefix>checkpoints`; default "
+        "`wf<job.name><job.id><hash>` (letters and digits). Created when missing.",
+        _A,
+    ),
+    ConfigKey(
+        "azure.storage.request.timeout.ms",
+        "duration_ms",
+        10000,
+        "Connect and read timeout of one storage request (a timed-out request is retried).",
+        _A,
+    ),
+    ConfigKey(
+        "azure.retry.attempts",
+        "int",
+        5,
+        "Tries of one storage call on transient failures (connection errors, timeouts, 408, 429, 5xx) before "
+        "it fails naming the endpoint. Other errors are not retried.",
+        _A,
+    ),
+    ConfigKey(
+        "azure.retry.initial.backoff.ms",
+        "duration_ms",
+        200,
+        "Wait before the first retry; doubles on each retry, with jitter.",
+        _A,
+    ),
+    ConfigKey("azure.retry.max.backoff.ms", "duration_ms", 5000, "Longest wait between two retries.", _A),
+    ConfigKey(
+        "task.checkpoint.azure.eventhubs.layout",
+        "bool",
+        True,
+        "`azure-table` checkpoints also write Event Hubs positions in the Azure SDKs' table layout "
+        "(PartitionKey `<namespace> <hub> <consumer group> Checkpoint`), so SDK processors can resume there.",
+        _A,
+    ),
+    ConfigKey(
+        "task.checkpoint.azure.eventhubs.table",
+        "str",
+        None,
+        "Table of the Event Hubs SDK-layout rows; default the job's checkpoint table `<prefix>checkpoints`.",
+        _A,
+    ),
+    ConfigKey(
+        "systems.<name>.connection.string",
+        "str",
+        None,
+        "Event Hubs systems: namespace connection string (`Endpoint=sb://...;SharedAccessKeyName=...`).",
+        _S,
+        secret=True,
+    ),
+    ConfigKey(
+        "systems.<name>.fully.qualified.namespace",
+        "str",
+        None,
+        "Event Hubs systems: `<namespace>.servicebus.windows.net`, to sign in with `DefaultAzureCredential`.",
+        _S,
+    ),
+    ConfigKey(
+        "systems.<name>.consumer.group",
+        "str",
+        "$Default",
+        "Event Hubs systems: consumer group the job reads with.",
+        _S,
     ),
 )
 

@@ -8,6 +8,10 @@ and resumes exactly there. Record shape (the same in every backend)::
 * ``offsets`` — per SSP, the **next offset to read** (not the last one processed), as the system's string.
 * ``control`` — JSON-serialisable control-message state (watermarks, end-of-stream per producer task) that
   must move with the offsets; ``{}`` when unused.
+* ``positions`` — optional, per SSP, the system's own description of the last message processed (Event Hubs:
+  ``offset`` and ``sequence_number``), for stores that also write a system's native checkpoint layout so
+  that tools outside weirflow can resume where a job stopped. Write-only: weirflow resumes from ``offsets``,
+  and a backend need not read ``positions`` back.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from weirflow.interfaces.system import SystemStreamPartition
 class Checkpoint:
     offsets: Mapping[SystemStreamPartition, str]
     control: Mapping[str, Any] = field(default_factory=dict)
+    positions: Mapping[SystemStreamPartition, Mapping[str, str]] = field(default_factory=dict)
 
 
 class CheckpointManager(ABC):

@@ -1,0 +1,76 @@
+"""The ``azure`` aliases: `AzureJobCoordinatorFactory` (`job.coordinator.factory: azure`) and
+`AzureMetadataStoreFactory` (`metadata.store.factory`, which follows the coordinator when unset)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from azure_coordinator.latch import TableLatch
+from azure_coordinator.leases import AzureLeaderElector, AzureLock, lease_seconds
+from azure_coordinator.metadata import BlobMetadataStore
+from azure_coordinator.registry import TableProcessorRegistry
+from azure_coordinator.storage import Storage
+from weirflow.interfaces.coordination import (
+    CoordinationUtils,
+    JobCoordinatorFactory,
+    Latch,
+    LeaderElector,
+    Lock,
+    ProcessorRegistry,
+)
+from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
+
+log = logging.getLogger("weirflow.azure")
+
+
+class AzureCoordinationUtils(CoordinationUtils):
+    """The primitives of one job on one storage account, for one owner."""
+
+    def __init__(self, storage: Storage, owner: str, lease_ms: int) -> None:
+        lease_seconds(lease_ms)  # fail now, not at the first lease
+        self.storage = storage
+        self.owner = owner
+        self.lease_ms = lease_ms
+
+    def leader_elector(self) -> LeaderElector:
+        return AzureLeaderElector(self.storage, self.owner, self.lease_ms)
+
+    def lock(self, name: str) -> Lock:
+        return AzureLock(self.storage, name, self.owner, self.lease_ms)
+
+    def latch(self, name: str) -> Latch:
+        return TableLatch(self.storage, name)
+
+    def processor_registry(self) -> ProcessorRegistry:
+        return TableProcessorRegistry(self.storage)
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def _lease_ms(config: Any) -> int:
+    key = "job.coordinator.lease.duration.ms"
+    lease_ms = int(config.get(key))
+    try:
+        lease_seconds(lease_ms)
+    except ValueError as exc:
+        raise config.error(key, f"{exc} (the azure coordinator uses blob leases)") from None
+    return lease_ms
+
+
+class AzureJobCoordinatorFactory(JobCoordinatorFactory):
+    def get_coordination_utils(self, config: Any, owner: str) -> CoordinationUtils:
+        storage = Storage.from_config(config)
+        log.info(
+            "azure coordination: container %s, tables %s{processors,latches} on %s",
+            storage.settings.container,
+            storage.settings.table_prefix,
+            storage.settings.account or "the connection string's account",
+        )
+        return AzureCoordinationUtils(storage, owner, _lease_ms(config))
+
+
+class AzureMetadataStoreFactory(MetadataStoreFactory):
+    def get_metadata_store(self, config: Any) -> MetadataStore:
+        return BlobMetadataStore(Storage.from_config(config))

@@ -1,0 +1,181 @@
+"""Leader election and task locks on blob leases.
+
+Each lease is a zero-byte block blob in the job's container (``leases/leader``, ``leases/locks/<name>``);
+Blob Storage itself guarantees that at most one lease id holds it, and expires a lease that is not renewed
+within its duration. Blob leases last 15 to 60 whole seconds, so ``job.coordinator.lease.duration.ms`` must
+lie in that range with this coordinator.
+
+The lease id is derived from the owner (a UUID5 of container, blob and owner): any object of the same owner
+recognises the lease as its own, so acquiring again is re-entrant and a restarted processor with a fixed
+``processor.id`` finds its lease rather than waiting it out. The owner's name is also written to the blob's
+metadata, which is how `current_leader` answers without knowing anyone's lease id.
+
+Loss is detected on every call that presents the lease id: a renew, or the fence ``is_held``, which reads the
+blob's properties *under the lease* — Blob Storage answers 412 unless the lease is active and ours.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.storage.blob import BlobLeaseClient
+
+from azure_coordinator.storage import Storage
+from weirflow.interfaces.coordination import LeaderElector, Lock
+
+LEADER_BLOB = "leases/leader"
+LOCK_PREFIX = "leases/locks/"
+MIN_LEASE_MS = 15_000
+MAX_LEASE_MS = 60_000
+_LOST = (409, 412)  # lease present / lease id mismatch / lease not present
+
+
+def lease_seconds(lease_ms: int) -> int:
+    """Blob leases are whole seconds in [15, 60]."""
+    if not (MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS) or lease_ms % 1000:
+        raise ValueError(
+            f"blob leases last 15 to 60 whole seconds, not {lease_ms} ms: set job.coordinator.lease.duration.ms "
+            "between 15000 and 60000"
+        )
+    return lease_ms // 1000
+
+
+class BlobLease:
+    """The mechanics shared by the leader lease and task locks: one blob, one owner's lease id."""
+
+    def __init__(self, storage: Storage, blob_name: str, owner: str, lease_ms: int) -> None:
+        self._storage = storage
+        self.blob_name = blob_name
+        self.owner = owner
+        self.duration_s = lease_seconds(lease_ms)
+        self.lease_id = str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"weirflow:{storage.settings.container}/{blob_name}:{owner}")
+        )
+        self._blob_client: Any = None
+
+    @property
+    def _blob(self) -> Any:
+        if self._blob_client is None:
+            self._blob_client = self._storage.container.get_blob_client(self.blob_name)
+        return self._blob_client
+
+    def _call(self, operation: str, fn: Any) -> Any:
+        return self._storage.call(
+            operation, f"{self._storage.settings.container}/{self.blob_name}", self._storage.blob_endpoint, fn
+        )
+
+    def acquire(self) -> bool:
+        def attempt() -> bool:
+            try:
+                self._blob.acquire_lease(lease_duration=self.duration_s, lease_id=self.lease_id)
+            except ResourceNotFoundError:
+                try:
+                    self._blob.upload_blob(b"", overwrite=False)
+                except ResourceExistsError:
+                    pass  # created by a competitor a moment ago
+                return attempt()
+            except HttpResponseError as exc:
+                if exc.status_code in _LOST:
+                    return False
+                raise
+            self._blob.set_blob_metadata({"owner": self.owner}, lease=self.lease_id)
+            return True
+
+        return bool(self._call("acquire lease on", attempt))
+
+    def renew(self) -> bool:
+        def attempt() -> bool:
+            try:
+                BlobLeaseClient(self._blob, lease_id=self.lease_id).renew()
+            except (ResourceNotFoundError, HttpResponseError) as exc:
+                if isinstance(exc, ResourceNotFoundError) or exc.status_code in _LOST:
+                    return False
+                raise
+            return True
+
+        return bool(self._call("renew lease on", attempt))
+
+    def release(self) -> None:
+        def attempt() -> None:
+            try:
+                BlobLeaseClient(self._blob, lease_id=self.lease_id).release()
+            except (ResourceNotFoundError, HttpResponseError) as exc:
+                if isinstance(exc, ResourceNotFoundError) or exc.status_code in _LOST:
+                    return  # not ours (any more): nothing to release
+                raise
+
+        self._call("release lease on", attempt)
+
+    def held(self) -> bool:
+        def attempt() -> bool:
+            try:
+                self._blob.get_blob_properties(lease=self.lease_id)
+            except (ResourceNotFoundError, HttpResponseError) as exc:
+                if isinstance(exc, ResourceNotFoundError) or exc.status_code in _LOST:
+                    return False
+                raise
+            return True
+
+        return bool(self._call("check lease on", attempt))
+
+    def holder(self) -> str | None:
+        def attempt() -> str | None:
+            try:
+                props = self._blob.get_blob_properties()
+            except ResourceNotFoundError:
+                return None
+            if props.lease.state != "leased":
+                return None
+            return props.metadata.get("owner") or None
+
+        return self._call("read lease of", attempt)
+
+
+class AzureLeaderElector(LeaderElector):
+    def __init__(self, storage: Storage, owner: str, lease_ms: int) -> None:
+        self._lease = BlobLease(storage, LEADER_BLOB, owner, lease_ms)
+        self._leader = False
+
+    def try_become_leader(self) -> bool:
+        self._leader = self._lease.acquire()
+        return self._leader
+
+    def renew(self) -> bool:
+        self._leader = self._lease.renew()
+        return self._leader
+
+    def resign(self) -> None:
+        self._lease.release()
+        self._leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def current_leader(self) -> str | None:
+        return self._lease.holder()
+
+
+class AzureLock(Lock):
+    def __init__(self, storage: Storage, name: str, owner: str, lease_ms: int) -> None:
+        self.name = name
+        self.owner = owner
+        self._lease = BlobLease(storage, f"{LOCK_PREFIX}{name}", owner, lease_ms)
+
+    def try_acquire(self) -> bool:
+        return self._lease.acquire()
+
+    def renew(self) -> bool:
+        return self._lease.renew()
+
+    def release(self) -> None:
+        self._lease.release()
+
+    def is_held(self) -> bool:
+        return self._lease.held()
+
+    def holder(self) -> str | None:
+        """The owner of the unexpired lease, or None (for status and tests)."""
+        return self._lease.holder()

@@ -1,0 +1,127 @@
+"""Seconds from a leader's SIGKILL until every task runs again, per coordination backend, shipped defaults.
+
+For each backend — the embedded default (SQLite) and Azure (lease blobs + Table Storage, on Azurite started
+here) — each of ``--runs`` rounds (default 5) starts three `weirflow run` processes of the coordination
+example (8 record tasks), waits until all tasks run exactly once, SIGKILLs the leader, and times until the
+two survivors run every task under a new leader. Nothing is tuned: leases are the default 15 s, which is the
+floor of any lease-based failover (the killed leader's lease and task locks must expire first).
+
+Prints one JSON line per backend::
+
+    {"figure": "leader failover", "backend": "local", "unit": "s", "value": <median>, "runs": [...],
+     "lease_s": 15.0, "baseline": null}
+
+The Azure line's ``baseline`` is the embedded backend's median measured in the same run.
+Usage: ``python benchmarks/failover.py [--runs N] [--backends local,azure]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "coordination" / "job.yaml"
+
+from weirflow.cli import status_document  # noqa: E402
+from weirflow.config import load_config  # noqa: E402
+from weirflow.coordination.timings import CoordinationTimings  # noqa: E402
+from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
+
+
+def all_running(config, processors: set[str]) -> bool:  # noqa: ANN001
+    """Every task assigned once, to exactly ``processors``, each RUNNING its assignment at that version."""
+    doc = status_document(config)
+    assignment = doc["assignment"]
+    if set(assignment) != processors or not doc["task_count"]:
+        return False
+    assigned = [t for tasks in assignment.values() for t in tasks]
+    if len(assigned) != doc["task_count"] or len(set(assigned)) != len(assigned):
+        return False
+    rows = {p["processor_id"]: p for p in doc["processors"] if p["live"]}
+    return all(
+        pid in rows
+        and rows[pid]["state"] == "RUNNING"
+        and rows[pid]["job_model_version"] == doc["job_model_version"]
+        and sorted(rows[pid]["tasks"]) == sorted(assignment[pid])
+        for pid in processors
+    )
+
+
+def one_failover(overrides: list[str], state: Path) -> float:
+    config = load_config(EXAMPLE, overrides)
+    ids = {"b1", "b2", "b3"}
+    procs = {pid: start_processor(EXAMPLE, pid, overrides, log_dir=state / "logs") for pid in sorted(ids)}
+    try:
+        wait_until(lambda: all_running(config, ids), 120, "3 processors running every task")
+        leader = status_document(config)["leader"]
+        procs[leader].kill()
+        killed = time.monotonic()
+        wait_until(lambda: all_running(config, ids - {leader}), 120, "the survivors running every task")
+        return time.monotonic() - killed
+    finally:
+        for proc in procs.values():
+            if proc.alive():
+                proc.terminate()
+
+
+def measure(backend: str, runs: int, work: Path, connection_string: str | None) -> list[float]:
+    results = []
+    for run in range(runs):
+        state = work / f"{backend}-{run}"
+        overrides = [f"job.state.dir={state}", f"job.id=bench-{uuid.uuid4().hex[:8]}"]
+        if backend == "azure":
+            overrides += [
+                "job.coordinator.factory=azure",
+                "task.checkpoint.factory=azure-table",
+                f"azure.storage.connection.string={connection_string}",
+            ]
+        seconds = one_failover(overrides, state)
+        print(f"# {backend} run {run + 1}/{runs}: {seconds:.2f} s", file=sys.stderr, flush=True)
+        results.append(seconds)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--backends", default="local,azure")
+    args = parser.parse_args()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    lease_s = CoordinationTimings.from_config(load_config(EXAMPLE)).lease_ms / 1000
+    medians: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="weirflow-failover-") as tmp:
+        work = Path(tmp)
+        azurite = None
+        if "azure" in backends:
+            from azure_coordinator.azurite import Azurite
+
+            azurite = Azurite(work / "azurite").start()
+        try:
+            for backend in backends:
+                runs = measure(backend, args.runs, work, azurite.connection_string if azurite else None)
+                medians[backend] = statistics.median(runs)
+                baseline = medians.get("local") if backend != "local" else None
+                line = {
+                    "figure": "leader failover",
+                    "backend": backend,
+                    "unit": "s",
+                    "value": round(medians[backend], 2),
+                    "runs": [round(r, 2) for r in runs],
+                    "lease_s": lease_s,
+                    "baseline": None if baseline is None else {"backend": "local", "value": round(baseline, 2)},
+                }
+                print(json.dumps(line), flush=True)
+        finally:
+            if azurite is not None:
+                azurite.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The ``azure-table`` alias: `task.checkpoint.factory: azure-table`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from azure_coordinator.storage import Storage
+from checkpoint.eventhubs_layout import eventhubs_systems
+from checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
+from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
+
+
+class TableCheckpointManagerFactory(CheckpointManagerFactory):
+    def get_checkpoint_manager(self, config: Any) -> CheckpointManager:
+        storage = Storage.from_config(config)
+        eventhubs = eventhubs_systems(config) if config.get("task.checkpoint.azure.eventhubs.layout") else {}
+        table = config.get("task.checkpoint.azure.eventhubs.table") or storage.settings.table_name(TABLE_SUFFIX)
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{2,62}", table):
+            raise config.error(
+                "task.checkpoint.azure.eventhubs.table",
+                f"'{table}' is not a valid table name: 3-63 letters and digits, starting with a letter",
+            )
+        return TableCheckpointManager(storage, eventhubs=eventhubs, eventhubs_table=table)

@@ -1,0 +1,175 @@
+"""`TableCheckpointManager` (``task.checkpoint.factory: azure-table``): checkpoints in Azure Table Storage.
+
+Table ``<prefix>checkpoints`` (see `azure_coordinator.storage` for the prefix), one partition per task:
+
+* one row per SSP — RowKey ``ssp:<system.stream.partition>``, columns ``system``, ``stream``,
+  ``partition`` (int) and ``offset`` (the next offset to read, as the system's string);
+* the control row — RowKey ``~control``, column ``control`` (JSON), split over ``control_1`` ... when it
+  outgrows one string property (32K characters), with ``chunks`` counting the parts.
+
+A write upserts its rows in entity-group transactions of at most 100 rows (Table Storage's limit; all rows
+of a task share its PartitionKey, which transactions require). A checkpoint of up to 99 SSPs plus control is
+therefore atomic. A wider one is written in several transactions, SSP rows first and the control row last:
+a reader racing the write sees, for some SSPs, the previous offsets — an older, equally valid checkpoint
+(inputs are replayed, never skipped) — and never control state ahead of the offsets it belongs to.
+
+Keys are escaped (`escape_key`) because Table keys may not contain ``/ \\ # ?``.
+
+Event Hubs SSPs are also written in the Azure SDKs' layout (see `checkpoint.eventhubs_layout`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from azure.data.tables import UpdateMode
+
+from azure_coordinator.storage import Storage, escape_key, unescape_key
+from checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
+from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
+from weirflow.interfaces.system import SystemStreamPartition
+
+log = logging.getLogger("weirflow.checkpoint")
+
+TABLE_SUFFIX = "checkpoints"
+SSP_PREFIX = "ssp:"
+CONTROL_ROW = "~control"
+MAX_BATCH = 100
+CHUNK_CHARS = 30_000  # a string property holds 64 KiB of UTF-16: 32K characters
+
+
+def batches(entities: Iterable[dict[str, Any]], size: int = MAX_BATCH) -> Iterator[list[dict[str, Any]]]:
+    """Group rows into transactions: consecutive rows of one PartitionKey, at most ``size`` per group."""
+    batch: list[dict[str, Any]] = []
+    for entity in entities:
+        if batch and (len(batch) == size or batch[0]["PartitionKey"] != entity["PartitionKey"]):
+            yield batch
+            batch = []
+        batch.append(entity)
+    if batch:
+        yield batch
+
+
+def _control_row(partition_key: str, control: Any) -> dict[str, Any]:
+    text = json.dumps(control)
+    parts = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    row: dict[str, Any] = {"PartitionKey": partition_key, "RowKey": CONTROL_ROW, "control": parts[0]}
+    if len(parts) > 1:
+        row["chunks"] = len(parts)
+        row.update({f"control_{i}": part for i, part in enumerate(parts[1:], start=1)})
+    return row
+
+
+def _control_of(row: Any) -> Any:
+    chunks = int(row.get("chunks") or 1)
+    return json.loads(row["control"] + "".join(row[f"control_{i}"] for i in range(1, chunks)))
+
+
+class TableCheckpointManager(CheckpointManager):
+    """Checkpoints of one job in Table Storage.
+
+    ``eventhubs`` maps system names to their Event Hubs coordinates; their SSPs are also written in the SDK
+    layout to the table ``eventhubs_table`` (default: the checkpoint table itself). Empty disables it.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        eventhubs: dict[str, EventHubsSystem] | None = None,
+        eventhubs_table: str | None = None,
+    ) -> None:
+        self._storage = storage
+        self._eventhubs = eventhubs or {}
+        self._eventhubs_table = eventhubs_table or storage.settings.table_name(TABLE_SUFFIX)
+
+    @property
+    def table_name(self) -> str:
+        return self._storage.settings.table_name(TABLE_SUFFIX)
+
+    @property
+    def eventhubs_table_name(self) -> str:
+        return self._eventhubs_table
+
+    def _call(self, operation: str, resource: str, fn):  # noqa: ANN001, ANN202
+        return self._storage.call(operation, resource, self._storage.table_endpoint, fn)
+
+    def start(self) -> None:
+        self._storage.table(TABLE_SUFFIX)
+        if self._eventhubs:
+            self._storage.table_named(self._eventhubs_table)
+
+    def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
+        pk = escape_key(task_name)
+        rows: list[dict[str, Any]] = [
+            {
+                "PartitionKey": pk,
+                "RowKey": SSP_PREFIX + escape_key(ssp.key()),
+                "system": ssp.system,
+                "stream": ssp.stream,
+                "partition": ssp.partition,
+                "offset": str(offset),
+            }
+            for ssp, offset in sorted(checkpoint.offsets.items(), key=lambda item: item[0].key())
+        ]
+        if checkpoint.control:
+            rows.append(_control_row(pk, checkpoint.control))
+        self._submit(self.table_name, rows, f"{self.table_name}/{task_name}")
+        if self._eventhubs:
+            sdk_rows = sorted(sdk_checkpoint_rows(checkpoint, self._eventhubs), key=lambda r: r["PartitionKey"])
+            self._submit(self._eventhubs_table, sdk_rows, f"{self.eventhubs_table_name} (Event Hubs layout)")
+
+    def _submit(self, table_name: str, rows: list[dict[str, Any]], resource: str) -> None:
+        table = self._storage.table_named(table_name)
+        for batch in batches(rows):
+            operations = [("upsert", row, {"mode": UpdateMode.REPLACE}) for row in batch]
+            self._call("write checkpoint to", resource, lambda ops=operations: table.submit_transaction(ops))
+
+    def _rows(self, task_name: str | None) -> list[Any]:
+        table = self._storage.table(TABLE_SUFFIX)
+
+        def query() -> list[Any]:
+            if task_name is None:
+                return list(table.list_entities())
+            return list(table.query_entities("PartitionKey eq @pk", parameters={"pk": escape_key(task_name)}))
+
+        return self._call("read checkpoints from", f"{self.table_name}/{task_name or '*'}", query)
+
+    @staticmethod
+    def _assemble(rows: Iterable[Any]) -> dict[str, Checkpoint]:
+        offsets: dict[str, dict[SystemStreamPartition, str]] = {}
+        controls: dict[str, Any] = {}
+        for row in rows:
+            task = unescape_key(row["PartitionKey"])
+            key = row["RowKey"]
+            if key.startswith(SSP_PREFIX):
+                ssp = SystemStreamPartition(row["system"], row["stream"], int(row["partition"]))
+                offsets.setdefault(task, {})[ssp] = row["offset"]
+            elif key == CONTROL_ROW:
+                controls[task] = _control_of(row)
+            # anything else (the SDK layout sharing this table) is not ours
+        return {
+            task: Checkpoint(offsets=offsets.get(task, {}), control=controls.get(task, {}))
+            for task in sorted(offsets.keys() | controls.keys())
+        }
+
+    def read_last_checkpoint(self, task_name: str) -> Checkpoint | None:
+        return self._assemble(self._rows(task_name)).get(task_name)
+
+    def read_all(self) -> dict[str, Checkpoint]:
+        return self._assemble(self._rows(None))
+
+    def read_sdk_rows(self) -> list[dict[str, Any]]:
+        """Every row in the Event Hubs SDK layout (for `weirflow status`, tools and tests)."""
+        table = self._storage.table_named(self._eventhubs_table)
+
+        def query() -> list[dict[str, Any]]:
+            return [dict(row) for row in table.list_entities() if str(row["PartitionKey"]).endswith(" Checkpoint")]
+
+        return self._call("read Event Hubs checkpoints from", self.eventhubs_table_name, query)
+
+    def stop(self) -> None:
+        self._storage.close()
