@@ -9,10 +9,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from azure_coordinator.storage import Storage, escape_key, unescape_key
 from weirflow.interfaces.coordination import Latch, LatchState
+
+T = TypeVar("T")
 
 STATE_ROW = "!state"  # '!' cannot start an escaped participant id of a sane processor, and sorts first
 
@@ -23,12 +28,12 @@ class TableLatch(Latch):
         self.name = name
         self._pk = escape_key(name)
 
-    def _call(self, operation: str, fn):  # noqa: ANN001, ANN202 - thin wrapper
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
         table = self._storage.settings.table_name("latches")
         return self._storage.call(operation, f"{table}/{self.name}", self._storage.table_endpoint, fn)
 
     @property
-    def _table(self):  # noqa: ANN202
+    def _table(self) -> Any:
         return self._storage.table("latches")
 
     def join(self, participant: str) -> None:

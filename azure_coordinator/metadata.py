@@ -9,7 +9,8 @@ blob appeared meanwhile) becomes `EtagMismatchError`. Blob ETags change on every
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -24,6 +25,8 @@ from azure_coordinator.storage import Storage
 from weirflow.errors import EtagMismatchError
 from weirflow.interfaces.metadata import Document, MetadataStore
 
+T = TypeVar("T")
+
 PREFIX = "metadata/"
 _JSON = ContentSettings(content_type="application/json")
 
@@ -35,7 +38,7 @@ class BlobMetadataStore(MetadataStore):
     def start(self) -> None:
         self._storage.container  # noqa: B018 - creates the container when missing
 
-    def _call(self, operation: str, key: str, fn):  # noqa: ANN001, ANN202
+    def _call(self, operation: str, key: str, fn: Callable[[], T]) -> T:
         resource = f"{self._storage.settings.container}/{PREFIX}{key}"
         return self._storage.call(operation, resource, self._storage.blob_endpoint, fn)
 

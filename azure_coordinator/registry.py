@@ -7,13 +7,16 @@ row, so a stale field never survives. Liveness is decided by readers from ``hear
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
 from azure_coordinator.storage import Storage, escape_key
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
+
+T = TypeVar("T")
 
 PARTITION = "processors"
 
@@ -50,7 +53,7 @@ class TableProcessorRegistry(ProcessorRegistry):
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
 
-    def _call(self, operation: str, fn):  # noqa: ANN001, ANN202
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
         table = self._storage.settings.table_name("processors")
         return self._storage.call(operation, table, self._storage.table_endpoint, fn)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 from azure.core.exceptions import (
     HttpResponseError,
@@ -137,6 +138,9 @@ class StorageSettings:
                     f"(for example '${{{CONNECTION_STRING_ENV}}}'), or azure.storage.account to sign in with "
                     f"DefaultAzureCredential, or the environment variable {CONNECTION_STRING_ENV}",
                 )
+        suffix = config.get("azure.storage.endpoint.suffix")
+        if account and "://" in account:
+            account, suffix = _account_of_url(account, config)
         attempts = int(config.get("azure.retry.attempts"))
         if attempts < 1:
             raise config.error("azure.retry.attempts", "must be at least 1")
@@ -145,7 +149,7 @@ class StorageSettings:
             table_prefix=prefix,
             connection_string=connection_string or None,
             account=account or None,
-            endpoint_suffix=config.get("azure.storage.endpoint.suffix"),
+            endpoint_suffix=suffix,
             request_timeout_s=config.get("azure.storage.request.timeout.ms") / 1000,
             retry_attempts=attempts,
             retry_initial_s=config.get("azure.retry.initial.backoff.ms") / 1000,
@@ -154,6 +158,18 @@ class StorageSettings:
 
     def table_name(self, suffix: str) -> str:
         return f"{self.table_prefix}{suffix}"
+
+
+def _account_of_url(url: str, config: Any) -> tuple[str, str]:
+    """``https://<account>.blob.<suffix>`` (or ``.table.``) -> (account, suffix)."""
+    host = urlparse(url).netloc
+    match = re.fullmatch(r"([a-z0-9]{3,24})\.(?:blob|table)\.(.+)", host)
+    if not match:
+        raise config.error(
+            "azure.storage.account",
+            f"'{url}' is neither an account name nor an account URL like https://<account>.blob.core.windows.net",
+        )
+    return match.group(1), match.group(2)
 
 
 class Storage:

@@ -32,7 +32,9 @@ EXAMPLE = ROOT / "examples" / "coordination" / "job.yaml"
 from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
 from weirflow.coordination.timings import CoordinationTimings  # noqa: E402
+from weirflow.interfaces.system import StreamSpec  # noqa: E402
 from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
+from weirflow.systems import Systems  # noqa: E402
 
 
 def all_running(config, processors: set[str]) -> bool:  # noqa: ANN001
@@ -54,8 +56,18 @@ def all_running(config, processors: set[str]) -> bool:  # noqa: ANN001
     )
 
 
+def create_streams(config) -> None:  # noqa: ANN001
+    systems = Systems(config)
+    try:
+        for stream in ("page-views", "page-visits"):
+            systems.admin("local").create_stream(StreamSpec(stream, config.get(f"streams.{stream}.partitions")))
+    finally:
+        systems.close()
+
+
 def one_failover(overrides: list[str], state: Path) -> float:
     config = load_config(EXAMPLE, overrides)
+    create_streams(config)
     ids = {"b1", "b2", "b3"}
     procs = {pid: start_processor(EXAMPLE, pid, overrides, log_dir=state / "logs") for pid in sorted(ids)}
     try:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from azure.data.tables import UpdateMode
 
@@ -31,6 +31,8 @@ from azure_coordinator.storage import Storage, escape_key, unescape_key
 from checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
+
+T = TypeVar("T")
 
 log = logging.getLogger("weirflow.checkpoint")
 
@@ -94,7 +96,7 @@ class TableCheckpointManager(CheckpointManager):
     def eventhubs_table_name(self) -> str:
         return self._eventhubs_table
 
-    def _call(self, operation: str, resource: str, fn):  # noqa: ANN001, ANN202
+    def _call(self, operation: str, resource: str, fn: Callable[[], T]) -> T:
         return self._storage.call(operation, resource, self._storage.table_endpoint, fn)
 
     def start(self) -> None:

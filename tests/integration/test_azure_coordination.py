@@ -107,7 +107,7 @@ def test_a_processor_joining_and_one_leaving_move_only_the_tasks_needed(job: Job
     took = wait_until(lambda: job.all_tasks_running_once(everyone), 90, "12 tasks running once on 4 processors")
     after = job.status()["assignment"]
     moved = {t for pid, tasks in after.items() for t in tasks if t not in before.get(pid, [])}
-    measure(f"[azure] p4 joined: moved {sorted(moved)}; all 12 running on 4 processors {took:.2f} s after its start")
+    measure(f"[azure] p4 joined: moved {sorted(moved)}; all 12 running on 4 processors {took:.2f} s after start")
     assert len(moved) == 3, "12 tasks over 3 -> 4 processors needs exactly 3 moves"
     assert set(after["p4"]) == moved
     assert all(set(after[pid]) <= set(before[pid]) for pid in first)

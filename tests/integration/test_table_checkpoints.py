@@ -97,7 +97,10 @@ def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, azure_
         ),
     )
     rows = table_rows(azure_storage, manager.eventhubs_table_name, f"{NAMESPACE} clicks analytics Checkpoint")
-    assert [(r["RowKey"], r["offset"], r["sequencenumber"]) for r in rows] == [("0", "4096", "41"), ("1", "512", "6")]
+    assert [(r["RowKey"], r["offset"], r["sequencenumber"]) for r in rows] == [
+        ("0", "4096", "41"),
+        ("1", "512", "6"),
+    ]
     assert all(isinstance(r["offset"], str) and isinstance(r["sequencenumber"], str) for r in rows)
     # eh2's event offset is unknown: no row, rather than one that would send SDK readers to the start.
     assert len(manager.read_sdk_rows()) == 2

@@ -64,6 +64,17 @@ def test_the_environment_connection_string_is_the_fallback(monkeypatch) -> None:
     assert StorageSettings.from_config(config()).connection_string == ACCOUNT
 
 
+def test_an_account_is_a_name_or_an_account_url() -> None:
+    by_name = StorageSettings.from_config(config(**{"azure.storage.account": "acme"}))
+    assert (by_name.account, by_name.endpoint_suffix) == ("acme", "core.windows.net")
+    assert by_name.connection_string is None
+    url = "https://acme.blob.core.chinacloudapi.cn/"
+    by_url = StorageSettings.from_config(config(**{"azure.storage.account": url}))
+    assert (by_url.account, by_url.endpoint_suffix) == ("acme", "core.chinacloudapi.cn")
+    with pytest.raises(ConfigError, match="azure.storage.account"):
+        StorageSettings.from_config(config(**{"azure.storage.account": "https://example.com"}))
+
+
 def test_bad_names_and_lease_durations_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="azure.storage.container"):
         StorageSettings.from_config(config(**{"azure.storage.connection.string": ACCOUNT,

@@ -318,8 +318,9 @@ KEYS += (
         "azure.storage.account",
         "str",
         None,
-        "Storage account name, to sign in with `DefaultAzureCredential` (managed identity, workload identity, "
-        "`az login`) instead of a connection string.",
+        "Storage account name or URL (`https://<account>.blob.core.windows.net`), to sign in with "
+        "`DefaultAzureCredential` (managed identity, workload identity, `az login`) instead of a connection "
+        "string.",
         _A,
     ),
     ConfigKey(
