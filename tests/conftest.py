@@ -48,6 +48,24 @@ def own_azurite(tmp_path: Path) -> Iterator[object]:
         azurite.stop()
 
 
+@pytest.fixture
+def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """``eventhubs_emulator({"hub": partitions}, data_dir=None)`` starts an Event Hubs emulator on a free port;
+    all are stopped after the test."""
+    from eventhub_system.emulator.server import EventHubsEmulator
+
+    started: list[EventHubsEmulator] = []
+
+    def start(hubs: dict[str, int], data_dir: Path | None = None) -> EventHubsEmulator:
+        emulator = EventHubsEmulator(hubs, data_dir=data_dir).start()
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+
+
 def unique_job_name(prefix: str = "t") -> str:
     """A job name no other test (or earlier run on a real account) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

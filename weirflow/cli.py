@@ -348,7 +348,22 @@ def _print_record(record: Any, as_json: bool) -> None:
     print(json.dumps(doc, separators=(",", ":")))
 
 
+def _add_plugin_commands() -> None:
+    """Command groups plugins register under the entry-point group ``weirflow.commands`` (a `typer.Typer`
+    each, named by the entry point), e.g. ``weirflow emulator eventhubs`` from `eventhub_system`. A plugin
+    whose dependencies are missing just does not add its commands."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="weirflow.commands"):
+        try:
+            group = ep.load()
+        except ImportError:
+            continue
+        app.add_typer(group, name=ep.name)
+
+
 def main() -> None:
+    _add_plugin_commands()
     app()
 
 

@@ -400,6 +400,29 @@ KEYS += (
         _S,
     ),
     ConfigKey(
+        "systems.<name>.partition.method",
+        "str",
+        "hash",
+        "Event Hubs systems: how a keyed record picks its partition: `hash` (the key is the Event Hubs "
+        "partition key, routed by the service), `round_robin` (keys ignored), `key_as_partition` (the key is "
+        "the partition number).",
+        _S,
+    ),
+    ConfigKey(
+        "systems.<name>.receive.batch.size",
+        "int",
+        300,
+        "Event Hubs systems: most events one receive call of a partition reader asks the SDK for.",
+        _S,
+    ),
+    ConfigKey(
+        "systems.<name>.read.wait.ms",
+        "duration_ms",
+        200,
+        "Event Hubs systems: how long an open-ended read waits for the first event before returning none.",
+        _S,
+    ),
+    ConfigKey(
         "systems.<name>.consumer.group",
         "str",
         "$Default",

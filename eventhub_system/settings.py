@@ -1,0 +1,82 @@
+"""How an ``eventhub`` system reaches its namespace, read once from ``systems.<name>.*``.
+
+Auth: ``systems.<name>.connection.string`` (a namespace connection string; an ``EntityPath`` in it is
+ignored, the stream names the hub), or ``systems.<name>.fully.qualified.namespace`` with
+`DefaultAzureCredential`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PARTITION_METHODS = ("hash", "round_robin", "key_as_partition")
+
+
+@dataclass(frozen=True)
+class EventHubsSettings:
+    system: str
+    connection_string: str | None
+    fully_qualified_namespace: str | None
+    consumer_group: str
+    partition_method: str
+    receive_batch_size: int
+    read_wait_s: float
+
+    @classmethod
+    def from_config(cls, system: str, config: Any) -> EventHubsSettings:
+        prefix = f"systems.{system}."
+        connection_string = config.get(prefix + "connection.string")
+        namespace = config.get(prefix + "fully.qualified.namespace")
+        if not connection_string and not namespace:
+            raise config.error(
+                prefix + "connection.string",
+                f"Event Hubs system '{system}' needs a namespace: set this key (e.g. the output of "
+                "`weirflow emulator eventhubs`) or systems.<name>.fully.qualified.namespace to sign in with "
+                "DefaultAzureCredential",
+            )
+        if connection_string:
+            # The stream names the hub: drop an EntityPath so one connection string serves every hub.
+            parts = [
+                p for p in connection_string.split(";") if p and not p.strip().lower().startswith("entitypath=")
+            ]
+            connection_string = ";".join(parts)
+        method = config.get(prefix + "partition.method")
+        if method not in PARTITION_METHODS:
+            raise config.error(
+                prefix + "partition.method", f"'{method}' is not one of {', '.join(PARTITION_METHODS)}"
+            )
+        return cls(
+            system=system,
+            connection_string=connection_string or None,
+            fully_qualified_namespace=namespace or None,
+            consumer_group=config.get(prefix + "consumer.group") or "$Default",
+            partition_method=method,
+            receive_batch_size=int(config.get(prefix + "receive.batch.size")),
+            read_wait_s=config.get(prefix + "read.wait.ms") / 1000,
+        )
+
+    def client_kwargs(self, hub: str) -> dict[str, Any]:
+        return {"eventhub_name": hub}
+
+    def producer(self, hub: str) -> Any:
+        from azure.eventhub import EventHubProducerClient
+
+        if self.connection_string:
+            return EventHubProducerClient.from_connection_string(self.connection_string, eventhub_name=hub)
+        from azure.identity import DefaultAzureCredential
+
+        return EventHubProducerClient(self.fully_qualified_namespace, hub, DefaultAzureCredential())
+
+    def consumer(self, hub: str) -> Any:
+        from azure.eventhub import EventHubConsumerClient
+
+        if self.connection_string:
+            return EventHubConsumerClient.from_connection_string(
+                self.connection_string, consumer_group=self.consumer_group, eventhub_name=hub
+            )
+        from azure.identity import DefaultAzureCredential
+
+        return EventHubConsumerClient(
+            self.fully_qualified_namespace, hub, self.consumer_group, DefaultAzureCredential()
+        )

@@ -1,0 +1,106 @@
+"""The `eventhub` system (admin, consumer, producer) over the SDK, against the emulator."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from eventhub_system.clients import EventTooLargeError
+from eventhub_system.lookup3 import partition_for_key
+from weirflow.config.loader import Config
+from weirflow.errors import ConfigError, StreamNotFoundError
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.systems import Systems
+
+pytestmark = pytest.mark.integration
+
+
+def make_config(connection_string: str, **extra: object) -> Config:
+    return Config.from_dict(
+        {
+            "job.name": "eh-test",
+            "systems.eh.factory": "eventhub",
+            "systems.eh.connection.string": connection_string,
+            "streams.views.system": "eh",
+            "streams.views.partitions": 4,
+            **extra,
+        },
+        source="job.yaml",
+    )
+
+
+@pytest.fixture
+def systems(eventhubs_emulator) -> Iterator[Systems]:
+    emulator = eventhubs_emulator({"views": 4, "small": 2})
+    systems = Systems(make_config(emulator.connection_string()))
+    yield systems
+    systems.close()
+
+
+def test_admin_checks_hubs_instead_of_creating_them(systems: Systems) -> None:
+    admin = systems.admin("eh")
+    assert admin.create_stream(StreamSpec("views", 4)) is False
+    assert admin.list_streams() == {"views": 4}
+    with pytest.raises(ValueError, match="'small' has 2 partitions, the job needs 8"):
+        admin.create_stream(StreamSpec("small", 8))
+    with pytest.raises(StreamNotFoundError, match="event hub 'missing'.*--hub missing:N"):
+        admin.create_stream(StreamSpec("missing", 1))
+    meta = admin.partition_metadata("views")
+    assert all(m.newest is None and m.oldest == m.upcoming == "0" for m in meta.values())
+
+
+def test_reads_cover_exact_ranges_with_no_gap_or_overlap(systems: Systems) -> None:
+    producer, consumer = systems.producer("eh"), systems.consumer("eh")
+    producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=2) for i in range(1500)])
+    ssp = SystemStreamPartition("eh", "views", 2)
+    assert systems.admin("eh").partition_metadata("views")[2].upcoming == "1500"
+    rng = random.Random(5)
+    position, seen = 0, []
+    while position < 1500:
+        end = min(1500, position + rng.randint(1, 300))
+        records = consumer.read(ssp, str(position), 10_000, end=str(end))
+        assert [int(r.offset) for r in records] == list(range(position, end))
+        seen += [r.value for r in records]
+        position = end
+    assert seen == [f"v{i}".encode() for i in range(1500)]
+    assert consumer.read(ssp, "1500", 100) == []
+    again = consumer.read(ssp, "700", 5)  # going back reopens the receiver at the right place
+    assert [r.value for r in again] == [f"v{i}".encode() for i in range(700, 705)]
+
+
+def test_the_producer_fills_batches_and_refuses_an_event_over_the_limit(systems: Systems) -> None:
+    producer, admin = systems.producer("eh"), systems.admin("eh")
+    producer.send([OutgoingRecord("views", bytes(1000), partition=0) for _ in range(3000)])  # > one 1 MB batch
+    assert admin.partition_metadata("views")[0].upcoming == "3000"
+    with pytest.raises(EventTooLargeError, match="exceeds the .*-byte limit of event hub 'views'"):
+        producer.send([OutgoingRecord("views", bytes(2 * 1024 * 1024), partition=1)])
+    assert admin.partition_metadata("views")[1].upcoming == "0"
+
+
+@pytest.mark.parametrize("method", ["hash", "round_robin", "key_as_partition"])
+def test_partition_methods(eventhubs_emulator, method: str) -> None:
+    emulator = eventhubs_emulator({"views": 4})
+    systems = Systems(make_config(emulator.connection_string(), **{"systems.eh.partition.method": method}))
+    try:
+        keys = [b"3", b"1", b"2", b"3"] * 5
+        systems.producer("eh").send([OutgoingRecord("views", b"x", key=k) for k in keys])
+        counts = {p: int(m.upcoming) for p, m in systems.admin("eh").partition_metadata("views").items()}
+        if method == "hash":
+            expected = {p: 0 for p in range(4)}
+            for key in keys:
+                expected[partition_for_key(key.decode(), 4)] += 1
+        elif method == "key_as_partition":
+            expected = {0: 0, 1: 5, 2: 5, 3: 10}
+        else:
+            expected = {p: 5 for p in range(4)}
+        assert counts == expected
+    finally:
+        systems.close()
+
+
+def test_a_system_without_a_namespace_is_a_config_error_naming_the_key() -> None:
+    config = Config.from_dict({"job.name": "x", "systems.eh.factory": "eventhub"}, source="job.yaml")
+    with pytest.raises(ConfigError, match="systems.eh.connection.string.*job.yaml"):
+        Systems(config).admin("eh")
