@@ -24,10 +24,11 @@ from typing import Any
 
 from azure.eventhub import EventData
 from azure.eventhub.exceptions import EventHubError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from eventhub_system.lookup3 import partition_for_key
 from eventhub_system.settings import EventHubsSettings
-from weirflow.errors import StreamNotFoundError, WeirflowError
+from weirflow.errors import RecordTooLargeError, StreamNotFoundError, WeirflowError
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
@@ -48,6 +49,13 @@ class EventTooLargeError(WeirflowError):
     def __init__(self, hub: str, size: int, limit: int) -> None:
         super().__init__(f"event of {size} bytes exceeds the {limit}-byte limit of event hub '{hub}'")
         self.hub, self.size, self.limit = hub, size, limit
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: the SDK's connection/timeout/busy errors (its own retries are bounded too)."""
+    from azure.eventhub.exceptions import ConnectionLostError, OperationTimeoutError
+
+    return isinstance(exc, ConnectionLostError | OperationTimeoutError) or "ServerBusy" in str(exc)
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -111,7 +119,8 @@ class EventHubSystemAdmin(SystemAdmin):
             if props["is_empty"] or last < begin:
                 out[pid] = PartitionMetadata(str(max(begin, last + 1)), None, str(max(begin, last + 1)))
             else:
-                out[pid] = PartitionMetadata(str(begin), str(last), str(last + 1))
+                position = {"offset": str(props["last_enqueued_offset"]), "sequence_number": str(last)}
+                out[pid] = PartitionMetadata(str(begin), str(last), str(last + 1), position)
         return out
 
     def create_stream(self, spec: StreamSpec) -> bool:
@@ -316,9 +325,31 @@ class EventHubSystemProducer(SystemProducer):
         self._next_partition[record.stream] = (partition + 1) % count
         return partition, {"partition_id": str(partition)}
 
+    def _too_large(self, records: Sequence[OutgoingRecord]) -> None:
+        """Raise `RecordTooLargeError` before sending anything when a record cannot fit even an empty batch."""
+        offending, reasons = [], []
+        limits: dict[str, int] = {}
+        for record in records:
+            if record.stream not in limits:
+                limits[record.stream] = self._clients.producer(record.stream).create_batch().max_size_in_bytes
+            if len(record.value) + len(record.key or b"") + 512 < limits[record.stream]:
+                continue  # clearly fits: skip the encoding check
+            probe = self._clients.producer(record.stream).create_batch()
+            try:
+                probe.add(EventData(record.value))
+            except ValueError:
+                offending.append(record)
+                reasons.append(str(EventTooLargeError(record.stream, len(record.value), limits[record.stream])))
+        if offending:
+            raise RecordTooLargeError(offending, reasons)
+
     def send(self, records: Sequence[OutgoingRecord]) -> None:
         """Group by hub and partition (keeping each partition's order), then send runs of records that share
-        batch arguments, filling each SDK batch to the hub's limit."""
+        batch arguments, filling each SDK batch to the hub's limit. A record too large for the hub raises
+        `RecordTooLargeError` before anything is sent."""
+        for hub in {r.stream for r in records}:
+            self._partition_count(hub)  # a missing hub fails first, naming it
+        self._too_large(records)
         runs: dict[tuple[str, int], list[tuple[dict[str, str], list[OutgoingRecord]]]] = {}
         for record in records:
             count = self._partition_count(record.stream)
@@ -358,14 +389,31 @@ class EventHubSystemProducer(SystemProducer):
                 pass
             if len(batch) == 0:
                 raise EventTooLargeError(hub, len(record.value), batch.max_size_in_bytes)
-            client.send_batch(batch)
+            self._send_batch(client, hub, batch)
             batch = client.create_batch(**dest)
             try:
                 batch.add(event)
             except ValueError:
                 raise EventTooLargeError(hub, len(record.value), batch.max_size_in_bytes) from None
         if len(batch):
-            client.send_batch(batch)
+            self._send_batch(client, hub, batch)
+
+    def _send_batch(self, client: Any, hub: str, batch: Any) -> None:
+        """Send one batch; transient failures (connection lost, timeouts, busy service) are retried with
+        bounded exponential backoff, then raised naming the hub."""
+        retrying = Retrying(
+            stop=stop_after_attempt(self._settings.send_attempts),
+            wait=wait_exponential(multiplier=0.2, max=5) + wait_random(0, 0.2),
+            retry=retry_if_exception(_transient),
+            reraise=True,
+            before_sleep=lambda state: log.warning(
+                "send to event hub %s failed (attempt %d): %s; retrying",
+                hub,
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else "?",
+            ),
+        )
+        retrying(client.send_batch, batch)
 
     def close(self) -> None:
         self._clients.close()

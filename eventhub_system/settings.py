@@ -22,6 +22,7 @@ class EventHubsSettings:
     partition_method: str
     receive_batch_size: int
     read_wait_s: float
+    send_attempts: int = 5
 
     @classmethod
     def from_config(cls, system: str, config: Any) -> EventHubsSettings:
@@ -54,6 +55,7 @@ class EventHubsSettings:
             partition_method=method,
             receive_batch_size=int(config.get(prefix + "receive.batch.size")),
             read_wait_s=config.get(prefix + "read.wait.ms") / 1000,
+            send_attempts=int(config.get(prefix + "send.attempts")),
         )
 
     def client_kwargs(self, hub: str) -> dict[str, Any]:

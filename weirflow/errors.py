@@ -59,3 +59,15 @@ class StreamNotFoundError(WeirflowError):
 
 class ServiceUnavailableError(WeirflowError):
     """A remote service stayed unreachable after bounded retries; the message names the endpoint."""
+
+
+class RecordTooLargeError(WeirflowError):
+    """Some records of a `SystemProducer.send` can never be written (bigger than the system accepts).
+
+    Raised before anything of that call was sent, so the caller can dead-letter ``records`` (the offending
+    ones, each with ``reasons[i]``) and send the rest again."""
+
+    def __init__(self, records: list, reasons: list[str]) -> None:  # noqa: ANN001 - OutgoingRecord list
+        self.records = records
+        self.reasons = reasons
+        super().__init__(f"{len(records)} record(s) too large to send: {reasons[0]}")

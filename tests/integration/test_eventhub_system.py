@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 from collections.abc import Iterator
 
 import pytest
 
-from eventhub_system.clients import EventTooLargeError
 from eventhub_system.lookup3 import partition_for_key
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, StreamNotFoundError
+from weirflow.errors import ConfigError, RecordTooLargeError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -33,7 +35,7 @@ def make_config(connection_string: str, **extra: object) -> Config:
 
 @pytest.fixture
 def systems(eventhubs_emulator) -> Iterator[Systems]:
-    emulator = eventhubs_emulator({"views": 4, "small": 2})
+    emulator = eventhubs_emulator({"views": 4, "small": 2, "small.dlq": 2})
     systems = Systems(make_config(emulator.connection_string()))
     yield systems
     systems.close()
@@ -74,9 +76,25 @@ def test_the_producer_fills_batches_and_refuses_an_event_over_the_limit(systems:
     producer, admin = systems.producer("eh"), systems.admin("eh")
     producer.send([OutgoingRecord("views", bytes(1000), partition=0) for _ in range(3000)])  # > one 1 MB batch
     assert admin.partition_metadata("views")[0].upcoming == "3000"
-    with pytest.raises(EventTooLargeError, match="exceeds the .*-byte limit of event hub 'views'"):
-        producer.send([OutgoingRecord("views", bytes(2 * 1024 * 1024), partition=1)])
-    assert admin.partition_metadata("views")[1].upcoming == "0"
+    big = OutgoingRecord("views", bytes(2 * 1024 * 1024), partition=1)
+    small = [OutgoingRecord("views", b"ok", partition=1) for _ in range(2)]
+    with pytest.raises(RecordTooLargeError) as err:
+        producer.send([small[0], big, small[1]])
+    assert err.value.records == [big]
+    assert "exceeds the" in err.value.reasons[0] and "event hub 'views'" in err.value.reasons[0]
+    assert admin.partition_metadata("views")[1].upcoming == "0", "nothing is sent when a record is refused"
+
+
+def test_the_spark_sink_dead_letters_an_event_over_the_limit_and_sends_the_rest(systems: Systems) -> None:
+    producer, consumer = systems.producer("eh"), systems.consumer("eh")
+    big = OutgoingRecord("small", bytes(2 * 1024 * 1024), key=b"k1", partition=0)
+    fine = [OutgoingRecord("small", f"r{i}".encode(), partition=0) for i in range(3)]
+    WeirflowStreamWriter._send(producer, [fine[0], big, fine[1], fine[2]])  # noqa: SLF001 - the sink's send path
+    sent = consumer.read(SystemStreamPartition("eh", "small", 0), "0", 10)
+    assert [r.value for r in sent] == [b"r0", b"r1", b"r2"]
+    (letter,) = [json.loads(r.value) for r in consumer.read(SystemStreamPartition("eh", "small.dlq", 0), "0", 10)]
+    assert letter["stream"] == "small" and letter["size"] == 2 * 1024 * 1024
+    assert "exceeds the" in letter["error"] and base64.b64decode(letter["key_base64"]) == b"k1"
 
 
 @pytest.mark.parametrize("method", ["hash", "round_robin", "key_as_partition"])

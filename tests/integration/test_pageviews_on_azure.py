@@ -53,6 +53,15 @@ class AzurePageViews:
         self.logs = tmp_path / "logs"
         self.processors: list[ProcessorProcess] = []
 
+    def emulator_properties(self, hub: str) -> dict[str, dict]:
+        from azure.eventhub import EventHubProducerClient
+
+        client = EventHubProducerClient.from_connection_string(self.emulator.connection_string(hub))
+        try:
+            return {p: client.get_partition_properties(p) for p in client.get_partition_ids()}
+        finally:
+            client.close()
+
     def start(self, name: str) -> ProcessorProcess:
         proc = start_processor(EXAMPLE / "azure.yaml", name, self.overrides, log_dir=self.logs)
         self.processors.append(proc)
@@ -110,6 +119,18 @@ def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(j
         }
         meta = systems.admin("eh").partition_metadata("page-views")
         assert inputs == {SystemStreamPartition("eh", "page-views", p): int(meta[p].upcoming) for p in range(2)}
+        # The Azure SDKs' table layout for the Event Hubs inputs: where an EventProcessorClient would resume.
+        namespace = f"127.0.0.1:{job.emulator.port}"
+        rows = {
+            r["RowKey"]: r
+            for r in manager.read_sdk_rows()
+            if r["PartitionKey"] == f"{namespace} page-views $Default Checkpoint"
+        }
+        assert set(rows) == {"0", "1"}
+        props = job.emulator_properties("page-views")
+        for p in ("0", "1"):
+            assert rows[p]["sequencenumber"] == str(props[p]["last_enqueued_sequence_number"])
+            assert rows[p]["offset"] == props[p]["last_enqueued_offset"]
         manager.stop()
     finally:
         systems.close()

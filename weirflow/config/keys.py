@@ -416,6 +416,14 @@ KEYS += (
         _S,
     ),
     ConfigKey(
+        "systems.<name>.send.attempts",
+        "int",
+        5,
+        "Event Hubs systems: tries of one batch send on transient errors (connection lost, timeout, busy) "
+        "before the micro-batch fails.",
+        _S,
+    ),
+    ConfigKey(
         "systems.<name>.read.wait.ms",
         "duration_ms",
         200,

@@ -83,6 +83,9 @@ class PartitionMetadata:
     oldest: str
     newest: str | None
     upcoming: str
+    # The system's own description of the newest record (Event Hubs: its ``offset`` and ``sequence_number``),
+    # carried into checkpoints' ``positions`` for systems whose native checkpoint layout needs it.
+    newest_position: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

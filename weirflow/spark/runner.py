@@ -182,12 +182,16 @@ class TaskQuery:
 
     def _apply(self, progress: Any) -> None:
         offsets: dict[SystemStreamPartition, str] = {}
+        positions: dict[SystemStreamPartition, dict[str, str]] = {}
         for source in progress.sources:
             end = json.loads(source.endOffset) if source.endOffset else None
             if not end or "p" not in end:
                 continue
             for key, position in end["p"].items():
-                offsets[SystemStreamPartition.parse(key)] = position["o"]
+                ssp = SystemStreamPartition.parse(key)
+                offsets[ssp] = position["o"]
+                if position.get("x"):
+                    positions[ssp] = position["x"]
         metrics = progress.observedMetrics or {}
         for index, stream_id in enumerate(self.inputs):
             row = metrics.get(observation_name(index))
@@ -220,7 +224,7 @@ class TaskQuery:
         elif out is not None and out > self.control.sent_watermark:
             self._send_control(MessageType.WATERMARK, out)
             self.control.sent_watermark = out
-        self.writer.write(Checkpoint(offsets=offsets, control=self.control.to_json()))
+        self.writer.write(Checkpoint(offsets=offsets, control=self.control.to_json(), positions=positions))
         if finishing:
             self.done = True
             log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", self.task.name)

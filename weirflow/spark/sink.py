@@ -12,7 +12,9 @@ Values of intermediate streams get the user-message type byte (seed 004) here.
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +23,11 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from weirflow.control import encode_user
+from weirflow.errors import RecordTooLargeError
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.spark.source import systems_for
+
+log = logging.getLogger("weirflow.spark")
 
 SINK_NAME = "weirflow-sink"
 
@@ -78,8 +83,42 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 )
                 counts[stream_id] = counts.get(stream_id, 0) + 1
             for system, records in by_system.items():
-                systems.producer(system).send(records)
+                self._send(systems.producer(system), records)
         return WrittenCount(counts)
+
+    @staticmethod
+    def _send(producer: Any, records: list[OutgoingRecord]) -> None:
+        """Send; records the system can never take (too large) go to their stream's ``<physical>.dlq`` with the
+        reason and the rest are sent again (the producer sent nothing when it refused)."""
+        try:
+            producer.send(records)
+            return
+        except RecordTooLargeError as exc:
+            refused = {id(r) for r in exc.records}
+            letters = [
+                OutgoingRecord(
+                    stream=f"{record.stream}.dlq",
+                    value=json.dumps(
+                        {
+                            "error": reason,
+                            "stream": record.stream,
+                            "size": len(record.value),
+                            "key_base64": base64.b64encode(record.key).decode() if record.key else None,
+                            "head_base64": base64.b64encode(record.value[:1024]).decode(),
+                        }
+                    ).encode(),
+                    key=record.key,
+                    partition=record.partition,
+                )
+                for record, reason in zip(exc.records, exc.reasons, strict=True)
+            ]
+            log.warning(
+                "%d output record(s) too large: sent to dead-letter streams (%s)", len(letters), exc.reasons[0]
+            )
+            producer.send(letters)
+            rest = [r for r in records if id(r) not in refused]
+            if rest:
+                producer.send(rest)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: every partition's records were durable when its `write` returned."""

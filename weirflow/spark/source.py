@@ -8,7 +8,12 @@ job config as a snapshot, the task's SSPs and start offsets) or from the stores.
 
 **Offsets** (Spark's offset log keeps them)::
 
-    {"s": "<stream id>", "p": {"<ssp key>": {"o": "<next offset>", "e": <ended>}}, "w": <injected watermark ms>}
+    {"s": "<stream id>", "p": {"<ssp key>": {"o": "<next offset>", "e": <ended>, "x": {...}}},
+     "w": <injected watermark ms>}
+
+``x`` (optional) is the system's native position of the record before ``o`` (Event Hubs offset and sequence
+number), known when a batch reads up to the partition's newest record; it becomes the checkpoint's
+``positions``.
 
 ``e`` marks a bounded stream's partition as consumed to its end; the batch that sets it carries one ``eos``
 control row for that SSP. ``w`` is the watermark the task's reconciliation asked for (see `weirflow.control`):
@@ -157,7 +162,13 @@ class WeirflowStreamReader(DataSourceStreamReader):
             if budget is not None:
                 budget -= take
             ended = self.spec.bounded and take == available
+            if take == 0 and ended == current["e"]:
+                ends[key] = current  # unchanged: the same offset, so Spark plans no batch
+                continue
             ends[key] = {"o": str(position + take), "e": ended}
+            newest = metadata[partition].newest_position
+            if newest and take == available:  # reading up to the newest record: its native position is known
+                ends[key]["x"] = dict(newest)
         watermark = int(start.get("w", -1))
         injected = self._injected()
         if injected is not None and injected > watermark:

@@ -1,0 +1,162 @@
+"""Events/s read from Event Hubs: weirflow's Spark source vs the raw SDK receive loop, same emulator, same data.
+
+One in-process Event Hubs emulator holds ``--events`` JSON page views (default 100,000) in 4 partitions.
+
+* **weirflow source**: one Structured Streaming query over the `weirflow` source (the `eventhub` system's
+  consumer in Spark's Python workers, ``task.max.records.per.trigger`` events per partition per batch, JSON
+  decoded to the page-view schema) into a `noop` sink, from query start until every event is read. The
+  Spark session is started before the clock starts.
+* **raw SDK**: `EventHubConsumerClient.receive_batch` on all partitions from the start, counting events in
+  the callback, from client creation until every event arrived.
+
+Prints one JSON line: ``{"figure": ..., "unit": "events/s", "value": ..., "baseline": ..., "ratio": ...}``.
+Usage: ``python benchmarks/eventhub_source.py [--events N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+
+from azure.eventhub import EventHubConsumerClient
+
+from eventhub_system.emulator.server import EventHubsEmulator
+from weirflow.config.loader import Config
+from weirflow.interfaces.system import OutgoingRecord
+from weirflow.local.launcher import wait_until
+from weirflow.systems import Systems
+
+PARTITIONS = 4
+SCHEMA = "user string, page string, event_time timestamp"
+
+
+def produce(config: Config, events: int) -> None:
+    systems = Systems(config)
+    try:
+        producer = systems.producer("eh")
+        for start in range(0, events, 10_000):
+            producer.send(
+                [
+                    OutgoingRecord(
+                        "views",
+                        json.dumps(
+                            {"user": f"u{i % 997}", "page": f"/p/{i % 50}", "event_time": "2026-11-23T10:00:00Z"}
+                        ).encode(),
+                        partition=i % PARTITIONS,
+                    )
+                    for i in range(start, min(events, start + 10_000))
+                ]
+            )
+    finally:
+        systems.close()
+
+
+def raw_sdk(connection_string: str, events: int) -> float:
+    count = 0
+    done = threading.Event()
+    guard = threading.Lock()
+
+    def on_batch(_ctx, batch) -> None:  # noqa: ANN001
+        nonlocal count
+        with guard:
+            count += len(batch)
+            if count >= events:
+                done.set()
+
+    started = time.monotonic()
+    client = EventHubConsumerClient.from_connection_string(connection_string, consumer_group="$Default")
+    thread = threading.Thread(
+        target=client.receive_batch,
+        kwargs={"on_event_batch": on_batch, "starting_position": "-1", "max_batch_size": 300},
+        daemon=True,
+    )
+    thread.start()
+    if not done.wait(600):
+        raise TimeoutError(f"raw SDK received {count} of {events}")
+    elapsed = time.monotonic() - started
+    client.close()
+    return elapsed
+
+
+def weirflow_source(config: Config, events: int) -> float:
+    from weirflow.spark.session import build_spark_session
+    from weirflow.spark.source import SOURCE_NAME, WeirflowSource
+
+    spark = build_spark_session(config)
+    spark.dataSource.register(WeirflowSource)
+    from pyspark.sql import types as T
+
+    user_schema = T._parse_datatype_string(SCHEMA)  # noqa: SLF001 - Spark's own DDL parser
+    ssps = [f"eh.views.{p}" for p in range(PARTITIONS)]
+    options = {
+        "config": config.snapshot(),
+        "stream": "views",
+        "task": "",
+        "system": "eh",
+        "physical": "views",
+        "ssps": json.dumps(ssps),
+        "start": json.dumps({k: {"o": "0", "e": False} for k in ssps}),
+        "serde": "json",
+        "user_schema": json.dumps(user_schema.jsonValue()),
+        "event_time_field": "event_time",
+        "event_time_from_record": "false",
+        "delay_ms": "0",
+        "intermediate": "false",
+        "bounded": "false",
+        "max_records": str(config.get("task.max.records.per.trigger")),
+    }
+    frame = spark.readStream.format(SOURCE_NAME).options(**options).load()
+    started = time.monotonic()
+    query = frame.writeStream.format("noop").trigger(processingTime="100 milliseconds").start()
+
+    def read_all() -> bool:
+        progress = query.lastProgress
+        if not progress or not progress["sources"]:
+            return False
+        end = json.loads(progress["sources"][0]["endOffset"] or "{}")
+        return sum(int(v["o"]) for v in end.get("p", {}).values()) >= events
+
+    wait_until(read_all, 900, "the source to read every event", interval_s=0.05)
+    elapsed = time.monotonic() - started
+    query.stop()
+    spark.stop()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    args = parser.parse_args()
+    with EventHubsEmulator({"views": PARTITIONS}) as emulator:
+        config = Config.from_dict(
+            {
+                "job.name": "bench-eventhub-source",
+                "systems.eh.factory": "eventhub",
+                "systems.eh.connection.string": emulator.connection_string(),
+                "streams.views.system": "eh",
+                "spark.master": "local[2]",
+            }
+        )
+        produce(config, args.events)
+        baseline_s = raw_sdk(emulator.connection_string("views"), args.events)
+        weirflow_s = weirflow_source(config, args.events)
+    value, baseline = args.events / weirflow_s, args.events / baseline_s
+    print(
+        json.dumps(
+            {
+                "figure": "Event Hubs read throughput (emulator, 4 partitions)",
+                "unit": "events/s",
+                "value": round(value),
+                "baseline": round(baseline),
+                "baseline_name": "raw azure-eventhub receive_batch loop",
+                "ratio": round(value / baseline, 3),
+                "events": args.events,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
