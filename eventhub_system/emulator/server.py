@@ -12,8 +12,9 @@ performatives). What it serves, as the SDK uses it:
   ``<hub>/Partitions/<n>``, single messages and batches (message format 0x80013700);
 * receiving from ``<hub>/ConsumerGroups/<group>/Partitions/<n>`` from the selector filter's position (offset,
   sequence number or enqueue time, ``>`` or ``>=``, ``-1`` = start, ``@latest`` = end), consumer groups
-  created on first use, and epoch receivers (``com.microsoft:epoch``): a higher epoch steals the partition
-  from the group's other receivers, which are detached with ``amqp:link:stolen``.
+  created on first use, and epoch receivers (``com.microsoft:epoch``): a receiver with an equal or higher
+  epoch steals the partition from the group's other receivers, which are detached with ``amqp:link:stolen``;
+  one with a lower epoch is refused.
 
 It is not a broker for production: no auth, no retention limit, no throttling, one thread.
 """
@@ -328,8 +329,8 @@ class EventHubsEmulator:
                 link.open()
                 self._refuse(link, "amqp:link:stolen", f"a receiver with a higher epoch than {epoch} exists")
                 return
-            for rival in rivals:
-                if rival.epoch is None or rival.epoch < epoch:
+            for rival in rivals:  # as the service does: an equal or higher epoch takes over
+                if rival.epoch is None or rival.epoch <= epoch:
                     self._consumers.remove(rival)
                     self._refuse(
                         rival.link,
