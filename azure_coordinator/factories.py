@@ -7,10 +7,11 @@ import logging
 from typing import Any
 
 from azure_coordinator.latch import TableLatch
-from azure_coordinator.leases import AzureLeaderElector, AzureLock, lease_seconds
+from azure_coordinator.leases import LEADER_BLOB, LOCK_PREFIX, BlobLease, lease_seconds
 from azure_coordinator.metadata import BlobMetadataStore
 from azure_coordinator.registry import TableProcessorRegistry
 from azure_coordinator.storage import Storage
+from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     JobCoordinatorFactory,
@@ -34,10 +35,10 @@ class AzureCoordinationUtils(CoordinationUtils):
         self.lease_ms = lease_ms
 
     def leader_elector(self) -> LeaderElector:
-        return AzureLeaderElector(self.storage, self.owner, self.lease_ms)
+        return LeaseLeaderElector(BlobLease(self.storage, LEADER_BLOB, self.owner, self.lease_ms))
 
     def lock(self, name: str) -> Lock:
-        return AzureLock(self.storage, name, self.owner, self.lease_ms)
+        return LeaseLock(name, BlobLease(self.storage, f"{LOCK_PREFIX}{name}", self.owner, self.lease_ms))
 
     def latch(self, name: str) -> Latch:
         return TableLatch(self.storage, name)

@@ -23,7 +23,6 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 from azure.storage.blob import BlobLeaseClient
 
 from azure_coordinator.storage import Storage
-from weirflow.interfaces.coordination import LeaderElector, Lock
 
 LEADER_BLOB = "leases/leader"
 LOCK_PREFIX = "leases/locks/"
@@ -43,7 +42,8 @@ def lease_seconds(lease_ms: int) -> int:
 
 
 class BlobLease:
-    """The mechanics shared by the leader lease and task locks: one blob, one owner's lease id."""
+    """One blob, one owner's lease id: the `weirflow.coordination.leases.Lease` behind the leader election and
+    task locks (`LeaseLeaderElector`, `LeaseLock`)."""
 
     def __init__(self, storage: Storage, blob_name: str, owner: str, lease_ms: int) -> None:
         self._storage = storage
@@ -131,51 +131,3 @@ class BlobLease:
             return props.metadata.get("owner") or None
 
         return self._call("read lease of", attempt)
-
-
-class AzureLeaderElector(LeaderElector):
-    def __init__(self, storage: Storage, owner: str, lease_ms: int) -> None:
-        self._lease = BlobLease(storage, LEADER_BLOB, owner, lease_ms)
-        self._leader = False
-
-    def try_become_leader(self) -> bool:
-        self._leader = self._lease.acquire()
-        return self._leader
-
-    def renew(self) -> bool:
-        self._leader = self._lease.renew()
-        return self._leader
-
-    def resign(self) -> None:
-        self._lease.release()
-        self._leader = False
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leader
-
-    def current_leader(self) -> str | None:
-        return self._lease.holder()
-
-
-class AzureLock(Lock):
-    def __init__(self, storage: Storage, name: str, owner: str, lease_ms: int) -> None:
-        self.name = name
-        self.owner = owner
-        self._lease = BlobLease(storage, f"{LOCK_PREFIX}{name}", owner, lease_ms)
-
-    def try_acquire(self) -> bool:
-        return self._lease.acquire()
-
-    def renew(self) -> bool:
-        return self._lease.renew()
-
-    def release(self) -> None:
-        self._lease.release()
-
-    def is_held(self) -> bool:
-        return self._lease.held()
-
-    def holder(self) -> str | None:
-        """The owner of the unexpired lease, or None (for status and tests)."""
-        return self._lease.holder()

@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.interfaces.system import SystemStreamPartition
 
 log = logging.getLogger("weirflow.checkpoint")
 
@@ -112,8 +111,3 @@ def sdk_checkpoint_rows(checkpoint: Checkpoint, systems: Mapping[str, EventHubsS
         )
     return rows
 
-
-def ssp_of_sdk_row(row: Mapping[str, Any], system_name: str) -> SystemStreamPartition:
-    """The SSP an SDK-layout row describes (for tests and tools)."""
-    _, eventhub, _, _ = str(row["PartitionKey"]).rsplit(" ", 3)
-    return SystemStreamPartition(system_name, eventhub, int(row["RowKey"]))

@@ -58,9 +58,6 @@ class EventHubsSettings:
             send_attempts=int(config.get(prefix + "send.attempts")),
         )
 
-    def client_kwargs(self, hub: str) -> dict[str, Any]:
-        return {"eventhub_name": hub}
-
     def producer(self, hub: str) -> Any:
         from azure.eventhub import EventHubProducerClient
 

@@ -19,6 +19,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     Latch,
@@ -119,50 +120,6 @@ class _Lease:
         return row[0] if row is not None and row[1] > now_ms() else None
 
 
-class SqliteLeaderElector(LeaderElector):
-    def __init__(self, db: Database, owner: str, lease_ms: int) -> None:
-        self._lease = _Lease(db, LEADER_LEASE, owner, lease_ms)
-        self._leader = False
-
-    def try_become_leader(self) -> bool:
-        self._leader = self._lease.acquire()
-        return self._leader
-
-    def renew(self) -> bool:
-        self._leader = self._lease.renew()
-        return self._leader
-
-    def resign(self) -> None:
-        self._lease.release()
-        self._leader = False
-
-    @property
-    def is_leader(self) -> bool:
-        return self._leader
-
-    def current_leader(self) -> str | None:
-        return self._lease.holder()
-
-
-class SqliteLock(Lock):
-    def __init__(self, db: Database, name: str, owner: str, lease_ms: int) -> None:
-        self.name = name
-        self.owner = owner
-        self._lease = _Lease(db, f"lock/{name}", owner, lease_ms)
-
-    def try_acquire(self) -> bool:
-        return self._lease.acquire()
-
-    def renew(self) -> bool:
-        return self._lease.renew()
-
-    def release(self) -> None:
-        self._lease.release()
-
-    def is_held(self) -> bool:
-        return self._lease.held()
-
-
 class SqliteLatch(Latch):
     def __init__(self, db: Database, name: str) -> None:
         self._db = db
@@ -232,10 +189,10 @@ class SqliteCoordinationUtils(CoordinationUtils):
         self._db = Database(db_path, SCHEMA, busy_timeout_ms)
 
     def leader_elector(self) -> LeaderElector:
-        return SqliteLeaderElector(self._db, self.owner, self.lease_ms)
+        return LeaseLeaderElector(_Lease(self._db, LEADER_LEASE, self.owner, self.lease_ms))
 
     def lock(self, name: str) -> Lock:
-        return SqliteLock(self._db, name, self.owner, self.lease_ms)
+        return LeaseLock(name, _Lease(self._db, f"lock/{name}", self.owner, self.lease_ms))
 
     def latch(self, name: str) -> Latch:
         return SqliteLatch(self._db, name)

@@ -1,0 +1,76 @@
+"""`LeaderElector` and `Lock` over any backend's named lease.
+
+A backend implements one small thing, a lease (`Lease`: acquire, renew, release, held, holder for one owner);
+the leader election and task locks every backend offers are the same thin layer over it, kept here once.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from weirflow.interfaces.coordination import LeaderElector, Lock
+
+
+class Lease(Protocol):
+    """One named, time-bounded lease seen by one owner."""
+
+    owner: str
+
+    def acquire(self) -> bool:
+        """Take it if free or expired, or extend it if ours; whether we hold it now."""
+
+    def renew(self) -> bool:
+        """Extend it; False when it is no longer ours."""
+
+    def release(self) -> None:
+        """Free it if ours. Idempotent."""
+
+    def held(self) -> bool:
+        """Ask the backend whether it is ours and unexpired (the fence)."""
+
+    def holder(self) -> str | None:
+        """Owner of the unexpired lease, or None."""
+
+
+class LeaseLeaderElector(LeaderElector):
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._leader = False
+
+    def try_become_leader(self) -> bool:
+        self._leader = self._lease.acquire()
+        return self._leader
+
+    def renew(self) -> bool:
+        self._leader = self._lease.renew()
+        return self._leader
+
+    def resign(self) -> None:
+        self._lease.release()
+        self._leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def current_leader(self) -> str | None:
+        return self._lease.holder()
+
+
+class LeaseLock(Lock):
+    def __init__(self, name: str, lease: Lease) -> None:
+        self.name = name
+        self.owner = lease.owner
+        self._lease = lease
+
+    def try_acquire(self) -> bool:
+        return self._lease.acquire()
+
+    def renew(self) -> bool:
+        return self._lease.renew()
+
+    def release(self) -> None:
+        self._lease.release()
+
+    def is_held(self) -> bool:
+        return self._lease.held()
