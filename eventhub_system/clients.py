@@ -2,7 +2,10 @@
 
 Offsets are **sequence numbers** (decimal strings): every partition counts from its first event, so
 ``next_offset = sequence number + 1`` and ranges are exact. The Event Hubs byte ``offset`` of each event
-travels beside it (`IncomingRecord.attributes`) for the SDKs' checkpoint layout.
+travels beside it for the SDKs' checkpoint layout.
+
+Records carry the event's own description in `IncomingRecord.attributes` (`RECORD_FIELDS`), which the Spark
+source turns into columns when `streams.<id>.system-columns` asks for them.
 
 * Admin: hubs are not created by weirflow (Bicep creates them); `create_stream` checks that the hub exists
   with the partitions the job needs and fails naming the hub otherwise.
@@ -15,6 +18,9 @@ travels beside it (`IncomingRecord.attributes`) for the SDKs' checkpoint layout.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -33,6 +39,7 @@ from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
     PartitionMetadata,
+    RecordField,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -70,6 +77,43 @@ def body_bytes(event: Any) -> bytes:
     if isinstance(body, str):
         return body.encode()
     return b"".join(part if isinstance(part, bytes | bytearray) else str(part).encode() for part in body)
+
+
+RECORD_FIELDS = (
+    RecordField("properties", "map<string,string>",
+                "The event's application properties; numbers and booleans as JSON text, binary values that "
+                "are not UTF-8 as base64."),
+    RecordField("partition_key", "string", "The partition key the event was sent with (null without one)."),
+    RecordField("enqueued_time", "timestamp", "When the service accepted the event."),
+    RecordField("sequence_number", "bigint", "The event's sequence number in its partition."),
+    RecordField("offset", "string", "The event's Event Hubs offset in its partition."),
+)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return str(value)
+
+
+def event_attributes(event: Any) -> dict[str, Any]:
+    """`RECORD_FIELDS` of one received event (the SDK hands AMQP strings over as bytes)."""
+    key = event.partition_key
+    return {
+        "properties": {_text(k): _text(v) for k, v in (event.properties or {}).items()},
+        "partition_key": _text(key) if key is not None else None,
+        "enqueued_time": event.enqueued_time,
+        "sequence_number": event.sequence_number,
+        "offset": str(event.offset),
+    }
 
 
 class _Clients:
@@ -133,6 +177,33 @@ class EventHubSystemAdmin(SystemAdmin):
             )
         return False
 
+    def record_fields(self) -> Sequence[RecordField]:
+        return RECORD_FIELDS
+
+    def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
+        """Sequence number of the first event enqueued at or after ``timestamp_ms``: the service answers a
+        receiver positioned by enqueued time, so one event is received; none that late → the upcoming one."""
+        props = self._clients.producer(stream).get_partition_properties(str(partition))
+        upcoming = int(props["last_enqueued_sequence_number"]) + 1
+        last_time = props.get("last_enqueued_time_utc")
+        if props["is_empty"] or last_time is None or last_time.timestamp() * 1000 < timestamp_ms:
+            return str(max(upcoming, int(props["beginning_sequence_number"])))
+        when = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.UTC)
+        reader = _PartitionReader(
+            self._clients.settings, SystemStreamPartition(self._clients.settings.system, stream, partition), when
+        )
+        try:
+            events = reader.take(1, None, EventHubSystemConsumer.END_WAIT_S)
+        finally:
+            reader.close()
+        if not events:
+            raise TimeoutError(
+                f"event hub '{stream}' partition {partition}: no event at or after {when.isoformat()} was "
+                f"received within {EventHubSystemConsumer.END_WAIT_S:.0f} s, though the partition has some"
+                + (f" ({reader.error})" if reader.error else "")
+            )
+        return str(events[0].sequence_number)
+
     def list_streams(self) -> dict[str, int]:
         found = {}
         for hub in sorted(self._configured):
@@ -149,13 +220,17 @@ class EventHubSystemAdmin(SystemAdmin):
 class _PartitionReader:
     """One open receiver on one partition, buffering events from a start sequence number on."""
 
-    def __init__(self, settings: EventHubsSettings, ssp: SystemStreamPartition, start: int) -> None:
+    def __init__(self, settings: EventHubsSettings, ssp: SystemStreamPartition, start: int | dt.datetime) -> None:
         self.ssp = ssp
-        self.next_seq = start  # sequence number of the next event to hand out
+        self.start = start  # a sequence number, or an enqueued time (only to find where a time begins)
+        self.next_seq = start if isinstance(start, int) else -1  # sequence number of the next event to hand out
         self._buffer: deque[Any] = deque()
         self._arrived = threading.Condition()
         self.error: BaseException | None = None
         self._client = settings.consumer(ssp.stream)
+        # The SDK's receive loop reads up to `prefetch` frames before handing any over (it stops early only
+        # when the stream pauses), so a small link credit keeps a busy partition's reads prompt.
+        self._prefetch = max(settings.prefetch, 1)
         self._thread = threading.Thread(
             target=self._run, args=(settings.receive_batch_size,), name=f"eh-reader-{ssp}", daemon=True
         )
@@ -177,9 +252,10 @@ class _PartitionReader:
                 on_event_batch=on_batch,
                 on_error=on_error,
                 partition_id=str(self.ssp.partition),
-                starting_position=self.next_seq,
+                starting_position=self.start,
                 starting_position_inclusive=True,
                 max_batch_size=batch_size,
+                prefetch=self._prefetch,
             )
         except Exception as exc:  # noqa: BLE001 - surfaced to the reading thread
             self.error = exc
@@ -208,9 +284,14 @@ class _PartitionReader:
             self.next_seq = out[-1].sequence_number + 1
         return out
 
-    def close(self) -> None:
+    def close(self, join: bool = True) -> None:
         self._client.close()
-        self._thread.join(10)
+        if join:
+            self.join(10)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for the receive loop to notice the close (it finishes the frames it is reading first)."""
+        self._thread.join(max(timeout_s, 0))
 
 
 class EventHubSystemConsumer(SystemConsumer):
@@ -283,6 +364,7 @@ class EventHubSystemConsumer(SystemConsumer):
                 key=event.partition_key,
                 value=body_bytes(event),
                 timestamp_ms=int(event.enqueued_time.timestamp() * 1000),
+                attributes=event_attributes(event),
             )
             for event in events
         ]
@@ -290,8 +372,11 @@ class EventHubSystemConsumer(SystemConsumer):
     def close(self) -> None:
         with self._guard:
             readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:  # close all, then wait for all: shutdown costs one receive loop, not one each
+            reader.close(join=False)
+        deadline = time.monotonic() + 10
         for reader in readers:
-            reader.close()
+            reader.join(deadline - time.monotonic())
         self._properties.close()
 
 

@@ -21,7 +21,7 @@ class EventHubsSettings:
     consumer_group: str
     partition_method: str
     receive_batch_size: int
-    read_wait_s: float
+    prefetch: int
     send_attempts: int = 5
 
     @classmethod
@@ -54,7 +54,7 @@ class EventHubsSettings:
             consumer_group=config.get(prefix + "consumer.group") or "$Default",
             partition_method=method,
             receive_batch_size=int(config.get(prefix + "receive.batch.size")),
-            read_wait_s=config.get(prefix + "read.wait.ms") / 1000,
+            prefetch=int(config.get(prefix + "prefetch")),
             send_attempts=int(config.get(prefix + "send.attempts")),
         )
 

@@ -48,6 +48,11 @@ class Systems:
         self._consumers: dict[str, SystemConsumer] = {}
         self._producers: dict[str, SystemProducer] = {}
 
+    @property
+    def config(self) -> Any:
+        """The job config the systems were built from (stream settings live there too)."""
+        return self._config
+
     def resolve(self, stream_id: str) -> StreamRef:
         """Cached: the record runner resolves the stream of every outgoing record."""
         ref = self._refs.get(stream_id)

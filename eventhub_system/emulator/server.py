@@ -135,6 +135,10 @@ class EventHubsEmulator:
         )
         return f"{text};EntityPath={hub}" if hub else text
 
+    def add_hub(self, name: str, partitions: int) -> bool:
+        """Serve one more hub while running (as creating one in the portal would); False if it was there."""
+        return self.store.add_hub(name, partitions)
+
     def receivers(self, hub: str, partition: int) -> int:
         """How many receivers are attached to a partition (all consumer groups); for tests and tools."""
         return sum(1 for c in list(self._consumers) if c.hub == hub and c.partition == partition)
@@ -447,6 +451,8 @@ class EventHubsEmulator:
         elif key is not None:
             partition = partition_for_key(key, len(hub.partitions))
         else:
+            if hub.name not in self._round_robin:  # a hub added while running
+                self._round_robin[hub.name] = itertools.cycle(range(len(hub.partitions)))
             partition = next(self._round_robin[hub.name])
         for message in events:
             self.store.append(hub.name, partition, message, key)

@@ -111,6 +111,17 @@ class EventStore:
     def hub(self, name: str) -> Hub | None:
         return self.hubs.get(name)
 
+    def add_hub(self, name: str, partition_count: int) -> bool:
+        """Serve another hub (tests declare hubs as they go). False if it exists with that partition count."""
+        with self.lock:
+            existing = self.hubs.get(name)
+            if existing is not None:
+                if len(existing.partitions) != partition_count:
+                    raise ValueError(f"hub '{name}' exists with {len(existing.partitions)} partitions")
+                return False
+            self.hubs = {**self.hubs, name: Hub(name, partition_count, self.data_dir)}  # readers never lock
+            return True
+
     def append(self, hub: str, partition: int, message: bytes, partition_key: str | None) -> StoredEvent:
         with self.lock:
             return self.hubs[hub].partitions[partition].append(message, partition_key, int(time.time() * 1000))

@@ -17,7 +17,7 @@ import pytest
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils
 from weirflow.interfaces.metadata import MetadataStore
-from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemProducer
+from weirflow.interfaces.system import StreamSpec, SystemAdmin, SystemConsumer, SystemProducer
 
 BACKENDS = ["local", "azure"]
 LEASE_MS = 600
@@ -79,9 +79,14 @@ class SystemUnderTest:
     admin: SystemAdmin
     consumer: SystemConsumer
     producer: SystemProducer
+    # Makes a stream exist. The local system creates its own; event hubs are infrastructure, so the test
+    # plays the part of Bicep and adds the hub to the emulator, then the admin checks it.
+    declare: Callable[[str, int], None]
+    creates_streams: bool = True
 
 
-def build_system(backend: str, location: str) -> SystemUnderTest:
+def build_system(backend: str, location: str, emulator: object | None = None) -> SystemUnderTest:
+    """``location``: a directory (``local``) or the emulator's connection string (``eventhub``)."""
     if backend == "local":
         from weirflow.local.streams import (
             LocalSystemAdmin,
@@ -91,11 +96,31 @@ def build_system(backend: str, location: str) -> SystemUnderTest:
         )
 
         path = Path(location) / "local.streams.db"
+        admin = LocalSystemAdmin(SqliteStreamStore(path))
         return SystemUnderTest(
             "local",
-            LocalSystemAdmin(SqliteStreamStore(path)),
+            admin,
             LocalSystemConsumer(SqliteStreamStore(path)),
             LocalSystemProducer(SqliteStreamStore(path)),
+            lambda stream, partitions: admin.create_stream(StreamSpec(stream, partitions)) and None,
+        )
+    if backend == "eventhub":
+        from eventhub_system.factory import EventHubSystemFactory
+        from weirflow.config.loader import Config
+
+        config = Config.from_dict(
+            {"job.name": "contract", "systems.eh.factory": "eventhub", "systems.eh.connection.string": location}
+        )
+        factory = EventHubSystemFactory()
+        admin = factory.get_admin("eh", config)
+
+        def declare(stream: str, partitions: int) -> None:
+            assert emulator is not None, "only the test's own process declares hubs"
+            emulator.add_hub(stream, partitions)  # type: ignore[attr-defined]
+            admin.create_stream(StreamSpec(stream, partitions))
+
+        return SystemUnderTest(
+            "eh", admin, factory.get_consumer("eh", config), factory.get_producer("eh", config), declare, False
         )
     raise ValueError(backend)
 
@@ -145,16 +170,27 @@ def metadata_store(backend: str, location: str) -> Iterator[MetadataStore]:
     store.stop()
 
 
-@pytest.fixture(params=["local"])
+SYSTEMS = ["local", "eventhub"]
+
+
+@pytest.fixture(params=SYSTEMS)
 def system_backend(request: pytest.FixtureRequest) -> str:
-    """Systems under the system contract (Event Hubs joins with its own issue)."""
+    """Systems under the system contract: the embedded log, and Event Hubs on the emulator."""
     return request.param
 
 
 @pytest.fixture
-def system(system_backend: str, tmp_path: Path) -> Iterator[SystemUnderTest]:
-    backend, location = system_backend, str(tmp_path)
-    sut = build_system(backend, location)
+def system_location(system_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, object]:
+    """(location for `build_system`, the emulator or None): spawned producers reach the same system."""
+    if system_backend == "eventhub":
+        emulator = request.getfixturevalue("eventhubs_emulator")({})
+        return emulator.connection_string(), emulator
+    return str(tmp_path), None
+
+
+@pytest.fixture
+def system(system_backend: str, system_location: tuple[str, object]) -> Iterator[SystemUnderTest]:
+    sut = build_system(system_backend, *system_location)
     yield sut
     for client in (sut.producer, sut.consumer, sut.admin):
         client.close()

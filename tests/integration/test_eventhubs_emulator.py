@@ -143,13 +143,15 @@ def test_receiving_from_every_kind_of_starting_position(hub) -> None:
         latest.close()
 
 
-def test_a_higher_epoch_steals_the_partition(hub) -> None:
+@pytest.mark.parametrize("level", [2, 1], ids=["higher", "equal"])
+def test_an_equal_or_higher_epoch_steals_the_partition(hub, level: int) -> None:
+    """The service's rule; the SDK's load balancer relies on the equal case when it claims a partition."""
     emulator, producer = hub
     send(producer, ["a", "b"], partition_id="3")
     first = Receiver(emulator.connection_string("views"), "3", "-1", owner_level=1)
     try:
         assert [e.body_as_str() for e in first.wait_for(2)] == ["a", "b"]
-        second = Receiver(emulator.connection_string("views"), "3", 1, owner_level=2,
+        second = Receiver(emulator.connection_string("views"), "3", 1, owner_level=level,
                           starting_position_inclusive=True)  # fmt: skip
         try:
             wait_until(lambda: first.errors, 30, "the first receiver to be disconnected")
@@ -157,6 +159,12 @@ def test_a_higher_epoch_steals_the_partition(hub) -> None:
             send(producer, ["c"], partition_id="3")
             assert [e.body_as_str() for e in second.wait_for(2)] == ["b", "c"]
             assert [e.body_as_str() for e in first.events] == ["a", "b"]
+            lower = Receiver(emulator.connection_string("views"), "3", "-1", owner_level=0)
+            try:
+                wait_until(lambda: lower.errors, 30, "a lower epoch to be refused")
+                assert lower.events == [] and emulator.receivers("views", 3) == 1
+            finally:
+                lower.close()
         finally:
             second.close()
     finally:

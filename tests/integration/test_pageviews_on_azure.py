@@ -17,6 +17,7 @@ import pytest
 from azure_coordinator.storage import Storage
 from checkpoint.table import TableCheckpointManager
 from weirflow.config import load_config
+from weirflow.control import MessageType, decode
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
@@ -110,6 +111,16 @@ def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(j
         assert len(letters) == 1
         assert "not valid JSON" in letters[0]["error"] and letters[0]["ssp"] == "eh.page-views.1"
         assert base64.b64decode(letters[0]["raw_base64"]) == b"{not json"
+
+        # Control messages reach every partition of the intermediate hub: each upstream task's watermarks and
+        # its end-of-stream, which is what let every downstream task finish.
+        middle = f"pageviews-{job.config.get('job.id')}-views-by-page"
+        for partition in range(2):
+            ssp = SystemStreamPartition("eh", middle, partition)
+            control = [decode(r.value) for r in systems.consumer("eh").read(ssp, "0", 100_000)]
+            control = [(kind, body.task_name) for kind, body in control if kind is not MessageType.USER]
+            assert {t for k, t in control if k is MessageType.END_OF_STREAM} == {"page_views-0", "page_views-1"}
+            assert {t for k, t in control if k is MessageType.WATERMARK} == {"page_views-0", "page_views-1"}
 
         manager = TableCheckpointManager(Storage.from_config(job.config))
         checkpoints = manager.read_all()

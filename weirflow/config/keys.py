@@ -266,7 +266,25 @@ KEYS: tuple[ConfigKey, ...] = (
         "streams.<id>.start",
         "str",
         "earliest",
-        "Where a task without a checkpoint starts reading: `earliest` or `latest`.",
+        "Where a task without a checkpoint starts reading: `earliest`, `latest`, or an ISO 8601 time such as "
+        "`2026-11-20T08:00:00Z` (per partition, the first record stamped at or after it; no zone means UTC).",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.system-columns",
+        "str",
+        "none",
+        "Spark data plane: the system's own record columns to add beside the decoded ones: `none`, `all`, or "
+        "a comma-separated list (Event Hubs: `properties`, `partition_key`, `enqueued_time`, "
+        "`sequence_number`, `offset`). Off by default so a job's schema does not change with its system.",
+        _S,
+    ),
+    ConfigKey(
+        "streams.<id>.max-events-per-trigger",
+        "int",
+        None,
+        "Spark data plane: most records one micro-batch reads from this stream per task; default "
+        "`task.max.records.per.trigger`.",
         _S,
     ),
     ConfigKey(
@@ -424,10 +442,12 @@ KEYS += (
         _S,
     ),
     ConfigKey(
-        "systems.<name>.read.wait.ms",
-        "duration_ms",
-        200,
-        "Event Hubs systems: how long an open-ended read waits for the first event before returning none.",
+        "systems.<name>.prefetch",
+        "int",
+        20,
+        "Event Hubs systems: events a partition reader lets the service send ahead (AMQP link credit). The "
+        "SDK hands events over only after this many arrive or the stream pauses, so it bounds read latency "
+        "on a busy partition (about prefetch / events per second); larger values save round trips.",
         _S,
     ),
     ConfigKey(

@@ -89,8 +89,24 @@ class PartitionMetadata:
 
 
 @dataclass(frozen=True)
+class RecordField:
+    """A system-specific column a source can add beside the user's (`streams.<id>.system-columns`).
+
+    ``type`` is Spark DDL (``string``, ``bigint``, ``timestamp``, ``map<string,string>``) so this module needs
+    no Spark; values come from `IncomingRecord.attributes` (timestamps as aware ``datetime``)."""
+
+    name: str
+    type: str
+    description: str
+
+
+@dataclass(frozen=True)
 class IncomingRecord:
-    """A record read from an SSP. ``offset`` is its own offset; ``next_offset`` the offset to resume after it."""
+    """A record read from an SSP. ``offset`` is its own offset; ``next_offset`` the offset to resume after it.
+
+    ``attributes`` holds the system's own description of the record, keyed by the names of
+    `SystemAdmin.record_fields` (Event Hubs: properties, partition key, enqueued time, sequence number,
+    offset); systems without such fields leave it empty."""
 
     ssp: SystemStreamPartition
     offset: str
@@ -98,6 +114,7 @@ class IncomingRecord:
     key: bytes | None
     value: bytes
     timestamp_ms: int
+    attributes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -133,6 +150,16 @@ class SystemAdmin(ABC):
     @abstractmethod
     def list_streams(self) -> dict[str, int]:
         """Physical stream names and their partition counts."""
+
+    def record_fields(self) -> Sequence[RecordField]:
+        """The system-specific columns its records carry in `IncomingRecord.attributes` (none by default)."""
+        return ()
+
+    def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
+        """Offset of the partition's first record stamped at or after ``timestamp_ms`` (epoch ms), or its
+        upcoming offset when there is none yet; backs ``streams.<id>.start: <ISO time>``. Systems that
+        cannot seek by time raise `NotImplementedError` (the runtime turns it into a config error)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot seek by time")
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -97,6 +97,19 @@ class LocalSystemAdmin(SystemAdmin):
             conn.execute("INSERT INTO streams VALUES (?, ?, ?)", (spec.stream, spec.partitions, now_ms()))
             return True
 
+    def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
+        """Records are stamped when appended, so per partition the stamps rise with the offsets (a backwards
+        clock step aside); the first offset stamped at or after ``timestamp_ms`` is where that time begins."""
+        self._store.partitions(stream)
+        conn = self._store.db.connection()
+        row = conn.execute(
+            "SELECT MIN(offset) FROM records WHERE stream = ? AND partition = ? AND timestamp_ms >= ?",
+            (stream, partition, timestamp_ms),
+        ).fetchone()
+        if row[0] is not None:
+            return str(row[0])
+        return self.partition_metadata(stream)[partition].upcoming
+
     def close(self) -> None:
         self._store.close()
 

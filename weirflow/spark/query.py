@@ -29,6 +29,7 @@ from weirflow.pipeline.api import Node, Sink
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
+from weirflow.start_position import parse_start
 
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"  # Spark's metadata key for the event-time column
 DEFAULT_EVENT_TIME = "event_time"
@@ -45,6 +46,34 @@ class InputSettings:
     delay_ms: int
     intermediate: bool
     bounded: bool
+    # (name, Spark DDL type) of the system's record columns the stream asked for (`system-columns`)
+    system_fields: tuple[tuple[str, str], ...] = ()
+    max_records: int | None = None  # `max-events-per-trigger`; None: the task's limit
+
+
+def system_fields(config: Any, stream_id: str, admin: Any, taken: list[str]) -> tuple[tuple[str, str], ...]:
+    """The record columns ``streams.<id>.system-columns`` selects from the system's `RecordField`s."""
+    key = f"streams.{stream_id}.system-columns"
+    text = str(config.get(key) or "none").strip()
+    if text.lower() == "none":
+        return ()
+    offered = {f.name: f.type for f in admin.record_fields()}
+    if text.lower() == "all":
+        names = list(offered)
+        if not names:
+            raise config.error(key, f"the stream's system ({type(admin).__name__}) has no record columns")
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in offered]
+        if unknown:
+            have = ", ".join(offered) or "none"
+            raise config.error(key, f"{', '.join(unknown)}: not a column of the stream's system (it has: {have})")
+    clash = [n for n in names if n in taken]
+    if clash:
+        raise config.error(
+            key, f"{', '.join(clash)} would replace the stream's own column of that name; rename it in the schema"
+        )
+    return tuple((n, offered[n]) for n in names)
 
 
 def observation_name(index: int) -> str:
@@ -98,6 +127,12 @@ class StageBuilder:
                     f"streams.{stream_id}.event-time.field",
                     f"names '{field}', which is not a timestamp column of the stream's schema",
                 )
+        parse_start(cfg, stream_id)  # a bad start fails now, naming the key, not when a task first starts
+        taken = user_schema.fieldNames() + ([] if field else [DEFAULT_EVENT_TIME])
+        admin = self.plan.systems.admin(self.plan.ref(stream_id).system)
+        limit = cfg.get(f"streams.{stream_id}.max-events-per-trigger")
+        if limit is not None and int(limit) < 1:
+            raise cfg.error(f"streams.{stream_id}.max-events-per-trigger", f"must be at least 1, not {limit}")
         return InputSettings(
             serde=serde,
             user_schema=user_schema,
@@ -106,6 +141,8 @@ class StageBuilder:
             delay_ms=int(cfg.get(f"streams.{stream_id}.lateness") or 0),
             intermediate=False,
             bounded=bool(cfg.get(f"streams.{stream_id}.bounded")),
+            system_fields=system_fields(cfg, stream_id, admin, taken),
+            max_records=int(limit) if limit is not None else None,
         )
 
     def _intermediate_settings(self, stream_id: str) -> InputSettings:
@@ -151,7 +188,10 @@ class StageBuilder:
             "delay_ms": str(settings.delay_ms),
             "intermediate": str(settings.intermediate).lower(),
             "bounded": str(settings.bounded).lower(),
-            "max_records": str(self.config.get("task.max.records.per.trigger")),
+            "system_schema": json.dumps(T.StructType(
+                [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
+            ).jsonValue()),
+            "max_records": str(settings.max_records or self.config.get("task.max.records.per.trigger")),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         kind = F.col("__kind")

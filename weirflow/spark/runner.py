@@ -45,6 +45,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.query import StageBuilder, observation_name
+from weirflow.start_position import start_offset
 from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.spark")
@@ -154,11 +155,10 @@ class TaskQuery:
         if ssp in stored:
             return stored[ssp]
         stream_id = self.runner.stream_id_of(ssp)
-        start = (self.runner.plan.config.get(f"streams.{stream_id}.start") or "earliest").lower()
-        metadata = self.runner.plan.systems.admin(ssp.system).partition_metadata(ssp.stream)[ssp.partition]
-        if start == "latest":
-            return metadata.upcoming
-        return metadata.oldest
+        admin = self.runner.plan.systems.admin(ssp.system)
+        if self.runner.plan.is_intermediate(stream_id):
+            return admin.partition_metadata(ssp.stream)[ssp.partition].oldest
+        return start_offset(self.runner.plan.config, stream_id, admin, ssp)
 
     def _ended(self, ssp: SystemStreamPartition) -> bool:
         stream_id = self.runner.stream_id_of(ssp)

@@ -21,7 +21,9 @@ the processor stores it in the task's checkpoint, ``latestOffset`` picks it up a
 ``inject`` row whose ``__wm_time`` moves Spark's watermark to exactly that point.
 
 **Rows**: internal columns (``__kind`` data | watermark | eos | drain | inject | dlq, the SSP and offset, the
-control fields, the dead letter's reason and raw bytes, ``__wm_time``) followed by the user's columns.
+control fields, the dead letter's reason and raw bytes, ``__wm_time``) followed by the user's columns, then
+the system's record columns the stream asked for (`streams.<id>.system-columns`, from
+`IncomingRecord.attributes`: Event Hubs properties, partition key, enqueued time, sequence number, offset).
 Data rows move Spark's watermark through ``__wm_time`` only on input streams; on intermediate streams only
 the reconciled watermark does (the producers' in-band watermarks are the truth there, seed 004).
 """
@@ -96,10 +98,13 @@ class SourceSpec:
         self.intermediate = options["intermediate"] == "true"
         self.bounded = options["bounded"] == "true"
         self.max_records = int(options["max_records"])
+        # the system's record columns asked for (streams.<id>.system-columns)
+        self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
 
     @property
     def schema(self) -> T.StructType:
         fields = list(INTERNAL_FIELDS) + list(self.user_schema.fields)
+        fields += list(self.system_schema.fields)
         if self.event_time_from_record:
             fields.append(T.StructField(self.event_time_field, T.TimestampType(), True))
         return T.StructType(fields)
@@ -206,6 +211,7 @@ class _BatchReader:
         self.schema = spec.schema
         self.arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         self.user_width = len(spec.user_schema.fields)
+        self.system_names = spec.system_schema.fieldNames()
         self._dead: list[tuple[dict[str, Any], bytes | None]] = []
         if spec.serde == "json":
             self.json = JsonDecoder(spec.user_schema)
@@ -275,6 +281,7 @@ class _BatchReader:
         columns = self._empty_columns()
         width = len(INTERNAL_FIELDS)
         user_cols = columns[width : width + self.user_width]
+        system_cols = columns[width + self.user_width : width + self.user_width + len(self.system_names)]
         for record in records:
             payload = record.value
             try:
@@ -316,6 +323,8 @@ class _BatchReader:
                 col.append(v)
             for col, v in zip(user_cols, row, strict=True):
                 col.append(v)
+            for col, name in zip(system_cols, self.system_names, strict=True):
+                col.append(record.attributes.get(name))
             if spec.event_time_from_record:
                 columns[-1].append(event_us)
         return columns

@@ -29,6 +29,7 @@ from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
+from weirflow.start_position import parse_start, start_offset
 from weirflow.systems import Systems
 from weirflow.tasks.runner import TaskRunner
 from weirflow.user_code import load_callable
@@ -97,6 +98,8 @@ class RecordTaskRunner(TaskRunner):
 
     @classmethod
     def from_config(cls, config: Any, systems: Systems, checkpoints: CheckpointManager) -> RecordTaskRunner:
+        for stream_id in config.get("task.inputs") or []:
+            parse_start(config, stream_id)  # a bad start fails the processor now, naming the key
         return cls(
             systems,
             checkpoints,
@@ -148,7 +151,8 @@ class RecordTaskRunner(TaskRunner):
             if ssp in stored:
                 offsets[ssp] = stored[ssp]
             else:
-                offsets[ssp] = self.systems.admin(ssp.system).partition_metadata(ssp.stream)[ssp.partition].oldest
+                stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
+                offsets[ssp] = start_offset(self.systems.config, stream_id, self.systems.admin(ssp.system), ssp)
         return offsets
 
     def run_task(self, handle: _TaskThread) -> None:
