@@ -10,7 +10,7 @@ One in-process Event Hubs emulator holds ``--events`` JSON page views (default 1
   the callback, from client creation until every event arrived.
 
 Prints one JSON line: ``{"figure": ..., "unit": "events/s", "value": ..., "baseline": ..., "ratio": ...}``.
-Usage: ``python benchmarks/eventhub_source.py [--events N]``.
+Usage: ``python benchmarks/eventhub_source.py [--events N] [--prefetch N]``.
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ def weirflow_source(config: Config, events: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--prefetch", type=int, default=None, help="systems.eh.prefetch (default: shipped)")
     args = parser.parse_args()
     with EventHubsEmulator({"views": PARTITIONS}) as emulator:
         config = Config.from_dict(
@@ -137,6 +138,7 @@ def main() -> None:
                 "systems.eh.connection.string": emulator.connection_string(),
                 "streams.views.system": "eh",
                 "spark.master": "local[2]",
+                **({"systems.eh.prefetch": args.prefetch} if args.prefetch else {}),
             }
         )
         produce(config, args.events)
@@ -153,6 +155,7 @@ def main() -> None:
                 "baseline_name": "raw azure-eventhub receive_batch loop",
                 "ratio": round(value / baseline, 3),
                 "events": args.events,
+                "prefetch": config.get("systems.eh.prefetch"),
             }
         )
     )
