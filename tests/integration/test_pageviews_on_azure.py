@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import uuid
 from pathlib import Path
 
@@ -16,17 +15,12 @@ import pytest
 
 from azure_coordinator.storage import Storage
 from checkpoint.table import TableCheckpointManager
+from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.control import MessageType, decode
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pageviews"
-sys.path.insert(0, str(EXAMPLE))
-
-import generate  # noqa: E402
-import results  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +28,7 @@ EVENTS = 4_000
 FINISH_S = 300
 
 
-class AzurePageViews:
+class AzurePageViews(ExampleJob):
     def __init__(self, tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch) -> None:
         job_id = uuid.uuid4().hex[:8]
         self.emulator = eventhubs_emulator(
@@ -50,9 +44,8 @@ class AzurePageViews:
             "streams.page-counts.partitions=2",
             "task.max.records.per.trigger=400",  # several micro-batches per partition
         ]
-        self.config = load_config(EXAMPLE / "azure.yaml", self.overrides)
-        self.logs = tmp_path / "logs"
-        self.processors: list[ProcessorProcess] = []
+        super().__init__("azure.yaml", self.overrides, tmp_path / "logs", FINISH_S)
+        self.config = load_config(self.config_path, self.overrides)
 
     def emulator_properties(self, hub: str) -> dict[str, dict]:
         from azure.eventhub import EventHubProducerClient
@@ -62,26 +55,6 @@ class AzurePageViews:
             return {p: client.get_partition_properties(p) for p in client.get_partition_ids()}
         finally:
             client.close()
-
-    def start(self, name: str) -> ProcessorProcess:
-        proc = start_processor(EXAMPLE / "azure.yaml", name, self.overrides, log_dir=self.logs)
-        self.processors.append(proc)
-        return proc
-
-    def wait_finished(self, procs: list[ProcessorProcess]) -> None:
-        try:
-            wait_until(lambda: not any(p.alive() for p in procs), FINISH_S, "the job to finish", interval_s=0.5)
-        except TimeoutError:
-            for p in procs:
-                print(p.log_text()[-4000:])
-            raise
-        for p in procs:
-            assert p.popen.wait() == 0, p.log_text()[-4000:]
-
-    def stop_all(self) -> None:
-        for p in self.processors:
-            if p.alive():
-                p.kill()
 
 
 @pytest.fixture

@@ -8,21 +8,15 @@ end-of-stream) and compares the window counts with pandas over the same events.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pageviews"
-sys.path.insert(0, str(EXAMPLE))
-
-import generate  # noqa: E402
-import results  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -41,35 +35,13 @@ SHORT = [
 FINISH_S = 240
 
 
-class PageViewsJob:
+class PageViewsJob(ExampleJob):
     def __init__(self, tmp_path: Path) -> None:
-        self.overrides = [f"job.state.dir={tmp_path / 'state'}", *SHORT]
-        self.config = load_config(EXAMPLE / "job.yaml", self.overrides)
-        self.logs = tmp_path / "logs"
-        self.processors: list[ProcessorProcess] = []
+        super().__init__("job.yaml", [f"job.state.dir={tmp_path / 'state'}", *SHORT], tmp_path / "logs", FINISH_S)
+        self.config = load_config(self.config_path, self.overrides)
 
     def generate(self, n: int = EVENTS) -> dict[results.Window, int]:
         return results.expected_counts(generate.write(self.config, n))
-
-    def start(self, name: str) -> ProcessorProcess:
-        proc = start_processor(EXAMPLE / "job.yaml", name, self.overrides, log_dir=self.logs)
-        self.processors.append(proc)
-        return proc
-
-    def wait_finished(self, procs: list[ProcessorProcess]) -> None:
-        try:
-            wait_until(lambda: not any(p.alive() for p in procs), FINISH_S, "the job to finish", interval_s=0.5)
-        except TimeoutError:
-            for p in procs:
-                print(p.log_text()[-4000:])
-            raise
-        for p in procs:
-            assert p.popen.wait() == 0, p.log_text()[-4000:]
-
-    def stop_all(self) -> None:
-        for p in self.processors:
-            if p.alive():
-                p.kill()
 
 
 @pytest.fixture
