@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from azure.eventhub import EventData
@@ -155,9 +155,13 @@ class EventHubSystemAdmin(SystemAdmin):
             raise
 
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
+        return self.partition_metadata_of(stream, range(self.partition_count(stream)))
+
+    def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
+        """One management round trip per partition asked for."""
         client = self._clients.producer(stream)
         out = {}
-        for pid in range(self.partition_count(stream)):
+        for pid in partitions:
             props = client.get_partition_properties(str(pid))
             begin, last = int(props["beginning_sequence_number"]), int(props["last_enqueued_sequence_number"])
             if props["is_empty"] or last < begin:
@@ -409,6 +413,10 @@ class EventHubSystemProducer(SystemProducer):
         partition = self._next_partition.get(record.stream, 0)
         self._next_partition[record.stream] = (partition + 1) % count
         return partition, {"partition_id": str(partition)}
+
+    def max_record_bytes(self, stream: str) -> int | None:
+        """The hub's batch limit less room for one event's AMQP framing (sent to a pinned partition)."""
+        return self._clients.producer(stream).create_batch().max_size_in_bytes - 1024
 
     def _too_large(self, records: Sequence[OutgoingRecord]) -> None:
         """Raise `RecordTooLargeError` before sending anything when a record cannot fit even an empty batch."""

@@ -2,7 +2,12 @@
 
 Wire format of every message on an intermediate stream::
 
-    [type: 1 byte][payload]     type 0 user (payload = the serde's bytes), 1 watermark, 2 end-of-stream, 3 drain
+    [type: 1 byte][payload]     type 0 user (payload = the serde's bytes), 1 watermark, 2 end-of-stream, 3 drain,
+                                4 rows (payload = many rows as one Arrow IPC stream: `weirflow.spark.packing`)
+
+The Spark data plane writes type 4: only weirflow reads intermediate streams, so a stage's output rows for one
+partition travel as one columnar record instead of one JSON record each (no per-row encoding on either side).
+Type 0 is still read, so streams written by earlier versions drain normally.
 
 Control payloads are JSON: ``{"version": 1, "task-name": "page-views-2", "task-count": 4,
 "timestamp": <ms>, "run-id": "..."}``. Each producer task writes its control messages to *every* partition of
@@ -41,6 +46,7 @@ class MessageType(IntEnum):
     WATERMARK = 1
     END_OF_STREAM = 2
     DRAIN = 3
+    ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -73,15 +79,25 @@ def encode_user(payload: bytes) -> bytes:
     return b"\x00" + payload
 
 
+def encode_rows(payload: bytes) -> bytes:
+    return b"\x04" + payload
+
+
+def is_control(raw: bytes) -> bool:
+    """Whether an intermediate-stream message is a control message (watermark, end-of-stream, drain or an
+    unknown type, which `decode` rejects), without decoding it."""
+    return bool(raw) and raw[0] not in (MessageType.USER, MessageType.ROWS)
+
+
 def decode(raw: bytes) -> tuple[MessageType, bytes | ControlMessage]:
-    """Split one intermediate-stream message: (USER, payload bytes) or (type, `ControlMessage`)."""
+    """Split one intermediate-stream message: (USER or ROWS, payload bytes) or (type, `ControlMessage`)."""
     if not raw:
         raise MalformedMessageError("empty message (no type byte)")
     try:
         kind = MessageType(raw[0])
     except ValueError:
         raise MalformedMessageError(f"unknown message type byte {raw[0]}") from None
-    if kind is MessageType.USER:
+    if kind in (MessageType.USER, MessageType.ROWS):
         return kind, raw[1:]
     try:
         data = json.loads(raw[1:])

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from weirflow.config.loader import Config
-from weirflow.spark.session import JavaMissingError, check_java, prepare_environment, spark_settings
+from weirflow.spark.session import (
+    JavaMissingError,
+    check_java,
+    prepare_environment,
+    spark_settings,
+    worker_python,
+)
 
 
 def test_environment_defaults_to_this_interpreter_and_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -15,11 +25,31 @@ def test_environment_defaults_to_this_interpreter_and_loopback(monkeypatch: pyte
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "/custom/python")
     prepare_environment()
-    import os
 
-    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert os.environ["PYSPARK_PYTHON"] == worker_python()
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert os.environ["PYSPARK_DRIVER_PYTHON"] == "/custom/python"  # what the user set wins
+
+
+def test_workers_run_this_interpreter_and_import_the_installed_pyspark_not_its_archives(tmp_path: Path) -> None:
+    """Spark puts pyspark.zip (no bytecode cache) first on every Python worker's path; the launcher drops it
+    and keeps every other entry, so workers import the installed package."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    archives = [str(p) for p in (package / "python" / "lib").glob("*.zip")]
+    if not archives:
+        pytest.skip("this PySpark install ships no archives")
+    probe = (
+        "import json, os, sys, pyspark; "
+        "print(json.dumps([sys.executable, os.environ['PYTHONPATH'], pyspark.__file__]))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*archives, str(tmp_path), archives[0]]))
+    done = subprocess.run([worker_python(), "-c", probe], env=env, capture_output=True, text=True, check=True)
+    executable, path, imported = json.loads(done.stdout)
+    assert Path(executable).resolve() == Path(sys.executable).resolve()
+    assert path == str(tmp_path)
+    assert ".zip" not in imported and Path(imported).resolve().parent == package
 
 
 def test_settings_overlay_the_jobs_spark_keys_on_the_defaults() -> None:

@@ -13,7 +13,7 @@ runtime stores the *next offset to read*, which every system can resume from wit
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,38 @@ class IncomingRecord:
 
 
 @dataclass(frozen=True)
+class RecordColumns:
+    """Consecutive records of one SSP, column by column: what `SystemConsumer.read_columns` returns.
+
+    Index *i* of every sequence describes one record, with the meaning of `IncomingRecord`'s fields;
+    ``next_offset`` is the offset to resume after the last record. ``attributes`` is empty unless the caller
+    asked for them (it holds one mapping per record then). The Spark source decodes whole columns at once,
+    so it reads this shape rather than one `IncomingRecord` object per record."""
+
+    offsets: Sequence[str]
+    keys: Sequence[bytes | None]
+    values: Sequence[bytes]
+    timestamps_ms: Sequence[int]
+    next_offset: str
+    attributes: Sequence[Mapping[str, Any]] = ()
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @classmethod
+    def of(cls, records: Sequence[IncomingRecord], start: str, attributes: bool = False) -> RecordColumns:
+        """The columns of ``records`` (read from offset ``start``)."""
+        return cls(
+            offsets=[r.offset for r in records],
+            keys=[r.key for r in records],
+            values=[r.value for r in records],
+            timestamps_ms=[r.timestamp_ms for r in records],
+            next_offset=records[-1].next_offset if records else start,
+            attributes=[r.attributes for r in records] if attributes else (),
+        )
+
+
+@dataclass(frozen=True)
 class OutgoingRecord:
     """A record to send. ``partition`` pins the partition; else ``key`` is hashed; else the system chooses."""
 
@@ -141,6 +173,13 @@ class SystemAdmin(ABC):
     @abstractmethod
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
         """Oldest / newest / upcoming offsets of every partition of ``stream``."""
+
+    def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
+        """`partition_metadata` of some partitions only. The Spark source asks this before every micro-batch
+        for the task's own partitions, so a system should answer it without touching the others and in time
+        that does not grow with the data the stream holds. The default filters `partition_metadata`."""
+        everything = self.partition_metadata(stream)
+        return {p: everything[p] for p in partitions}
 
     @abstractmethod
     def create_stream(self, spec: StreamSpec) -> bool:
@@ -176,6 +215,15 @@ class SystemConsumer(ABC):
         stopping before ``end`` when given. Returns an empty list when nothing is there yet; never blocks
         for long. ``start`` older than the partition's oldest offset reads from the oldest."""
 
+    def read_columns(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
+        *, attributes: bool = False,
+    ) -> RecordColumns:
+        """What `read` returns, as `RecordColumns` (``attributes`` only when asked for). The default builds
+        it from `read`; a system whose client hands rows over in bulk should override it, since the Spark
+        source reads every record through this method."""
+        return RecordColumns.of(self.read(ssp, start, max_records, end), start, attributes)
+
     def close(self) -> None:
         """Release connections. Idempotent."""
 
@@ -187,6 +235,11 @@ class SystemProducer(ABC):
     def send(self, records: Sequence[OutgoingRecord]) -> None:
         """Append ``records``; records for one partition keep their order. Raise on failure: nothing returns
         normally unless everything was written."""
+
+    def max_record_bytes(self, stream: str) -> int | None:
+        """Largest record ``stream`` takes (key and value), or None without a limit. Writers that pack many
+        rows into one record stay under it."""
+        return None
 
     def flush(self) -> None:
         """Make previously sent records durable (no-op for systems whose ``send`` is synchronous)."""

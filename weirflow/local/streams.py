@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from weirflow.errors import StreamNotFoundError
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
     PartitionMetadata,
+    RecordColumns,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -33,6 +35,10 @@ CREATE TABLE IF NOT EXISTS records (stream TEXT NOT NULL, partition INTEGER NOT 
     key BLOB, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL,
     PRIMARY KEY (stream, partition, offset)) WITHOUT ROWID;
 """
+_ENDS = (
+    "SELECT (SELECT MIN(offset) FROM records WHERE stream = ? AND partition = ?), "
+    "(SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?)"
+)
 
 
 class SqliteStreamStore:
@@ -63,23 +69,20 @@ class LocalSystemAdmin(SystemAdmin):
         return self._store.partitions(stream)
 
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
+        return self.partition_metadata_of(stream, range(self._store.partitions(stream)))
+
+    def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
+        """Two index probes per partition (the primary key is ``(stream, partition, offset)``): the cost does not
+        grow with the records the stream holds. One statement with both MIN and MAX would scan the partition."""
         count = self._store.partitions(stream)
-        rows = (
-            self._store.db.connection()
-            .execute(
-                "SELECT partition, MIN(offset), MAX(offset) FROM records WHERE stream = ? GROUP BY partition",
-                (stream,),
-            )
-            .fetchall()
-        )
-        found = {p: (lo, hi) for p, lo, hi in rows}
+        conn = self._store.db.connection()
         result = {}
-        for p in range(count):
-            if p in found:
-                lo, hi = found[p]
-                result[p] = PartitionMetadata(str(lo), str(hi), str(hi + 1))
-            else:
-                result[p] = PartitionMetadata("0", None, "0")
+        for p in partitions:
+            if not 0 <= p < count:
+                raise ValueError(f"stream '{stream}' has no partition {p} (it has {count})")
+            lo, hi = conn.execute(_ENDS, (stream, p, stream, p)).fetchone()
+            result[p] = PartitionMetadata("0", None, "0") if hi is None else PartitionMetadata(str(lo), str(hi),
+                                                                                                str(hi + 1))
         return result
 
     def create_stream(self, spec: StreamSpec) -> bool:
@@ -108,7 +111,7 @@ class LocalSystemAdmin(SystemAdmin):
         ).fetchone()
         if row[0] is not None:
             return str(row[0])
-        return self.partition_metadata(stream)[partition].upcoming
+        return self.partition_metadata_of(stream, [partition])[partition].upcoming
 
     def close(self) -> None:
         self._store.close()
@@ -122,11 +125,9 @@ class LocalSystemConsumer(SystemConsumer):
     def __init__(self, store: SqliteStreamStore) -> None:
         self._store = store
 
-    def read(
-        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
-    ) -> list[IncomingRecord]:
+    def _rows(self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None) -> list[Any]:
         upper = int(end) if end is not None else 2**62
-        rows = (
+        return (
             self._store.db.connection()
             .execute(
                 "SELECT offset, key, value, timestamp_ms FROM records WHERE stream = ? AND partition = ? "
@@ -135,7 +136,29 @@ class LocalSystemConsumer(SystemConsumer):
             )
             .fetchall()
         )
+
+    def read(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
+    ) -> list[IncomingRecord]:
+        rows = self._rows(ssp, start, max_records, end)
         return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts) for o, k, v, ts in rows]
+
+    def read_columns(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
+        *, attributes: bool = False,
+    ) -> RecordColumns:
+        rows = self._rows(ssp, start, max_records, end)
+        if not rows:
+            return RecordColumns([], [], [], [], start)
+        offsets, keys, values, stamps = zip(*rows, strict=True)
+        return RecordColumns(
+            offsets=list(map(str, offsets)),
+            keys=keys,
+            values=values,
+            timestamps_ms=stamps,
+            next_offset=str(offsets[-1] + 1),
+            attributes=[{}] * len(rows) if attributes else (),
+        )
 
     def close(self) -> None:
         self._store.close()

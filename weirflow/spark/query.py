@@ -6,9 +6,9 @@ Per input stream of the task's stage:
 2. the serde already decoded values into the user's columns (in the source's workers);
 3. ``__wm_time``: the event time on input streams, the reconciled watermark (``inject`` rows) everywhere;
 4. ``withWatermark("__wm_time", lateness)`` — applied here, never by the user;
-5. ``observe(...)`` collecting the batch's control rows and counts. It is also a **barrier**: without it the
-   optimizer pushes the ``__kind = 'data'`` filter below the watermark node and control rows stop moving the
-   watermark (tests/integration/test_watermark_barrier.py keeps this true);
+5. ``observe(...)`` collecting the batch's control rows (``__ctl``). It is also a **barrier**: without it the
+   optimizer pushes the data-row filter (``__ctl IS NULL``) below the watermark node and control rows stop
+   moving the watermark (tests/integration/test_watermark_barrier.py keeps this true);
 6. filter to data rows; the event-time column is re-declared as the watermarked column (Spark finds the
    event-time column of windows and state eviction by the ``spark.watermarkDelayMs`` metadata, so data
    rows keep their own event time while only ``__wm_time`` drives the watermark); internal columns dropped;
@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from weirflow.pipeline.api import Node, Sink
+from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
@@ -194,19 +194,9 @@ class StageBuilder:
             "max_records": str(settings.max_records or self.config.get("task.max.records.per.trigger")),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
-        kind = F.col("__kind")
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
-        observed = timed.observe(
-            observation_name(index),
-            F.collect_list(
-                F.when(
-                    ~kind.isin("data", "dlq"),
-                    F.struct("__kind", "__ssp", "__producer", "__task_count", "__ctl_ms"),
-                )
-            ).alias("control"),
-            F.count(F.when(kind == "data", 1)).alias("data"),
-            F.count(F.when(kind == "dlq", 1)).alias("dlq"),
-        )
+        # collect_list skips nulls: data rows (null ``__ctl``) cost the observation one null check each.
+        observed = timed.observe(observation_name(index), F.collect_list("__ctl").alias("control"))
         metadata = {WATERMARK_DELAY_KEY: settings.delay_ms}
         columns = [
             F.col(f.name).alias(f.name, metadata=metadata)
@@ -215,7 +205,7 @@ class StageBuilder:
             for f in raw.schema.fields
             if f.name not in INTERNAL_COLUMNS
         ]
-        return observed.filter(kind == "data").select(*columns)
+        return observed.filter(F.col("__ctl").isNull()).select(*columns)
 
     def build(self, stage: Stage, task: Any, starts: dict[str, Any]) -> tuple[list[str], dict[int, DataFrame]]:
         """Frames of every node of ``stage`` for ``task`` (None: schema only). Returns (input stream ids in
@@ -248,27 +238,39 @@ class StageBuilder:
             frame(node)
         return inputs, frames
 
-    def sink_frame(self, stage: Stage, frames: dict[int, DataFrame]) -> DataFrame:
-        """One DataFrame (stream, key, value, partition) of all the stage's outputs."""
-        parts = []
-        for sink in stage.sinks:
-            parts.append(self._sink_rows(sink, frames[id(sink.node)]))
+    def sink_frame(self, stage: Stage, frames: dict[int, DataFrame]) -> tuple[DataFrame, list[dict[str, Any]]]:
+        """One DataFrame of all the stage's outputs, and the sink's description of its columns (`SinkSpec`
+        entries, one per ``stage.sinks``), so the query has one sink and every row is copied once.
+
+        Columns: ``__sink`` (the output's index, only when the stage has several), for output streams ``__key``
+        and ``__value`` (the row as JSON), for intermediate streams ``__partition`` (chosen here: crc32 of the
+        key, as the embedded log hashes keys, so all rows of a key meet in one downstream task; rows without
+        a key go to partition 0) and the rows' own columns as ``__r<i>_<j>``, which the sink packs into Arrow
+        records (`weirflow.spark.packing`)."""
+        parts, specs = [], []
+        several = len(stage.sinks) > 1
+        for index, sink in enumerate(stage.sinks):
+            df = frames[id(sink.node)]
+            ref = self.plan.ref(sink.stream_id)
+            spec: dict[str, Any] = {"stream": sink.stream_id, "system": ref.system, "physical": ref.physical}
+            columns = [F.lit(index).cast("tinyint").alias("__sink")] if several else []
+            key = None
+            if sink.key is not None:
+                key_col = F.col(sink.key) if isinstance(sink.key, str) else sink.key
+                key = key_col.cast("string").cast("binary")
+            if sink.intermediate:
+                count = self.plan.partition_count(sink.stream_id)
+                partition = F.lit(0) if key is None else F.coalesce(F.pmod(F.crc32(key), F.lit(count)), F.lit(0))
+                names = [f"__r{index}_{j}" for j in range(len(df.columns))]
+                columns.append(partition.cast("int").alias("__partition"))
+                columns += [df[name].alias(alias) for name, alias in zip(df.columns, names, strict=True)]
+                spec["rows"] = [[alias, name] for alias, name in zip(names, df.columns, strict=True)]
+            else:
+                columns.append((key if key is not None else F.lit(None).cast("binary")).alias("__key"))
+                columns.append(F.to_json(F.struct(*[df[c] for c in df.columns])).cast("binary").alias("__value"))
+            parts.append(df.select(*columns))
+            specs.append(spec)
         out = parts[0]
         for other in parts[1:]:
-            out = out.unionByName(other)
-        return out
-
-    @staticmethod
-    def _sink_rows(sink: Sink, df: DataFrame) -> DataFrame:
-        if sink.key is None:
-            key = F.lit(None).cast("binary")
-        else:
-            key_col = F.col(sink.key) if isinstance(sink.key, str) else sink.key
-            key = key_col.cast("string").cast("binary")
-        value = F.to_json(F.struct(*[F.col(c) for c in df.columns])).cast("binary")
-        return df.select(
-            F.lit(sink.stream_id).alias("stream"),
-            key.alias("key"),
-            value.alias("value"),
-            F.lit(None).cast("int").alias("partition"),
-        )
+            out = out.unionByName(other, allowMissingColumns=True)
+        return out, specs

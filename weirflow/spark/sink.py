@@ -1,13 +1,19 @@
 """`weirflow-sink` — the PySpark streaming data sink writing a stage's outputs through the systems' producers.
 
-A stage may write several streams (``send_to`` outputs, the intermediate stream of a ``partition_by``, the
-dead-letter streams); the runtime unions them into one DataFrame with columns ``stream`` (stream id),
-``key`` (binary, may be null), ``value`` (binary) and ``partition`` (int, may be null), so one query has one
-sink. Executors send with `SystemProducer.send`, which is durable when it returns: a micro-batch commits only
-after every output record was written (at-least-once; a replayed batch may write some records twice, which
-is why outputs should be keyed so that replays are idempotent).
+A stage may write several streams (``send_to`` outputs, the intermediate stream of a ``partition_by``); the
+runtime unions them into one DataFrame (`StageBuilder.sink_frame`), so one query has one sink. The sink's
+``sinks`` option describes them in order (``stream``, ``system``, ``physical``, and for an intermediate stream
+``rows``: pairs of the frame's column and the row's column name); a ``__sink`` column says which output a row
+belongs to when there are several:
 
-Values of intermediate streams get the user-message type byte (seed 004) here.
+* output streams: columns ``__key`` (binary, may be null) and ``__value`` (the row as JSON);
+* intermediate streams: ``__partition`` (chosen in the JVM) and the rows' own columns, packed per partition
+  into Arrow records (`weirflow.spark.packing`): no row is encoded one by one.
+
+Executors send with `SystemProducer.send`, which is durable when it returns: a micro-batch commits only
+after every output record was written (at-least-once; a replayed batch may write some records twice, which
+is why outputs should be keyed so that replays are idempotent). Records a system can never take (too large)
+go to the stream's ``<physical>.dlq`` with the reason.
 """
 
 from __future__ import annotations
@@ -19,24 +25,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from weirflow.control import encode_user
 from weirflow.errors import RecordTooLargeError
 from weirflow.interfaces.system import OutgoingRecord
+from weirflow.spark import workergc
+from weirflow.spark.packing import pack
 from weirflow.spark.source import systems_for
 
 log = logging.getLogger("weirflow.spark")
 
 SINK_NAME = "weirflow-sink"
 
+# What `schema()` declares; Spark hands the writer the frame's actual columns (see the module docstring).
 SINK_SCHEMA = T.StructType(
     [
-        T.StructField("stream", T.StringType(), False),
-        T.StructField("key", T.BinaryType(), True),
-        T.StructField("value", T.BinaryType(), True),
-        T.StructField("partition", T.IntegerType(), True),
+        T.StructField("__key", T.BinaryType(), True),
+        T.StructField("__value", T.BinaryType(), True),
     ]
 )
 
@@ -55,36 +62,74 @@ class WeirflowSink(DataSource):
         return SINK_SCHEMA
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> WeirflowStreamWriter:
-        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["streams"]))
+        workergc.before_task()
+        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]))
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
-    """``streams`` maps each stream id to ``{"system", "physical", "intermediate"}``."""
+    """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``."""
 
-    def __init__(self, snapshot: str, streams: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, snapshot: str, sinks: list[dict[str, Any]]) -> None:
         self.snapshot = snapshot
-        self.streams = streams
+        self.sinks = sinks
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
+        workergc.before_task()
         systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
         for batch in iterator:
-            data = batch.to_pydict()
+            if batch.num_rows == 0:
+                continue
+            if "__sink" in batch.schema.names:
+                which = batch.column("__sink")
+                parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]
+            else:
+                parts = [(0, batch)]
             by_system: dict[str, list[OutgoingRecord]] = {}
-            for stream_id, key, value, partition in zip(
-                data["stream"], data["key"], data["value"], data["partition"], strict=True
-            ):
-                target = self.streams[stream_id]
-                payload = value if value is not None else b""
-                if target["intermediate"]:
-                    payload = encode_user(payload)
-                by_system.setdefault(target["system"], []).append(
-                    OutgoingRecord(stream=target["physical"], value=payload, key=key, partition=partition)
-                )
-                counts[stream_id] = counts.get(stream_id, 0) + 1
+            for index, rows in parts:
+                sink = self.sinks[index]
+                out = by_system.setdefault(sink["system"], [])
+                if sink.get("rows"):
+                    out.extend(self._packed(rows, sink, systems.producer(sink["system"])))
+                else:
+                    keys = rows.column("__key").to_pylist()
+                    values = rows.column("__value").to_pylist()
+                    out.extend(
+                        OutgoingRecord(stream=sink["physical"], value=value or b"", key=key)
+                        for key, value in zip(keys, values, strict=True)
+                    )
+                counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
         return WrittenCount(counts)
+
+    @staticmethod
+    def _packed(rows: pa.RecordBatch, sink: dict[str, Any], producer: Any) -> list[OutgoingRecord]:
+        """The rows of one intermediate stream as packed records, one run per partition (rows keep their
+        order within a partition); a row too large to send alone becomes a dead letter."""
+        physical = sink["physical"]
+        columns, names = zip(*sink["rows"], strict=True)
+        data = pa.RecordBatch.from_arrays([rows.column(c) for c in columns], names=list(names))
+        partitions = rows.column("__partition")
+        present = sorted(partitions.unique().to_pylist())
+        limit = producer.max_record_bytes(physical)
+        records = []
+        for partition in present:
+            part = data if len(present) == 1 else data.filter(pc.equal(partitions, partition))
+            for record, piece in pack(part, limit):
+                if record is not None:
+                    records.append(OutgoingRecord(stream=physical, value=record, partition=partition))
+                    continue
+                reason = f"row too large for stream '{physical}' even alone (limit {limit} bytes)"
+                row = json.dumps(piece.to_pylist()[0], default=str).encode()
+                records.append(OutgoingRecord(
+                    stream=f"{physical}.dlq",
+                    value=json.dumps({"error": reason, "stream": physical,
+                                      "head_base64": base64.b64encode(row[:1024]).decode()}).encode(),
+                    partition=partition,
+                ))
+                log.warning("one output row of %s was too large: sent to its dead-letter stream", physical)
+        return records
 
     @staticmethod
     def _send(producer: Any, records: list[OutgoingRecord]) -> None:
@@ -122,6 +167,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: every partition's records were durable when its `write` returned."""
+        workergc.before_task()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""

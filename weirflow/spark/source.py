@@ -20,12 +20,19 @@ control row for that SSP. ``w`` is the watermark the task's reconciliation asked
 the processor stores it in the task's checkpoint, ``latestOffset`` picks it up and the batch carries one
 ``inject`` row whose ``__wm_time`` moves Spark's watermark to exactly that point.
 
-**Rows**: internal columns (``__kind`` data | watermark | eos | drain | inject | dlq, the SSP and offset, the
-control fields, the dead letter's reason and raw bytes, ``__wm_time``) followed by the user's columns, then
-the system's record columns the stream asked for (`streams.<id>.system-columns`, from
-`IncomingRecord.attributes`: Event Hubs properties, partition key, enqueued time, sequence number, offset).
-Data rows move Spark's watermark through ``__wm_time`` only on input streams; on intermediate streams only
-the reconciled watermark does (the producers' in-band watermarks are the truth there, seed 004).
+**Rows**: two internal columns, then the user's columns, then the system's record columns the stream asked
+for (`streams.<id>.system-columns`, from the records' attributes: Event Hubs properties, partition key,
+enqueued time, sequence number, offset):
+
+* ``__wm_time`` — what moves Spark's watermark: the event time of data rows on input streams; on
+  intermediate streams only the reconciled watermark does (``inject`` rows: the producers' in-band watermarks
+  are the truth there, seed 004), so their data rows carry 0;
+* ``__ctl`` — null on data rows; on every other row a struct (``kind`` watermark | eos | drain | inject | dlq,
+  ``ssp``, ``producer``, ``task_count``, ``ctl_ms``) that the query's ``observe`` collects. A ``dlq`` row stands
+  for the ``task_count`` undecodable records of one read (each was sent to the dead-letter stream).
+
+Data rows are thus two cheap columns wider than the user's: the JVM copies every column of every row more
+than once per micro-batch, so the width is paid per row.
 """
 
 from __future__ import annotations
@@ -37,30 +44,36 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from weirflow.control import MalformedMessageError, MessageType, decode
-from weirflow.spark.serde import DecodeError, JsonDecoder, KeyValueDecoder
+from weirflow.control import ControlMessage, MalformedMessageError, MessageType, decode
+from weirflow.interfaces.system import RecordColumns
+from weirflow.spark import workergc
+from weirflow.spark.packing import unpack
+from weirflow.spark.serde import JsonDecoder, KeyValueDecoder
 
 SOURCE_NAME = "weirflow"
 
+CONTROL_TYPE = T.StructType(
+    [
+        T.StructField("kind", T.StringType(), False),
+        T.StructField("ssp", T.StringType(), True),
+        T.StructField("producer", T.StringType(), True),
+        T.StructField("task_count", T.IntegerType(), True),
+        T.StructField("ctl_ms", T.LongType(), True),
+    ]
+)
 INTERNAL_FIELDS = [
-    T.StructField("__kind", T.StringType(), False),
-    T.StructField("__ssp", T.StringType(), True),
-    T.StructField("__offset", T.StringType(), True),
-    T.StructField("__producer", T.StringType(), True),
-    T.StructField("__task_count", T.IntegerType(), True),
-    T.StructField("__ctl_ms", T.LongType(), True),
-    T.StructField("__error", T.StringType(), True),
-    T.StructField("__raw", T.BinaryType(), True),
     T.StructField("__wm_time", T.TimestampType(), True),
+    T.StructField("__ctl", CONTROL_TYPE, True),
 ]
 INTERNAL_COLUMNS = [f.name for f in INTERNAL_FIELDS]
 _CONTROL_KINDS = {MessageType.WATERMARK: "watermark", MessageType.END_OF_STREAM: "eos", MessageType.DRAIN: "drain"}
-_READ_CHUNK = 5000
+_READ_CHUNK = 10_000
 
 # Clients per worker process, reused across micro-batches (Spark reuses Python workers).
 _clients: dict[str, Any] = {}
@@ -77,6 +90,10 @@ def systems_for(snapshot: str) -> Any:
 
             systems = _clients[snapshot] = Systems(Config.from_snapshot(snapshot))
         return systems
+
+
+def _partition(ssp_key: str) -> int:
+    return int(ssp_key.rsplit(".", 1)[1])
 
 
 class SourceSpec:
@@ -119,6 +136,7 @@ class WeirflowSource(DataSource):
         return SourceSpec(self.options).schema
 
     def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:
+        workergc.before_task()
         return WeirflowStreamReader(SourceSpec(self.options))
 
 
@@ -151,16 +169,17 @@ class WeirflowStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         ends: dict[str, Any] = {}
-        metadata = None
+        open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
+        metadata = {}
+        if open_keys:
+            admin = systems_for(self.spec.snapshot).admin(self.spec.system)
+            metadata = admin.partition_metadata_of(self.spec.physical, [_partition(k) for k in open_keys])
         for key in self.spec.ssps:
             current = start["p"][key]
             if current["e"]:
                 ends[key] = current
                 continue
-            if metadata is None:
-                admin = systems_for(self.spec.snapshot).admin(self.spec.system)
-                metadata = admin.partition_metadata(self.spec.physical)
-            partition = int(key.rsplit(".", 1)[1])
+            partition = _partition(key)
             position = int(current["o"])
             available = max(0, int(metadata[partition].upcoming) - position)
             take = available if budget is None else min(available, budget)
@@ -200,66 +219,157 @@ class WeirflowStreamReader(DataSourceStreamReader):
 
     # --- executor side ----------------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        workergc.before_task()
         return _BatchReader(self.spec).read(partition.value)
 
 
 class _BatchReader:
-    """Reads one planned range and turns it into Arrow batches of the source's schema."""
+    """Reads one planned range and turns it into Arrow batches of the source's schema.
+
+    Values are decoded a chunk at a time (`JsonDecoder.decode_many`, `KeyValueDecoder.decode_many`), packed
+    intermediate records go to Spark as the Arrow batches they hold (`weirflow.spark.packing`), and only
+    control messages and dead letters are handled one by one."""
 
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
         self.schema = spec.schema
         self.arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
-        self.user_width = len(spec.user_schema.fields)
-        self.system_names = spec.system_schema.fieldNames()
+        self.user_fields = list(to_arrow_schema(spec.user_schema, timezone="UTC"))
+        self.system_fields = list(to_arrow_schema(spec.system_schema, timezone="UTC"))
+        self.time_type = self.arrow_schema.field("__wm_time").type
+        self.control_type = self.arrow_schema.field("__ctl").type
         self._dead: list[tuple[dict[str, Any], bytes | None]] = []
         if spec.serde == "json":
-            self.json = JsonDecoder(spec.user_schema)
+            self.json: JsonDecoder | None = JsonDecoder(spec.user_schema)
+            self.kv: KeyValueDecoder | None = None
         else:
-            self.kv = KeyValueDecoder(as_text=spec.serde == "string")
-        if not spec.event_time_from_record:
-            self.event_time_index = spec.user_schema.fieldNames().index(spec.event_time_field)
+            self.json, self.kv = None, KeyValueDecoder(as_text=spec.serde == "string")
 
-    def _empty_columns(self) -> list[list[Any]]:
-        return [[] for _ in self.schema.fields]
-
-    def _batch(self, columns: list[list[Any]]) -> pa.RecordBatch:
-        arrays = [pa.array(col, type=field.type) for col, field in zip(columns, self.arrow_schema, strict=True)]
+    # --- rows one by one (control rows, dead letters) -----------------------------------------------------
+    def _control_batch(self, rows: list[tuple[int, dict[str, Any]]]) -> pa.RecordBatch:
+        """A batch of control rows, each given as (``__wm_time`` in µs, the ``__ctl`` struct as a dict)."""
+        n = len(rows)
+        arrays = [
+            pa.array([wm for wm, _ in rows], type=self.time_type),
+            pa.array([ctl for _, ctl in rows], type=self.control_type),
+            *[pa.nulls(n, field.type) for field in list(self.arrow_schema)[2:]],
+        ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _control_row(self, columns: list[list[Any]], kind: str, ssp: str | None, offset: str | None,
-                     producer: str | None, task_count: int | None, ctl_ms: int, wm_us: int) -> None:
-        values = [kind, ssp, offset, producer, task_count, ctl_ms, None, None, wm_us]
-        values += [None] * (len(columns) - len(values))
-        for col, value in zip(columns, values, strict=True):
-            col.append(value)
+    @staticmethod
+    def _ctl(kind: str, ssp: str | None, producer: str | None = None, task_count: int | None = None,
+             ctl_ms: int | None = None) -> dict[str, Any]:
+        return {"kind": kind, "ssp": ssp, "producer": producer, "task_count": task_count, "ctl_ms": ctl_ms}
 
     def read(self, value: tuple[Any, ...]) -> Iterator[pa.RecordBatch]:
         if value[0] == "inject":
-            columns = self._empty_columns()
             watermark = int(value[1])
-            self._control_row(columns, "inject", None, None, None, None, watermark,
-                              (watermark + self.spec.delay_ms) * 1000)
-            yield self._batch(columns)
+            wm_us = (watermark + self.spec.delay_ms) * 1000
+            yield self._control_batch([(wm_us, self._ctl("inject", None, ctl_ms=watermark))])
             return
         _, key, start, end, eos = value
         from weirflow.interfaces.system import SystemStreamPartition
 
-        ssp = SystemStreamPartition(self.spec.system, self.spec.physical, int(key.rsplit(".", 1)[1]))
+        ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         position = start
         while int(position) < int(end):
-            records = consumer.read(ssp, position, _READ_CHUNK, end)
-            if not records:
+            chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end, attributes=bool(self.system_fields))
+            if not len(chunk):
                 raise RuntimeError(f"{key}: offsets [{position}, {end}) were planned but cannot be read")
-            columns = self._rows(key, records)
+            yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)
-            yield self._batch(columns)
-            position = records[-1].next_offset
+            position = chunk.next_offset
         if eos:
-            columns = self._empty_columns()
-            self._control_row(columns, "eos", key, end, f"{self.spec.stream_id}:{key}", 1, 0, 0)
-            yield self._batch(columns)
+            yield self._control_batch([(0, self._ctl("eos", key, f"{self.spec.stream_id}:{key}", 1, 0))])
+
+    # --- decoding a chunk -------------------------------------------------------------------------------
+    def _decode(self, key: str, chunk: RecordColumns) -> Iterator[pa.RecordBatch]:
+        controls: list[tuple[int, dict[str, Any]]] = []
+        dead = 0
+        if self.spec.intermediate:
+            user: list[int] = []
+            for i, raw in enumerate(chunk.values):
+                kind = raw[:1]
+                if kind == b"\x04":
+                    try:
+                        rows = unpack(raw)
+                    except (pa.ArrowInvalid, OSError) as exc:
+                        dead += self._dead_letter(key, chunk, i, f"bad packed rows: {exc}")
+                        continue
+                    yield self._data(key, rows, [i] * rows.num_rows, chunk)
+                elif kind == b"\x00":
+                    user.append(i)
+                else:
+                    try:
+                        _, message = decode(raw)
+                    except MalformedMessageError as exc:
+                        dead += self._dead_letter(key, chunk, i, str(exc))
+                        continue
+                    assert isinstance(message, ControlMessage)
+                    controls.append((0, self._ctl(_CONTROL_KINDS[message.type], key, message.task_name,
+                                                  message.task_count, message.timestamp)))
+            if user:
+                assert self.json is not None
+                table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
+                if table.num_rows:
+                    yield self._data(key, table, [user[j] for j in decoded], chunk)
+                dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+        else:
+            if self.json is not None:
+                table, decoded, failed = self.json.decode_many(chunk.values)
+            else:
+                assert self.kv is not None
+                table, decoded, failed = self.kv.decode_many(chunk.keys, chunk.values)
+            if table.num_rows:
+                yield self._data(key, table, decoded, chunk)
+            dead += sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
+        if dead:
+            controls.append((0, self._ctl("dlq", key, task_count=dead)))
+        if controls:
+            yield self._control_batch(controls)
+
+    def _data(self, key: str, table: pa.Table, index: list[int], chunk: RecordColumns) -> pa.RecordBatch:
+        """Data rows: the decoded user columns of the records at ``index`` of ``chunk``, with the internal
+        columns and the system's record columns around them."""
+        spec = self.spec
+        n = table.num_rows
+        columns = [_column(table, f) for f in self.user_fields]
+        event_time = None
+        if spec.event_time_from_record:
+            stamps = pa.array(chunk.timestamps_ms, pa.int64())
+            if len(index) != len(stamps) or index[:1] != [0] or index[-1] != len(stamps) - 1:
+                stamps = stamps.take(pa.array(index, pa.int64()))
+            event_time = pc.multiply(stamps, 1000).cast(self.time_type)
+        elif not spec.intermediate:
+            event_time = columns[[f.name for f in self.user_fields].index(spec.event_time_field)]
+        if spec.intermediate or event_time is None:
+            watermark = pa.repeat(pa.scalar(0, self.time_type), n)
+        else:
+            watermark = event_time.fill_null(pa.scalar(0, self.time_type))
+        arrays = [watermark, pa.nulls(n, self.control_type), *columns]
+        for field in self.system_fields:
+            arrays.append(pa.array([chunk.attributes[i].get(field.name) for i in index], type=field.type))
+        if spec.event_time_from_record:
+            arrays.append(event_time)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _dead_letter(self, key: str, chunk: RecordColumns, i: int, reason: str) -> int:
+        """Queue record ``i`` for the dead-letter stream (sent before the batch can commit); returns 1."""
+        raw = chunk.values[i]
+        self._dead.append((
+            {
+                "error": reason,
+                "stream": self.spec.stream_id,
+                "ssp": key,
+                "offset": chunk.offsets[i],
+                "task": self.spec.task,
+                "timestamp_ms": chunk.timestamps_ms[i],
+                "raw_base64": base64.b64encode(raw).decode(),
+            },
+            chunk.keys[i],
+        ))
+        return 1
 
     def _send_dead_letters(self, ssp: Any) -> None:
         """Write this chunk's undecodable records to ``<physical>.dlq`` (same system, same partition) before
@@ -276,55 +386,9 @@ class _BatchReader:
         systems_for(self.spec.snapshot).producer(self.spec.system).send(records)
         self._dead = []
 
-    def _rows(self, key: str, records: list[Any]) -> list[list[Any]]:
-        spec = self.spec
-        columns = self._empty_columns()
-        width = len(INTERNAL_FIELDS)
-        user_cols = columns[width : width + self.user_width]
-        system_cols = columns[width + self.user_width : width + self.user_width + len(self.system_names)]
-        for record in records:
-            payload = record.value
-            try:
-                if spec.intermediate:
-                    kind, body = decode(payload)
-                    if kind is not MessageType.USER:
-                        assert not isinstance(body, bytes)
-                        self._control_row(columns, _CONTROL_KINDS[kind], key, record.offset, body.task_name,
-                                          body.task_count, body.timestamp, 0)
-                        continue
-                    payload = body  # type: ignore[assignment]
-                if spec.serde == "json":
-                    row = self.json.decode(payload)
-                else:
-                    row = self.kv.decode_pair(record.key, payload)
-            except (DecodeError, MalformedMessageError) as exc:
-                letter = {
-                    "error": str(exc),
-                    "stream": spec.stream_id,
-                    "ssp": key,
-                    "offset": record.offset,
-                    "task": spec.task,
-                    "timestamp_ms": record.timestamp_ms,
-                    "raw_base64": base64.b64encode(record.value).decode(),
-                }
-                self._dead.append((letter, record.key))
-                values = ["dlq", key, record.offset, None, None, None, str(exc), record.value, 0]
-                values += [None] * (len(columns) - len(values))
-                for col, v in zip(columns, values, strict=True):
-                    col.append(v)
-                continue
-            if spec.event_time_from_record:
-                event_us = record.timestamp_ms * 1000
-            else:
-                event_us = row[self.event_time_index]
-            wm_us = 0 if spec.intermediate or event_us is None else event_us
-            internal = ["data", key, record.offset, None, None, None, None, None, wm_us]
-            for col, v in zip(columns[:width], internal, strict=True):
-                col.append(v)
-            for col, v in zip(user_cols, row, strict=True):
-                col.append(v)
-            for col, name in zip(system_cols, self.system_names, strict=True):
-                col.append(record.attributes.get(name))
-            if spec.event_time_from_record:
-                columns[-1].append(event_us)
-        return columns
+
+def _column(table: pa.Table, field: pa.Field) -> pa.Array:
+    """Column ``field.name`` of ``table`` as one array of ``field.type`` (Spark wants the exact type)."""
+    column = table.column(field.name)
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array if array.type == field.type else array.cast(field.type)

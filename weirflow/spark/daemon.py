@@ -1,0 +1,28 @@
+"""Spark's Python worker daemon for weirflow processors (`spark.python.daemon.module`).
+
+Spark starts Python workers by forking them from a daemon process (`pyspark.daemon`). This module is that
+daemon with two changes, made once before any worker is forked:
+
+* the modules every weirflow worker needs (PySpark's worker, pyarrow, the weirflow source and sink) are
+  imported here, so a new worker starts with them instead of importing them again;
+* the garbage collector's view of all those objects is frozen (`gc.freeze`), so that the full collection
+  PySpark runs after every task does not walk them (see `weirflow.spark.workergc`, which keeps it so).
+
+Everything else is PySpark's own daemon (`pyspark.daemon.manager`).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pyarrow.compute  # noqa: F401
+import pyarrow.json  # noqa: F401
+import pyspark.daemon
+import pyspark.worker  # noqa: F401
+
+import weirflow.spark.sink  # noqa: F401
+import weirflow.spark.source  # noqa: F401
+
+if __name__ == "__main__":
+    gc.freeze()
+    pyspark.daemon.manager()

@@ -1,0 +1,62 @@
+"""Many rows in one intermediate-stream record: Arrow IPC streams behind the ``rows`` type byte (seed 004 framing).
+
+Only weirflow reads intermediate streams, so a stage writes its rows for one partition as one record: an
+Arrow IPC stream (schema + one record batch, LZ4-compressed buffers) instead of one JSON object per row.
+Neither side then touches rows one by one in Python: the sink slices the Arrow batch Spark hands it, and the
+next stage's source hands the decoded batch straight back to Spark.
+
+A record holds at most `MAX_ROWS` rows and stays under the system's record size limit
+(`SystemProducer.max_record_bytes`, e.g. an event hub's 1 MB), so one record never grows without bound and a
+micro-batch's reading budget (records per trigger) still bounds its rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from weirflow.control import encode_rows
+
+MAX_ROWS = 4096
+# Arrow's IPC framing: schema message, batch header and padding, counted generously.
+_FRAME_BYTES = 4096
+_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4" if pa.Codec.is_available("lz4") else None)
+
+
+def _encode(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=_OPTIONS) as writer:
+        writer.write_batch(batch)
+    return encode_rows(sink.getvalue().to_pybytes())
+
+
+def pack(
+    batch: pa.RecordBatch, max_bytes: int | None = None, max_rows: int = MAX_ROWS
+) -> Iterator[tuple[bytes | None, pa.RecordBatch]]:
+    """(framed record, its rows) covering every row of ``batch`` in order. The record is None for a single row
+    that alone packs to more than ``max_bytes``: it can never be sent, and the caller dead-letters it."""
+    if batch.num_rows == 0:
+        return
+    rows = min(max_rows, batch.num_rows)
+    if max_bytes is not None and batch.nbytes:
+        per_row = batch.nbytes / batch.num_rows
+        rows = max(1, min(rows, int((max_bytes - _FRAME_BYTES) / max(per_row, 1.0))))
+    start = 0
+    while start < batch.num_rows:
+        piece = batch.slice(start, rows)
+        record = _encode(piece)
+        if max_bytes is not None and len(record) > max_bytes:
+            if piece.num_rows > 1:
+                rows = max(1, piece.num_rows // 2)
+                continue
+            yield None, piece
+        else:
+            yield record, piece
+        start += piece.num_rows
+
+
+def unpack(record: bytes) -> pa.Table:
+    """The rows of one framed ``rows`` record (type byte included; nothing is copied)."""
+    with pa.ipc.open_stream(pa.py_buffer(memoryview(record)[1:])) as reader:
+        return reader.read_all()
