@@ -203,6 +203,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "between machines; input positions always come from the checkpoint store.",
         _T,
     ),
+    ConfigKey(
+        "task.stateless.merge",
+        "bool",
+        True,
+        "Spark data plane: run the tasks a processor holds of a stateless stage (no aggregation, join or "
+        "deduplication) as one query, restarted when its tasks change; off: one query per task.",
+        _T,
+    ),
     ConfigKey("task.commit.ms", "duration_ms", 1000, "How often a running task checkpoints its offsets.", _T),
     ConfigKey("task.poll.max.records", "int", 500, "Most records a record task reads per SSP per poll.", _T),
     # --- Systems and streams ------------------------------------------------------------------------------

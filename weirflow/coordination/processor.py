@@ -151,7 +151,7 @@ class StreamProcessor:
             pid=os.getpid(),
             state=self._state.value,
             job_model_version=self._working_version,
-            tasks=sorted(self.runner.running()),
+            tasks=sorted(self.runner.running() - self.runner.starting()),
             heartbeat_ms=_now_ms(),
             started_ms=self._started_ms,
             error=self.error,

@@ -25,12 +25,17 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
 from weirflow.start_position import parse_start
 
+# An intermediate stream's record packs up to 4,096 rows (`weirflow.spark.packing`), so one batch reads at most
+# limit/64 of them per task: as many rows as `task.max.records.per.trigger` when records are 1/64 full, at most
+# 64 times as many when they are full (a stage that fell behind catches up in fewer, larger batches).
+INTERMEDIATE_RECORDS_DIVISOR = 64
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"  # Spark's metadata key for the event-time column
 DEFAULT_EVENT_TIME = "event_time"
 
@@ -80,6 +85,28 @@ def observation_name(index: int) -> str:
     return f"wf_in_{index}"
 
 
+@dataclass(frozen=True)
+class QueryScope:
+    """What one query reads: ``ssps`` (of one task, or of every task of a stateless stage on this processor),
+    ``task_of`` (SSP key -> task name) and ``inject``, the task whose checkpoint holds the watermark its
+    source feeds into Spark ("" for a stateless stage's query, which needs none)."""
+
+    ssps: tuple[SystemStreamPartition, ...]
+    task_of: dict[str, str]
+    inject: str
+
+
+# Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
+# may run its tasks in one query (`SparkTaskRunner`); anything else (aggregations, joins, deduplication,
+# limits, stateful map functions, operators added by later Spark versions) counts as stateful.
+STATELESS_OPERATORS = frozenset({
+    "StreamingRelationV2", "StreamingDataSourceV2Relation", "StreamingDataSourceV2ScanRelation",
+    "StreamingRelation", "EventTimeWatermark", "CollectMetrics", "Project", "Filter", "Union", "SubqueryAlias",
+    "Generate", "Sample", "Repartition", "RepartitionByExpression", "RebalancePartitions", "ResolvedHint",
+    "MapInPandas", "PythonMapInArrow", "MapInArrow", "MapPartitionsInPandas", "MapElements", "MapPartitions",
+    "SerializeFromObject", "DeserializeToObject", "AppendColumns", "Expand",
+})
+
 class StageBuilder:
     """Builds DataFrames of a plan's stages on one SparkSession; stage output schemas are memoized so an
     intermediate stream's schema is the schema its writer stage produces."""
@@ -90,6 +117,7 @@ class StageBuilder:
         self.config = plan.config
         self.snapshot = snapshot
         self._settings: dict[str, InputSettings] = {}
+        self._stateless: dict[str, bool] = {}
 
     # --- input settings ---------------------------------------------------------------------------------
     def settings(self, stream_id: str) -> InputSettings:
@@ -148,7 +176,7 @@ class StageBuilder:
     def _intermediate_settings(self, stream_id: str) -> InputSettings:
         writer = self.plan.writer_stage(stream_id)
         sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
-        schema = self.build(writer, task=None, starts={})[1][id(sink.node)].schema
+        schema = self.build(writer, scope=None, starts={})[1][id(sink.node)].schema
         event_field = self._event_time_of(writer, schema)
         return InputSettings(
             serde="json",
@@ -167,16 +195,33 @@ class StageBuilder:
                 return name
         return None
 
+    def stateless(self, stage: Stage) -> bool:
+        """Whether ``stage`` keeps no state between micro-batches: every operator of its analyzed plan is one
+        of `STATELESS_OPERATORS`."""
+        if stage.name not in self._stateless:
+            frames = self.build(stage, scope=None, starts={})[1]
+            names: set[str] = set()
+            for sink in stage.sinks:
+                pending = [frames[id(sink.node)]._jdf.queryExecution().analyzed()]
+                while pending:
+                    node = pending.pop()
+                    names.add(str(node.nodeName()))
+                    children = node.children()
+                    pending.extend(children.apply(i) for i in range(children.size()))
+            self._stateless[stage.name] = names <= STATELESS_OPERATORS
+        return self._stateless[stage.name]
+
     # --- frames -----------------------------------------------------------------------------------------
-    def _source(self, index: int, stream_id: str, task: Any, starts: dict[str, Any]) -> DataFrame:
+    def _source(self, index: int, stream_id: str, scope: QueryScope | None, starts: dict[str, Any]) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
-        ssps = [s.key() for s in (task.ssps if task is not None else []) if (s.system, s.stream) == (
+        ssps = [s.key() for s in (scope.ssps if scope is not None else []) if (s.system, s.stream) == (
             ref.system, ref.physical)]
         options = {
             "config": self.snapshot,
             "stream": stream_id,
-            "task": task.name if task is not None else "",
+            "tasks": json.dumps({k: scope.task_of[k] for k in ssps} if scope is not None else {}),
+            "inject": scope.inject if scope is not None else "",
             "system": ref.system,
             "physical": ref.physical,
             "ssps": json.dumps(ssps),
@@ -191,7 +236,7 @@ class StageBuilder:
             "system_schema": json.dumps(T.StructType(
                 [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
             ).jsonValue()),
-            "max_records": str(settings.max_records or self.config.get("task.max.records.per.trigger")),
+            "max_records": str(self._read_limit(settings)),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
@@ -207,8 +252,19 @@ class StageBuilder:
         ]
         return observed.filter(F.col("__ctl").isNull()).select(*columns)
 
-    def build(self, stage: Stage, task: Any, starts: dict[str, Any]) -> tuple[list[str], dict[int, DataFrame]]:
-        """Frames of every node of ``stage`` for ``task`` (None: schema only). Returns (input stream ids in
+    def _read_limit(self, settings: InputSettings) -> int:
+        """Records one batch reads per task from a stream: `max-events-per-trigger`, else
+        `task.max.records.per.trigger`. An intermediate stream's records each pack up to
+        `packing.MAX_ROWS` rows, so there the limit is divided by `INTERMEDIATE_RECORDS_DIVISOR`."""
+        limit = int(settings.max_records or self.config.get("task.max.records.per.trigger"))
+        if settings.intermediate:
+            return max(1, -(-limit // INTERMEDIATE_RECORDS_DIVISOR))
+        return limit
+
+    def build(
+        self, stage: Stage, scope: QueryScope | None, starts: dict[str, Any]
+    ) -> tuple[list[str], dict[int, DataFrame]]:
+        """Frames of every node of ``stage`` over ``scope`` (None: schema only). Returns (input stream ids in
         observation order, node id -> DataFrame)."""
         frames: dict[int, DataFrame] = {}
         inputs = stage.input_ids
@@ -217,7 +273,7 @@ class StageBuilder:
             if id(node) in frames:
                 return frames[id(node)]
             if node.op == "input":
-                df = self._source(inputs.index(str(node.stream_id)), str(node.stream_id), task, starts)
+                df = self._source(inputs.index(str(node.stream_id)), str(node.stream_id), scope, starts)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))

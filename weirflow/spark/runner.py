@@ -1,28 +1,42 @@
-"""`SparkTaskRunner`: each task is one Spark streaming query; the processor checkpoints it from query progress.
+"""`SparkTaskRunner`: a pipeline's tasks as Spark streaming queries, checkpointed by the processor from progress.
 
-Why progress events (DESIGN.md, "Data plane"): the source's driver-side methods run in another process and
-Spark never calls ``commit(end)`` for a query's last batch, so the processor writes each task's checkpoint
-itself, from the end offsets of every batch Spark reports as done (read from each query's progress by this
-process, where the task's lock is held, so every write goes through the fence).
+**Queries.** A task of a *stateful* stage (aggregations, joins, deduplication: its Spark checkpoint holds
+operator state) runs as a query of its own with its own Spark checkpoint directory, so it can move between
+processors. The tasks a processor holds of a *stateless* stage (`StageBuilder.stateless`) run as **one**
+query over all their partitions (`task.stateless.merge`, on by default): the fixed costs of a micro-batch
+(planning, offset and commit logs, the source's Python planner process, task launches) are paid once per
+stage instead of once per task. Such a query keeps nothing in its Spark checkpoint that the checkpoint store
+lacks, so it always starts from the store with a fresh Spark checkpoint, and it is restarted (its tasks'
+final checkpoints written first) whenever the set of tasks it runs changes. Per task it keeps what a query of
+its own would: its lock and fence, its control state, its checkpoint, its output watermark.
 
-On each progress event of a task (`TaskQuery.on_progress`):
+Queries start and stop on the runner's own threads, several at a time: `start_task` only registers the task,
+so the processor's follower never waits for Spark and always reacts to a new job model within one poll.
+
+**Progress.** The source's driver-side methods run in another process and Spark never calls
+``commit(end)`` for a query's last batch, so the processor writes each task's checkpoint itself, from the end
+offsets of every batch Spark reports as done (`weirflow.spark.progress`), in this process, where the task's
+lock is held: every write goes through the fence. On each report, per task of the query:
 
 1. the batch's control rows (collected by ``observe``) update the task's `TaskControl`; the reconciled
    watermark of each intermediate input, when it advanced, is stored as ``injected`` so the source feeds it
    into Spark on its next batch;
-2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (or at once
-   for a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops;
+2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (at once for
+   a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops;
 3. the checkpoint (end offsets + control state) is written through the fence;
 4. a watermark message goes to every partition of each intermediate output when the task's watermark moved.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
+import queue
 import shutil
 import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +57,8 @@ from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
-from weirflow.spark.query import StageBuilder, observation_name
+from weirflow.spark.progress import ProgressFeed, ProgressView, parse_spark_time
+from weirflow.spark.query import QueryScope, StageBuilder, observation_name
 from weirflow.start_position import start_offset
 from weirflow.tasks.runner import TaskRunner
 
@@ -51,11 +66,10 @@ log = logging.getLogger("weirflow.spark")
 
 _CONTROL_TYPES = {"watermark": MessageType.WATERMARK, "eos": MessageType.END_OF_STREAM, "drain": MessageType.DRAIN}
 _MONITOR_S = 0.1
-
-
-def _source_watermark(source: Any) -> int:
-    end = json.loads(source.endOffset) if source.endOffset else {}
-    return int(end.get("w", -1)) if isinstance(end, dict) else -1
+_ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond its termination event
+_SETTLE_S = 0.05  # starts wait this long after the last change, so a rebalance restarts a stage's query once
+_START_THREADS = 4
+_STATELESS_DIR = "_stateless"
 
 
 def _last_committed(location: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
@@ -76,54 +90,80 @@ def _last_committed(location: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     return metadata, [s for s in sources if isinstance(s, dict) and "p" in s]
 
 
-def parse_spark_time(text: str | None) -> int | None:
-    """Milliseconds of a progress timestamp such as ``2026-01-01T00:00:00.000Z``; None when absent."""
-    if not text:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return MAX_TIMESTAMP_MS if text.startswith("+") or text[:4] > "9998" else None
-    return int(parsed.timestamp() * 1000)
+class TaskState:
+    """One task this processor runs: its lock and fence, control state, last offsets and progress."""
 
-
-class TaskQuery:
-    """One task's query and the bookkeeping between its progress events."""
-
-    def __init__(self, runner: SparkTaskRunner, task: TaskModel, lock: Lock, stage: Stage) -> None:
-        self.runner = runner
+    def __init__(
+        self, runner: SparkTaskRunner, task: TaskModel, lock: Lock, checkpoint: Checkpoint | None
+    ) -> None:
         self.task = task
-        self.stage = stage
         self.lock = lock
+        self.stage = runner.plan.stage(task.stage)
         self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
-        self.guard = threading.RLock()
-        self.query: Any = None
-        self.inputs: list[str] = []
-        self.control = TaskControl()
-        self.last_batch = -1
-        self.done = False  # finished: stop the query, never restart it
-        self.stopped = False
+        self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        self.offsets: dict[SystemStreamPartition, str] = dict(checkpoint.offsets) if checkpoint else {}
+        self.keys = {ssp.key() for ssp in task.ssps}
+        self.seen: dict[str, int] = {}  # SSP key -> latest event time read (ms): stateless output watermark
+        self.done = False  # finished: its inputs ended and end-of-stream went downstream
         self.error: str | None = None
 
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+class StageQuery:
+    """One Spark streaming query and the tasks it runs: a stateful stage's task alone (``merged`` False), or
+    every task of a stateless stage this processor holds."""
+
+    def __init__(self, runner: SparkTaskRunner, stage: Stage, tasks: list[TaskState], merged: bool) -> None:
+        self.runner = runner
+        self.stage = stage
+        self.tasks = tasks
+        self.merged = merged
+        self.by_ssp = {key: t for t in tasks for key in t.keys}
+        self.guard = threading.RLock()
+        self.query: Any = None
+        self.id = ""
+        self.inputs: list[str] = []
+        self.last_batch = -1
+        self.stopped = False
+        self.terminated: str | None = None  # set when Spark reports the query ended ("" without an error)
+        self.location: Path | None = None
+        self._alive_checked = time.monotonic()
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage.name}[{len(self.tasks)} tasks]" if self.merged else self.tasks[0].name
+
     # --- start ------------------------------------------------------------------------------------------
-    def start(self, checkpoint: Checkpoint | None) -> None:
-        """Start the query from ``checkpoint`` (the task's last one, already read by the runner)."""
+    def start(self) -> None:
         runner = self.runner
-        self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
-        stored = dict(checkpoint.offsets) if checkpoint else {}
         starts = {
-            ssp.key(): {"o": self._start_offset(ssp, stored), "e": self._ended(ssp)} for ssp in self.task.ssps
+            ssp.key(): {"o": self._start_offset(t, ssp), "e": self._ended(t, ssp)}
+            for t in self.tasks
+            for ssp in t.task.ssps
         }
-        self.inputs, frames = runner.builder.build(self.stage, self.task, starts)
+        scope = QueryScope(
+            ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
+            task_of={key: t.name for key, t in self.by_ssp.items()},
+            inject="" if self.merged else self.tasks[0].name,
+        )
+        self.inputs, frames = runner.builder.build(self.stage, scope, starts)
         sink, sinks = runner.builder.sink_frame(self.stage, frames)
-        location = runner.spark_checkpoint_dir(self.task.name)
-        fresh = not (location / "offsets").exists()
-        if fresh and location.exists():
-            shutil.rmtree(location)
-        if not fresh:
-            self._catch_up(location, stored)
-            if self.done:
-                return
+        if self.merged:
+            location = runner.checkpoint_root / _STATELESS_DIR / f"{self.stage.name}-{uuid.uuid4().hex[:12]}"
+            fresh = True
+        else:
+            location = runner.spark_checkpoint_dir(self.tasks[0].name)
+            fresh = not (location / "offsets").exists()
+            if fresh and location.exists():
+                shutil.rmtree(location)
+            if not fresh:
+                self._catch_up(self.tasks[0], location)
+                if self.tasks[0].done:
+                    return
+        self.location = location
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
@@ -131,108 +171,209 @@ class TaskQuery:
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
-            .queryName(f"{runner.job}-{self.task.name}")
+            .queryName(f"{runner.job}-{self.name}")
             .start()
         )
+        self.id = str(self.query.id)
         log.info(
-            "task %s: query %s started (%s Spark checkpoint) at %s",
-            self.task.name,
-            self.query.id,
+            "%s: query %s started (%s Spark checkpoint) at %s",
+            ", ".join(t.name for t in self.tasks) if self.merged else self.name,
+            self.id,
             "new" if fresh else "existing",
             {k: v["o"] for k, v in starts.items()},
         )
 
-    def _start_offset(self, ssp: SystemStreamPartition, stored: dict[SystemStreamPartition, str]) -> str:
-        if ssp in stored:
-            return stored[ssp]
+    def _start_offset(self, t: TaskState, ssp: SystemStreamPartition) -> str:
+        if ssp in t.offsets:
+            return t.offsets[ssp]
         stream_id = self.runner.stream_id_of(ssp)
         admin = self.runner.plan.systems.admin(ssp.system)
         if self.runner.plan.is_intermediate(stream_id):
-            return admin.partition_metadata(ssp.stream)[ssp.partition].oldest
+            return admin.partition_metadata_of(ssp.stream, [ssp.partition])[ssp.partition].oldest
         return start_offset(self.runner.plan.config, stream_id, admin, ssp)
 
-    def _ended(self, ssp: SystemStreamPartition) -> bool:
+    def _ended(self, t: TaskState, ssp: SystemStreamPartition) -> bool:
         stream_id = self.runner.stream_id_of(ssp)
-        part = self.control.streams.get(stream_id, None)
+        part = t.control.streams.get(stream_id, None)
         return bool(part and part.ended([ssp.key()])) and not self.runner.plan.is_intermediate(stream_id)
 
     # --- progress ---------------------------------------------------------------------------------------
-    def on_progress(self, progress: Any) -> None:
+    def on_progress(self, report: ProgressView) -> None:
         with self.guard:
-            if self.stopped or self.done or progress.batchId <= self.last_batch:
+            if self.stopped or report.batchId <= self.last_batch:
                 return
-            self.last_batch = progress.batchId
+            self.last_batch = report.batchId
+            self._apply(report)
+
+    def poll_progress(self) -> None:
+        """Apply every batch Spark completed that no progress event brought yet (``recentProgress`` keeps
+        the last 100), in order; used when the query stops, whose last event may still be on its way."""
+        if self.query is None:
+            return
+        with self.guard:
             try:
-                self._apply(progress)
-            except LockLostError as exc:
-                self.error = str(exc)
-                log.error("task %s: %s", self.task.name, exc)
+                reports = [ProgressView(p) for p in self.query.recentProgress]
             except Exception as exc:
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.exception("task %s: could not checkpoint batch %s", self.task.name, progress.batchId)
+                log.warning("%s: could not read its last progress: %s", self.name, exc)
+                return
+            for report in sorted(reports, key=lambda r: r.batchId):
+                self.on_progress(report)
 
-    def _apply(self, progress: Any) -> None:
-        offsets: dict[SystemStreamPartition, str] = {}
-        positions: dict[SystemStreamPartition, dict[str, str]] = {}
-        for source in progress.sources:
-            end = json.loads(source.endOffset) if source.endOffset else None
-            if not end or "p" not in end:
+    def _apply(self, report: ProgressView) -> None:
+        offsets: dict[str, dict[SystemStreamPartition, str]] = {t.name: {} for t in self.tasks}
+        positions: dict[str, dict[SystemStreamPartition, dict[str, str]]] = {t.name: {} for t in self.tasks}
+        for source in report.sources:
+            if not source.end or "p" not in source.end:
                 continue
-            for key, position in end["p"].items():
+            for key, position in source.end["p"].items():
+                owner = self.by_ssp.get(key)
+                if owner is None:
+                    continue
                 ssp = SystemStreamPartition.parse(key)
-                offsets[ssp] = position["o"]
+                offsets[owner.name][ssp] = position["o"]
                 if position.get("x"):
-                    positions[ssp] = position["x"]
-        metrics = progress.observedMetrics or {}
+                    positions[owner.name][ssp] = position["x"]
+        dead: dict[str, int] = {}
         for index, stream_id in enumerate(self.inputs):
-            row = metrics.get(observation_name(index))
-            if row is None:
-                continue
-            dead = 0
-            for ctl in row["control"] or []:
+            row = report.observedMetrics.get(observation_name(index))
+            for ctl in (row or {}).get("control") or []:
+                owner = self.by_ssp.get(str(ctl["ssp"]))
+                if owner is None:  # inject rows name no partition
+                    continue
                 if ctl["kind"] == "dlq":
-                    dead += int(ctl["task_count"] or 0)
-                    continue
-                if ctl["kind"] == "inject":
-                    continue
-                message = ControlMessage(
-                    type=_CONTROL_TYPES[ctl["kind"]],
-                    task_name=str(ctl["producer"]),
-                    task_count=int(ctl["task_count"] or 1),
-                    timestamp=int(ctl["ctl_ms"] or 0),
+                    dead[owner.name] = dead.get(owner.name, 0) + int(ctl["task_count"] or 0)
+                elif ctl["kind"] == "seen":
+                    owner.seen[ctl["ssp"]] = max(owner.seen.get(ctl["ssp"], 0), int(ctl["ctl_ms"]))
+                elif ctl["kind"] in _CONTROL_TYPES:
+                    message = ControlMessage(
+                        type=_CONTROL_TYPES[ctl["kind"]],
+                        task_name=str(ctl["producer"]),
+                        task_count=int(ctl["task_count"] or 1),
+                        timestamp=int(ctl["ctl_ms"] or 0),
+                    )
+                    owner.control.stream(stream_id).apply(str(ctl["ssp"]), message)
+        spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
+        injected_all = all(s.watermark() >= MAX_TIMESTAMP_MS for s in report.sources)
+        for t in self.tasks:
+            if t.done or t.error:
+                continue
+            if dead.get(t.name):
+                t.control.dead_letters += dead[t.name]
+                log.warning("task %s: %d undecodable records sent to its dead-letter stream", t.name, dead[t.name])
+            self._reconcile(t)
+            if self.merged:
+                finishing = self._all_inputs_ended(t)
+                out = self._stateless_watermark(t)
+            else:
+                finishing = self._all_inputs_ended(t) and injected_all and (
+                    not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
                 )
-                self.control.stream(stream_id).apply(str(ctl["ssp"]), message)
-            if dead:
-                self.control.dead_letters += dead
-                log.warning("task %s: %d undecodable records of %s sent to its dead-letter stream",
-                            self.task.name, dead, stream_id)
-        self._reconcile()
-        spark_watermark = parse_spark_time(progress.eventTime.get("watermark")) or 0
-        injected_all = all(_source_watermark(s) >= MAX_TIMESTAMP_MS for s in progress.sources)
-        finishing = self._all_inputs_ended() and injected_all and (
-            not progress.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
-        )
-        out = self._output_watermark(progress, spark_watermark)
-        if finishing:
-            self._send_control(MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
-            self.control.finished = True
-        elif out is not None and out > self.control.sent_watermark:
-            self._send_control(MessageType.WATERMARK, out)
-            self.control.sent_watermark = out
-        self.writer.write(Checkpoint(offsets=offsets, control=self.control.to_json(), positions=positions))
-        if finishing:
-            self.done = True
-            log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", self.task.name)
+                out = self._output_watermark(t, report, spark_watermark)
+            try:
+                if finishing:
+                    self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+                    t.control.finished = True
+                elif out is not None and out > t.control.sent_watermark:
+                    self._send_control(t, MessageType.WATERMARK, out)
+                    t.control.sent_watermark = out
+                t.offsets.update(offsets[t.name])
+                t.writer.write(
+                    Checkpoint(offsets=offsets[t.name], control=t.control.to_json(), positions=positions[t.name])
+                )
+            except LockLostError as exc:
+                t.error = str(exc)
+                log.error("task %s: %s", t.name, exc)
+                self.runner.wake()
+                continue
+            except Exception as exc:
+                t.error = f"{type(exc).__name__}: {exc}"
+                log.exception("task %s: could not checkpoint batch %s", t.name, report.batchId)
+                self.runner.wake()
+                continue
+            if finishing:
+                t.done = True
+                log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
+                self.runner.wake()
 
-    def _ssps_of(self, stream_id: str) -> list[str]:
+    def _ssps_of(self, t: TaskState, stream_id: str) -> list[str]:
         ref = self.runner.plan.ref(stream_id)
-        return [s.key() for s in self.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
+        return [s.key() for s in t.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
 
-    def _all_inputs_ended(self) -> bool:
-        return all(self.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(s))
+    def _all_inputs_ended(self, t: TaskState) -> bool:
+        return all(
+            t.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(t, s)
+        )
 
-    def _catch_up(self, location: Path, offsets: dict[SystemStreamPartition, str]) -> None:
-        """Bring the control state up to Spark's last committed batch before the query restarts.
+    def _reconcile(self, t: TaskState) -> None:
+        all_ended = True
+        for stream_id in self.inputs:
+            keys = self._ssps_of(t, stream_id)
+            state = t.control.stream(stream_id)
+            if not keys:
+                continue
+            if not state.ended(keys):
+                all_ended = False
+            if self.runner.plan.is_intermediate(stream_id):
+                watermark = state.watermark(keys)
+                if watermark is not None and watermark > t.control.injected.get(stream_id, -1):
+                    t.control.injected[stream_id] = watermark
+        if all_ended:
+            for stream_id in self.inputs:
+                t.control.injected[stream_id] = MAX_TIMESTAMP_MS
+
+    def _output_watermark(self, t: TaskState, report: ProgressView, spark_watermark: int) -> int | None:
+        """A task query's event-time watermark after this batch: Spark's watermark of the next batch, which
+        is known now for a one-input stage (max event time seen minus the lateness)."""
+        out = spark_watermark or None
+        if len(self.inputs) == 1:
+            seen = parse_spark_time(report.eventTime.get("max"))
+            if seen is not None:
+                delay = self.runner.builder.settings(self.inputs[0]).delay_ms
+                out = max(out or 0, seen - delay)
+        return out
+
+    def _stateless_watermark(self, t: TaskState) -> int | None:
+        """A task's watermark in a stateless stage's query (Spark's watermark there spans every task): per
+        input, the latest event time the task read minus the lateness, or the reconciled watermark of an
+        intermediate input; the minimum over its inputs (Spark's own rule); None until every input has one."""
+        values = []
+        for stream_id in self.inputs:
+            keys = self._ssps_of(t, stream_id)
+            if not keys:
+                continue
+            if self.runner.plan.is_intermediate(stream_id):
+                value = t.control.injected.get(stream_id)
+            else:
+                seen = [t.seen[k] for k in keys if k in t.seen]
+                value = max(seen) - self.runner.builder.settings(stream_id).delay_ms if seen else None
+            if value is None:
+                return None
+            values.append(value)
+        return min(values) if values else None
+
+    def _send_control(self, t: TaskState, kind: MessageType, timestamp: int) -> None:
+        plan = self.runner.plan
+        message = ControlMessage(
+            type=kind,
+            task_name=t.name,
+            task_count=plan.task_count(self.stage),
+            timestamp=timestamp,
+            run_id=str(plan.config.get("app.run.id") or ""),
+        ).encode()
+        by_system: dict[str, list[OutgoingRecord]] = {}
+        for sink in self.stage.sinks:
+            if not sink.intermediate:
+                continue
+            ref = plan.ref(sink.stream_id)
+            for partition in range(plan.partition_count(sink.stream_id)):
+                by_system.setdefault(ref.system, []).append(
+                    OutgoingRecord(stream=ref.physical, value=message, partition=partition)
+                )
+        for system, records in by_system.items():
+            plan.systems.producer(system).send(records)
+
+    def _catch_up(self, t: TaskState, location: Path) -> None:
+        """Bring a task query's control state up to Spark's last committed batch before it restarts.
 
         Spark commits a batch before the processor hears of it, so a processor killed in between leaves
         Spark's checkpoint ahead of the checkpoint store; the control rows of those batches would be lost
@@ -243,11 +384,12 @@ class TaskQuery:
             return
         metadata, sources = committed
         plan = self.runner.plan
+        offsets = t.offsets
         for source in sources:
             stream_id = source.get("s")
             if stream_id not in self.inputs:
                 continue
-            state = self.control.stream(stream_id)
+            state = t.control.stream(stream_id)
             for key, end in source["p"].items():
                 ssp = SystemStreamPartition.parse(key)
                 start = offsets.get(ssp)
@@ -258,7 +400,7 @@ class TaskQuery:
                         for record in records:
                             if is_control(record.value):
                                 try:
-                                    kind, body = decode(record.value)
+                                    _, body = decode(record.value)
                                 except MalformedMessageError:
                                     continue
                                 assert isinstance(body, ControlMessage)
@@ -267,132 +409,49 @@ class TaskQuery:
                 elif end.get("e"):
                     state.apply(key, ControlMessage(MessageType.END_OF_STREAM, f"{stream_id}:{key}", 1, 0))
                 offsets[ssp] = end["o"]
-        self._reconcile()
+        self._reconcile(t)
         stateless = not (location / "state").exists()
         flushed = stateless or int(metadata.get("batchWatermarkMs", 0)) >= FLUSHED_WATERMARK_MS
         injected = all(int(s.get("w", -1)) >= MAX_TIMESTAMP_MS for s in sources)
-        if self._all_inputs_ended() and injected and flushed:
-            self._send_control(MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
-            self.control.finished = True
-            self.done = True
-        self.writer.write(Checkpoint(offsets=dict(offsets), control=self.control.to_json()))
-        log.info("task %s: control state caught up with Spark's batch %s%s", self.task.name,
-                 metadata.get("batchId", "?"), " (already finished)" if self.done else "")
-
-    def _reconcile(self) -> None:
-        all_ended = True
-        for stream_id in self.inputs:
-            keys = self._ssps_of(stream_id)
-            state = self.control.stream(stream_id)
-            if not keys:
-                continue
-            if not state.ended(keys):
-                all_ended = False
-            if self.runner.plan.is_intermediate(stream_id):
-                watermark = state.watermark(keys)
-                if watermark is not None and watermark > self.control.injected.get(stream_id, -1):
-                    self.control.injected[stream_id] = watermark
-        if all_ended:
-            for stream_id in self.inputs:
-                self.control.injected[stream_id] = MAX_TIMESTAMP_MS
-
-    def _output_watermark(self, progress: Any, spark_watermark: int) -> int | None:
-        """The task's event-time watermark after this batch: Spark's watermark of the next batch, which is
-        known now for a one-input stage (max event time seen minus the lateness)."""
-        out = spark_watermark or None
-        if len(self.inputs) == 1:
-            seen = parse_spark_time(progress.eventTime.get("max"))
-            if seen is not None:
-                delay = self.runner.builder.settings(self.inputs[0]).delay_ms
-                out = max(out or 0, seen - delay)
-        return out
-
-    def _send_control(self, kind: MessageType, timestamp: int) -> None:
-        message = ControlMessage(
-            type=kind,
-            task_name=self.task.name,
-            task_count=self.runner.plan.task_count(self.stage),
-            timestamp=timestamp,
-            run_id=str(self.runner.plan.config.get("app.run.id") or ""),
-        ).encode()
-        by_system: dict[str, list[OutgoingRecord]] = {}
-        for sink in self.stage.sinks:
-            if not sink.intermediate:
-                continue
-            ref = self.runner.plan.ref(sink.stream_id)
-            for partition in range(self.runner.plan.partition_count(sink.stream_id)):
-                by_system.setdefault(ref.system, []).append(
-                    OutgoingRecord(stream=ref.physical, value=message, partition=partition)
-                )
-        for system, records in by_system.items():
-            self.runner.plan.systems.producer(system).send(records)
+        if self._all_inputs_ended(t) and injected and flushed:
+            self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+            t.control.finished = True
+            t.done = True
+        t.writer.write(Checkpoint(offsets=dict(offsets), control=t.control.to_json()))
+        log.info("task %s: control state caught up with Spark's batch %s%s", t.name,
+                 metadata.get("batchId", "?"), " (already finished)" if t.done else "")
 
     # --- stop -------------------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Stop the query, then checkpoint its last completed batch (its event may not have arrived yet)."""
+        """Stop the query, then checkpoint its tasks' last completed batches (their events may not have
+        arrived yet). A stateless stage's Spark checkpoint is removed: it is never used again."""
         if self.query is not None:
             try:
                 self.query.stop()
             except Exception as exc:
-                log.warning("task %s: stopping its query raised %s", self.task.name, exc)
-            if not self.done:
-                self.poll_progress()
+                log.warning("%s: stopping its query raised %s", self.name, exc)
+            self.poll_progress()
         with self.guard:
             self.stopped = True
-
-    def poll_progress(self) -> None:
-        """Apply the progress of every batch completed since the last call, in order.
-
-        Progress is read as Spark's own JSON (two Py4J calls per query and poll) rather than through a
-        `StreamingQueryListener`, whose Python side converts every event field by field over Py4J (dozens of
-        calls per batch, measured at about a tenth of a core for 8 queries). Spark keeps the last
-        ``spark.sql.streaming.numRecentProgressUpdates`` (100) progress reports, so a poll misses none.
-        """
-        if self.query is None:
-            return
-        with self.guard:  # one poller at a time: batches must be applied in order
-            jquery = self.query._jsq
-            last = jquery.lastProgress()
-            if last is None:
-                return
-            latest = json.loads(last.json())
-            if latest["batchId"] <= self.last_batch:
-                return
-            reports = [latest]
-            if latest["batchId"] > self.last_batch + 1:
-                recent = [json.loads(p.json()) for p in jquery.recentProgress()]
-                reports = sorted((p for p in recent if p["batchId"] > self.last_batch), key=lambda p: p["batchId"])
-            for report in reports:
-                self.on_progress(_ProgressView(report))
+        if self.merged and self.location is not None:
+            shutil.rmtree(self.location, ignore_errors=True)
 
     def failure(self) -> str | None:
-        if self.error:
-            return self.error
-        if self.query is not None and not self.query.isActive and not self.stopped and not self.done:
-            exc = self.query.exception()
-            return f"query stopped: {exc}" if exc else "query stopped unexpectedly"
-        return None
-
-
-class _ProgressView:
-    """``query.lastProgress`` is a dict; give it the attribute shape of a progress event."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.batchId = data["batchId"]
-        self.eventTime = data.get("eventTime") or {}
-        self.stateOperators = data.get("stateOperators") or []
-        self.observedMetrics = data.get("observedMetrics") or {}
-        self.sources = [_SourceView(s) for s in data.get("sources") or []]
-
-
-class _SourceView:
-    def __init__(self, data: dict[str, Any]) -> None:
-        end = data.get("endOffset")
-        self.endOffset = json.dumps(end) if isinstance(end, dict) else end
+        """Why the query died, or None while it runs (or after it was stopped on purpose)."""
+        if self.query is None or self.stopped:
+            return None
+        if self.terminated is None and time.monotonic() - self._alive_checked >= _ALIVE_CHECK_S:
+            self._alive_checked = time.monotonic()
+            if not self.query.isActive:
+                exc = self.query.exception()
+                self.terminated = str(exc) if exc else ""
+        if self.terminated is None:
+            return None
+        return f"query stopped: {self.terminated}" if self.terminated else "query stopped unexpectedly"
 
 
 class SparkTaskRunner(TaskRunner):
-    """Runs tasks of a pipeline as queries on this processor's SparkSession."""
+    """Runs tasks of a pipeline as queries on this processor's SparkSession (see the module docstring)."""
 
     def __init__(self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder) -> None:
         config = plan.config
@@ -403,18 +462,38 @@ class SparkTaskRunner(TaskRunner):
         self.job = f"{config.get('job.name')}-{config.get('job.id')}"
         self.trigger_ms = int(config.get("task.trigger.interval.ms"))
         self.output_mode = str(config.get("task.output.mode"))
+        self.merge_stateless = bool(config.get("task.stateless.merge"))
         self.checkpoint_root = (
             config.path("task.spark.checkpoint.dir")
             if config.get("task.spark.checkpoint.dir")
             else config.state_dir() / "spark" / self.job
         )
-        self._tasks: dict[str, TaskQuery] = {}
+        self._guard = threading.RLock()
+        self._tasks: dict[str, TaskState] = {}  # accepted and not stopped, finished or failed
+        self._pending: set[str] = set()  # accepted, waiting for a query
+        self._changed = 0.0  # monotonic time of the last change to _pending
+        self._query_of: dict[str, StageQuery] = {}
+        self._by_id: dict[str, StageQuery] = {}
+        self._merged: dict[str, StageQuery] = {}  # stateless stage -> its query
+        self._busy: dict[str, Future[None]] = {}  # start unit -> its start in progress
         self._failed: dict[str, str] = {}
         self._finished: set[str] = set()
-        self._guard = threading.Lock()
         self._closing = threading.Event()
-        self._monitor = threading.Thread(target=self._monitor_loop, name="spark-monitor", daemon=True)
-        self._monitor.start()
+        self._wake = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=_START_THREADS, thread_name_prefix="query-start")
+        # Query starts run one at a time: two `DataStreamWriter.start` calls at once on one session corrupted a
+        # task's serialized closure in Spark 4.3 (OptionalDataException when an executor read it back). Stops,
+        # and the restarts of stateless stages they lead to, still overlap with them.
+        self._starting = threading.Lock()
+        self._feed = ProgressFeed()
+        self._feed.register(spark)
+        self._threads = [
+            threading.Thread(target=self._launch_loop, name="spark-launcher", daemon=True),
+            threading.Thread(target=self._progress_loop, name="spark-progress", daemon=True),
+            threading.Thread(target=self._monitor_loop, name="spark-monitor", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def spark_checkpoint_dir(self, task_name: str) -> Path:
         return self.checkpoint_root / task_name
@@ -427,8 +506,18 @@ class SparkTaskRunner(TaskRunner):
                     return stream_id
         return ssp.stream
 
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _merges(self, stage: Stage) -> bool:
+        return self.merge_stateless and self.builder.stateless(stage)
+
+    def _unit(self, t: TaskState) -> str:
+        return f"stage:{t.stage.name}" if self._merges(t.stage) else f"task:{t.name}"
+
     # --- TaskRunner -------------------------------------------------------------------------------------
     def start_task(self, task: TaskModel, lock: Lock) -> None:
+        """Register the task; the launcher starts its query (or restarts its stage's) in the background."""
         with self._guard:
             if task.name in self._tasks or task.name in self._finished:
                 return
@@ -438,30 +527,35 @@ class SparkTaskRunner(TaskRunner):
                 self._finished.add(task.name)
             log.info("task %s already finished", task.name)
             return
-        stage = self.plan.stage(task.name.rsplit("-", 1)[0])
-        handle = TaskQuery(self, task, lock, stage)
+        state = TaskState(self, task, lock, checkpoint)
         with self._guard:
-            self._tasks[task.name] = handle
+            self._tasks[task.name] = state
             self._failed.pop(task.name, None)
-        try:
-            handle.start(checkpoint)
-        except Exception as exc:
-            with self._guard:
-                self._tasks.pop(task.name, None)
-                self._failed[task.name] = f"{type(exc).__name__}: {exc}"
-            log.exception("task %s could not start", task.name)
-            return
+            self._pending.add(task.name)
+            self._changed = time.monotonic()
+        self._wake.set()
 
     def stop_task(self, task_name: str) -> None:
+        """Stop the task and write its final checkpoint before returning. A stateless stage's query is
+        stopped with it and restarted for the stage's other tasks."""
         with self._guard:
-            handle = self._tasks.pop(task_name, None)
-        if handle is None:
+            state = self._tasks.pop(task_name, None)
+            self._pending.discard(task_name)
+        if state is None:
             return
-        handle.stop()
+        self._await_start(self._unit(state))
+        with self._guard:
+            query = self._query_of.pop(task_name, None)
+        if query is not None:
+            self._retire(query, keep=True)
 
     def running(self) -> set[str]:
         with self._guard:
-            return {n for n, h in self._tasks.items() if not h.done and h.error is None}
+            return {n for n, t in self._tasks.items() if not t.done and t.error is None}
+
+    def starting(self) -> set[str]:
+        with self._guard:
+            return {n for n in self._tasks if n not in self._query_of}
 
     def failures(self) -> dict[str, str]:
         with self._guard:
@@ -476,30 +570,177 @@ class SparkTaskRunner(TaskRunner):
             return set(self._finished)
 
     def close(self) -> None:
-        self._closing.set()
-        super().close()
+        self._closing.set()  # nothing starts from now on
+        self._wake.set()
+        with self._guard:
+            names = list(self._tasks)
+        for name in names:
+            self.stop_task(name)
+        self._pool.shutdown(wait=True)
+        try:
+            self._feed.unregister(self.spark)
+        except Exception as exc:
+            log.debug("could not remove the progress feed: %s", exc)
 
-    # --- events -----------------------------------------------------------------------------------------
+    # --- starting and stopping queries --------------------------------------------------------------------
+    def _await_start(self, unit: str) -> None:
+        future = self._busy.get(unit)
+        if future is not None:
+            try:
+                future.result()
+            except Exception as exc:  # reported by _launch already
+                log.debug("start of %s failed: %s", unit, exc)
+
+    def _launch_loop(self) -> None:
+        """Starts the queries of pending tasks, several at a time: one per stateful task, one per stateless
+        stage (restarting the stage's running query with its new set of tasks). Changes settle for
+        `_SETTLE_S` first, so a rebalance that moves several tasks restarts a stage's query once."""
+        while not self._closing.is_set():
+            self._wake.wait(_MONITOR_S)
+            self._wake.clear()
+            with self._guard:
+                if not self._pending:
+                    continue
+                wait = _SETTLE_S - (time.monotonic() - self._changed)
+            if wait > 0:
+                time.sleep(wait)
+            with self._guard:
+                if self._closing.is_set():
+                    return
+                units: dict[str, list[TaskState]] = {}
+                for name in sorted(self._pending):
+                    state = self._tasks.get(name)
+                    if state is None:
+                        self._pending.discard(name)
+                    else:
+                        units.setdefault(self._unit(state), []).append(state)
+                for unit, states in units.items():
+                    busy = self._busy.get(unit)
+                    if busy is not None and not busy.done():
+                        continue  # its start is still running; next round
+                    for state in states:
+                        self._pending.discard(state.name)
+                    self._busy[unit] = self._pool.submit(self._launch, states)
+
+    def _launch(self, states: list[TaskState]) -> None:
+        # Spark finds Python data sources through the calling thread's active session, which a pool thread
+        # (and the JVM thread Py4J pairs with it) does not have yet.
+        self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
+        stage = states[0].stage
+        merged = self._merges(stage)
+        members = list(states)
+        if merged:
+            with self._guard:
+                current = self._merged.pop(stage.name, None)
+            if current is not None:
+                self._retire(current, keep=False)
+                with self._guard:
+                    members += [t for t in current.tasks if t.name in self._tasks and not t.done and not t.error
+                                and t not in members]
+        with self._guard:
+            members = [t for t in members if self._tasks.get(t.name) is t]
+        if not members:
+            return
+        query = StageQuery(self, stage, members, merged)
+        try:
+            with self._starting:
+                query.start()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("%s could not start", query.name)
+            with self._guard:
+                for t in members:
+                    if self._tasks.pop(t.name, None) is not None:
+                        self._failed[t.name] = error
+            return
+        with self._guard:
+            for t in members:
+                if t.done and not merged:
+                    self._tasks.pop(t.name, None)
+                    self._finished.add(t.name)
+            if query.query is None:
+                return
+            self._by_id[query.id] = query
+            if merged:
+                self._merged[stage.name] = query
+            for t in members:
+                self._query_of[t.name] = query
+            gone = [t for t in members if self._tasks.get(t.name) is not t]
+        if gone:  # stopped while the query was starting: it must not run them
+            self._retire(query, keep=True)
+
+    def _retire(self, query: StageQuery, keep: bool) -> None:
+        """Stop ``query``. With ``keep``, its tasks still held here go back to pending (a stateless stage's
+        query restarts for them); otherwise the caller takes care of them."""
+        query.stop()
+        with self._guard:
+            self._by_id.pop(query.id, None)
+            if self._merged.get(query.stage.name) is query:
+                del self._merged[query.stage.name]
+            for t in query.tasks:
+                if self._query_of.get(t.name) is query:
+                    del self._query_of[t.name]
+                if keep and self._tasks.get(t.name) is t and not t.done and t.error is None:
+                    self._pending.add(t.name)
+                    self._changed = time.monotonic()
+        if keep:
+            self._wake.set()
+
+    # --- progress and health ------------------------------------------------------------------------------
+    def _progress_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                event = self._feed.events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                if event[0] == "progress":
+                    report = ProgressView(json.loads(event[1]))
+                    with self._guard:
+                        query = self._by_id.get(report.id)
+                    if query is not None:
+                        query.on_progress(report)
+                elif event[0] == "terminated":
+                    with self._guard:
+                        query = self._by_id.get(event[1])
+                    if query is not None and query.terminated is None:
+                        query.terminated = event[2]
+                        self._wake.set()
+            except Exception:
+                log.exception("could not apply a progress report")
+
     def _monitor_loop(self) -> None:
-        """Applies each query's progress, stops finished tasks' queries and turns dead queries into failures."""
+        """Stops the queries of finished tasks and turns dead queries and lost locks into task failures."""
         while not self._closing.wait(_MONITOR_S):
             with self._guard:
-                handles = list(self._tasks.values())
-            for handle in handles:
+                queries = list(self._by_id.values())
+            for query in queries:
                 try:
-                    handle.poll_progress()
-                except Exception as exc:  # a query stopping under us; the failure check below reports it
-                    log.debug("task %s: reading its progress failed: %s", handle.task.name, exc)
-                if handle.done:
-                    handle.stop()
-                    with self._guard:
-                        self._tasks.pop(handle.task.name, None)
-                        self._finished.add(handle.task.name)
+                    self._check(query)
+                except Exception:
+                    log.exception("%s: health check failed", query.name)
+
+    def _check(self, query: StageQuery) -> None:
+        error = query.failure()
+        broken = [t for t in query.tasks if t.error is not None]
+        finished = [t for t in query.tasks if t.done]
+        with self._guard:
+            for t in finished:
+                if self._tasks.get(t.name) is t:
+                    del self._tasks[t.name]
+                    self._finished.add(t.name)
+        if error is None and not broken and len(finished) < len(query.tasks):
+            return
+        if error is None and not broken:  # every task finished
+            self._retire(query, keep=False)
+            return
+        with self._guard:
+            for t in query.tasks:
+                if self._tasks.get(t.name) is not t:
                     continue
-                error = handle.failure()
-                if error:
-                    handle.stop()
-                    with self._guard:
-                        self._tasks.pop(handle.task.name, None)
-                        self._failed[handle.task.name] = error
-                    log.error("task %s failed: %s", handle.task.name, error)
+                if t.error is not None or (error is not None and not t.done):
+                    del self._tasks[t.name]
+                    self._failed[t.name] = t.error or str(error)
+                    log.error("task %s failed: %s", t.name, self._failed[t.name])
+        # A lost lock stops the whole query at once (the fence); the stage's other tasks restart without it.
+        self._retire(query, keep=error is None)

@@ -18,7 +18,9 @@ number), known when a batch reads up to the partition's newest record; it become
 ``e`` marks a bounded stream's partition as consumed to its end; the batch that sets it carries one ``eos``
 control row for that SSP. ``w`` is the watermark the task's reconciliation asked for (see `weirflow.control`):
 the processor stores it in the task's checkpoint, ``latestOffset`` picks it up and the batch carries one
-``inject`` row whose ``__wm_time`` moves Spark's watermark to exactly that point.
+``inject`` row whose ``__wm_time`` moves Spark's watermark to exactly that point. A batch that reads a
+bounded input stream to its end injects +infinity at once. Queries of stateless stages inject nothing: they
+hold no windows, and their tasks' output watermarks come from the ``seen`` rows (below).
 
 **Rows**: two internal columns, then the user's columns, then the system's record columns the stream asked
 for (`streams.<id>.system-columns`, from the records' attributes: Event Hubs properties, partition key,
@@ -27,9 +29,10 @@ enqueued time, sequence number, offset):
 * ``__wm_time`` — what moves Spark's watermark: the event time of data rows on input streams; on
   intermediate streams only the reconciled watermark does (``inject`` rows: the producers' in-band watermarks
   are the truth there, seed 004), so their data rows carry 0;
-* ``__ctl`` — null on data rows; on every other row a struct (``kind`` watermark | eos | drain | inject | dlq,
-  ``ssp``, ``producer``, ``task_count``, ``ctl_ms``) that the query's ``observe`` collects. A ``dlq`` row stands
-  for the ``task_count`` undecodable records of one read (each was sent to the dead-letter stream).
+* ``__ctl`` — null on data rows; on every other row a struct (``kind`` watermark | eos | drain | inject | dlq |
+  seen, ``ssp``, ``producer``, ``task_count``, ``ctl_ms``) that the query's ``observe`` collects. A ``dlq`` row
+  stands for the ``task_count`` undecodable records of one read (each was sent to the dead-letter stream); a
+  ``seen`` row gives the latest event time (``ctl_ms``) of one read of an input stream.
 
 Data rows are thus two cheap columns wider than the user's: the JVM copies every column of every row more
 than once per micro-batch, so the width is paid per row.
@@ -50,7 +53,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from weirflow.control import ControlMessage, MalformedMessageError, MessageType, decode
+from weirflow.control import MAX_TIMESTAMP_MS, ControlMessage, MalformedMessageError, MessageType, decode
 from weirflow.interfaces.system import RecordColumns
 from weirflow.spark import workergc
 from weirflow.spark.packing import unpack
@@ -102,7 +105,10 @@ class SourceSpec:
     def __init__(self, options: Any) -> None:
         self.snapshot: str = options["config"]
         self.stream_id: str = options["stream"]
-        self.task: str = options["task"]
+        # the task of each SSP (dead letters name it) and the task whose checkpoint holds the watermark to
+        # inject ("" for queries of stateless stages, which need none)
+        self.tasks: dict[str, str] = json.loads(options.get("tasks") or "{}")
+        self.inject: str = options.get("inject", "")
         self.system: str = options["system"]
         self.physical: str = options["physical"]
         self.ssps: list[str] = json.loads(options["ssps"])
@@ -160,14 +166,17 @@ class WeirflowStreamReader(DataSourceStreamReader):
             config = Config.from_snapshot(self.spec.snapshot)
             self._checkpoints = checkpoint_factory(config).get_checkpoint_manager(config)
             self._checkpoints.start()
-        checkpoint = self._checkpoints.read_last_checkpoint(self.spec.task)
+        checkpoint = self._checkpoints.read_last_checkpoint(self.spec.inject)
         if checkpoint is None:
             return None
         value = dict(checkpoint.control).get("injected", {}).get(self.spec.stream_id)
         return int(value) if value is not None else None
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        """The offsets up to which the next batch reads: everything available, but at most the read limit
+        per task (a stateless stage's query reads for several tasks, each with its own budget)."""
+        per_task = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        budgets: dict[str, int] = {}
         ends: dict[str, Any] = {}
         open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
         metadata = {}
@@ -182,9 +191,11 @@ class WeirflowStreamReader(DataSourceStreamReader):
             partition = _partition(key)
             position = int(current["o"])
             available = max(0, int(metadata[partition].upcoming) - position)
-            take = available if budget is None else min(available, budget)
-            if budget is not None:
-                budget -= take
+            take = available
+            if per_task is not None:
+                owner = self.spec.tasks.get(key, "")
+                take = min(available, budgets.setdefault(owner, per_task))
+                budgets[owner] -= take
             ended = self.spec.bounded and take == available
             if take == 0 and ended == current["e"]:
                 ends[key] = current  # unchanged: the same offset, so Spark plans no batch
@@ -194,9 +205,14 @@ class WeirflowStreamReader(DataSourceStreamReader):
             if newest and take == available:  # reading up to the newest record: its native position is known
                 ends[key]["x"] = dict(newest)
         watermark = int(start.get("w", -1))
-        injected = self._injected()
-        if injected is not None and injected > watermark:
-            watermark = injected
+        if self.spec.inject:
+            injected = self._injected()
+            if injected is not None and injected > watermark:
+                watermark = injected
+            if self.spec.bounded and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
+                # This batch reads the bounded input to its end: the watermark goes to +infinity in the same
+                # batch, so the windows flush in the next one instead of two batches later.
+                watermark = MAX_TIMESTAMP_MS
         return {"s": self.spec.stream_id, "p": ends, "w": watermark}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
@@ -322,7 +338,11 @@ class _BatchReader:
                 assert self.kv is not None
                 table, decoded, failed = self.kv.decode_many(chunk.keys, chunk.values)
             if table.num_rows:
-                yield self._data(key, table, decoded, chunk)
+                batch = self._data(key, table, decoded, chunk)
+                latest = pc.max(batch.column(0).cast(pa.int64())).as_py()
+                if latest is not None:  # the chunk's latest event time: stateless stages' output watermark
+                    controls.append((0, self._ctl("seen", key, ctl_ms=latest // 1000)))
+                yield batch
             dead += sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
         if dead:
             controls.append((0, self._ctl("dlq", key, task_count=dead)))
@@ -363,7 +383,7 @@ class _BatchReader:
                 "stream": self.spec.stream_id,
                 "ssp": key,
                 "offset": chunk.offsets[i],
-                "task": self.spec.task,
+                "task": self.spec.tasks.get(key, ""),
                 "timestamp_ms": chunk.timestamps_ms[i],
                 "raw_base64": base64.b64encode(raw).decode(),
             },

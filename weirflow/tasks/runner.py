@@ -8,7 +8,8 @@ Contract:
   in the background. Every checkpoint the task writes goes through `FencedCheckpointWriter` with this lock.
 * ``stop_task(name)`` returns only when the task has stopped and written its final checkpoint (or failed
   to): after it returns, nothing more is written for the task, so the caller may release the lock.
-* ``running()`` lists tasks started and not yet stopped or failed.
+* ``running()`` lists tasks started (or being started) and not yet stopped or failed; ``starting()`` the ones
+  whose start is still under way.
 * ``failures()`` maps task name -> error text for tasks that died (lock lost, bad input, ...); the processor
   reports them and clears them with ``forget``.
 """
@@ -30,6 +31,10 @@ class TaskRunner(ABC):
 
     @abstractmethod
     def running(self) -> set[str]: ...
+
+    def starting(self) -> set[str]:
+        """Tasks of `running` whose start is still under way (the runner starts them in the background)."""
+        return set()
 
     @abstractmethod
     def failures(self) -> dict[str, str]: ...
