@@ -93,7 +93,8 @@ def weirflow_source(config: Config, events: int) -> float:
     options = {
         "config": config.snapshot(),
         "stream": "views",
-        "task": "",
+        # one task per partition, as a job's tasks read them: each partition has its own per-trigger budget
+        "tasks": json.dumps({key: f"views-{key.rsplit('.', 1)[1]}" for key in ssps}),
         "system": "eh",
         "physical": "views",
         "ssps": json.dumps(ssps),

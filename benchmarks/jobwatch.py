@@ -44,7 +44,7 @@ class JobWatch:
     def __init__(
         self, config: Any, input_stream: str, output_stream: str, task_count: int, last_stage_input: str | None
     ) -> None:
-        """``last_stage_input``: physical name of the intermediate stream the last stage reads (None: one stage)."""
+        """``last_stage_input``: the intermediate stream (physical name) the last stage reads; None: one stage."""
         self.config = config
         self.ctx = JobContext.open(config, owner="benchmark-watch")
         self.task_count = task_count

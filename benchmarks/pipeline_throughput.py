@@ -159,7 +159,7 @@ def main() -> None:
             run_plain_spark(args.events, work)
     value, baseline = ours["value"], plain["baseline"]
     print(json.dumps({
-        "figure": "pageviews job steady-state throughput (2 stages, 8 task queries, 1 processor, embedded default)",
+        "figure": "pageviews job steady-state throughput (2 stages, 8 tasks, 1 processor, embedded default)",
         "unit": "events/s",
         "events": args.events,
         "value": round(value) if value else None,

@@ -34,6 +34,7 @@ CONFIG = """
 job: {{name: ehsource}}
 app: {{pipeline: "ehsource_pipeline:pipeline"}}
 task.trigger.interval.ms: 200
+task.stateless.merge: false   # one query per task, so each task's Spark offset log shows its batches
 job.coordinator.lease.duration.ms: 600000   # nothing renews the test's task locks
 systems:
   eh: {{factory: eventhub, connection.string: "{cs}"}}

@@ -1,7 +1,7 @@
 """Regression: an in-band watermark row must move Spark's watermark and flush open windows.
 
 The runtime's ``observe`` after ``withWatermark`` is also a barrier: without it Spark's optimizer pushes the
-``__kind = 'data'`` filter below the watermark node, control rows never reach it, and windows are only ever
+``__ctl IS NULL`` (data rows only) filter below the watermark node, control rows never reach it, and windows are only ever
 emitted by data (see DESIGN.md, "Data plane"). Here one task of the second stage runs in this process on an
 intermediate stream written by hand: two windows end before the producer's watermark, one after it.
 """

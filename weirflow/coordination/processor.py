@@ -117,8 +117,12 @@ class StreamProcessor:
         """Run until stopped. Returns 0 after a clean stop, 1 after a persistent error (FAILED)."""
         self.ctx = JobContext.open(self.config, self.processor_id)
         self.runner = self._runner_factory(self.ctx)
+        self.runner.on_started = self._heartbeat_now.set
         planner = self._planner_factory(self.ctx)
         self._set_state(ProcessorState.STARTED)
+        # registration time: the leader debounces membership from it, so it must not include the time this
+        # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
+        self._started_ms = _now_ms()
         self._write_heartbeat()
         log.info("processor %s started", self.processor_id)
         threads = [
@@ -221,8 +225,7 @@ class StreamProcessor:
             self._set_state(ProcessorState.IN_REBALANCE)
         mine = set(model.tasks_of(self.processor_id))
         log.info("job model v%d: %d tasks for this processor", model.version, len(mine))
-        for task in sorted(self.runner.running() - mine):
-            self._stop_task(task, reason=f"moved away in v{model.version}")
+        self._stop_tasks(sorted(self.runner.running() - mine), reason=f"moved away in v{model.version}")
         self._pending = {t: p for t, p in self._pending.items() if t in mine}
         self._model = model
         self._working_version = model.version
@@ -275,13 +278,20 @@ class StreamProcessor:
             self._wait(self.timings.poll_interval_ms)
 
     def _stop_task(self, task: str, reason: str) -> None:
+        self._stop_tasks([task], reason)
+
+    def _stop_tasks(self, tasks: list[str], reason: str) -> None:
+        """Stop ``tasks`` (each writes its final checkpoint), then release their locks."""
         assert self.runner is not None
-        self.runner.stop_task(task)
-        with self._locks_guard:
-            lock = self._locks.pop(task, None)
-        if lock is not None:
-            lock.release()
-        log.info("stopped task %s (%s)", task, reason)
+        if not tasks:
+            return
+        self.runner.stop_tasks(tasks)
+        for task in tasks:
+            with self._locks_guard:
+                lock = self._locks.pop(task, None)
+            if lock is not None:
+                lock.release()
+            log.info("stopped task %s (%s)", task, reason)
         self._heartbeat_now.set()
 
     def _reap_failed_tasks(self) -> None:
@@ -379,8 +389,7 @@ class StreamProcessor:
         for thread in threads:
             thread.join()
         try:
-            for task in sorted(self.runner.running()):
-                self._stop_task(task, reason="processor stopping")
+            self._stop_tasks(sorted(self.runner.running()), reason="processor stopping")
             self.runner.close()
             with self._locks_guard:
                 leftover = list(self._locks.values())

@@ -3,8 +3,8 @@
 Spark starts Python workers by forking them from a daemon process (`pyspark.daemon`). This module is that
 daemon with two changes, made once before any worker is forked:
 
-* the modules every weirflow worker needs (PySpark's worker, pyarrow, the weirflow source and sink) are
-  imported here, so a new worker starts with them instead of importing them again;
+* the modules every weirflow worker needs (PySpark's worker and data source reader, pyarrow, pandas, the
+  weirflow source and sink) are imported here, so a new worker starts with them instead of importing them;
 * the garbage collector's view of all those objects is frozen (`gc.freeze`), so that the full collection
   PySpark runs after every task does not walk them (see `weirflow.spark.workergc`, which keeps it so).
 
@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import gc
 
+import pandas  # noqa: F401  (PySpark's data source reader imports it in every new worker otherwise)
 import pyarrow.compute  # noqa: F401
 import pyarrow.json  # noqa: F401
 import pyspark.daemon
+import pyspark.sql.pandas.types  # noqa: F401
+import pyspark.sql.worker.plan_data_source_read  # noqa: F401
 import pyspark.worker  # noqa: F401
 
 import weirflow.spark.sink  # noqa: F401

@@ -32,13 +32,21 @@ class SparkDataPlane:
         app = load_pipeline(config)
         self.plan = PipelinePlan(app, config, ctx.systems)
         self.plan.ensure_streams()
+        self.builder = StageBuilder(self.spark, self.plan, config.snapshot())
+        # Registering the data sources and analysing the stages (~2 s, each a Python process Spark starts)
+        # happen in the runner's background, so the processor joins its group meanwhile: the leader's
+        # debounce and this work overlap instead of adding up.
+        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder, prepare=self._prepare)
+
+    def _prepare(self) -> None:
         from weirflow.spark.sink import WeirflowSink
         from weirflow.spark.source import WeirflowSource
 
         self.spark.dataSource.register(WeirflowSource)
         self.spark.dataSource.register(WeirflowSink)
-        self.builder = StageBuilder(self.spark, self.plan, config.snapshot())
-        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder)
+        if self.plan.config.get("task.stateless.merge"):
+            for stage in self.plan.stages:
+                self.builder.stateless(stage)
 
     def planner(self) -> Callable[[], dict[str, TaskModel]]:
         return self.plan.plan_tasks

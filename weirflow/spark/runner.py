@@ -36,6 +36,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -453,7 +454,12 @@ class StageQuery:
 class SparkTaskRunner(TaskRunner):
     """Runs tasks of a pipeline as queries on this processor's SparkSession (see the module docstring)."""
 
-    def __init__(self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder) -> None:
+    def __init__(
+        self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder,
+        prepare: Callable[[], None] | None = None,
+    ) -> None:
+        """``prepare`` (registering the data sources, analysing stages) runs in the background at once; no
+        query starts before it has finished, and if it fails every task fails with its error."""
         config = plan.config
         self.spark = spark
         self.plan = plan
@@ -487,7 +493,10 @@ class SparkTaskRunner(TaskRunner):
         self._starting = threading.Lock()
         self._feed = ProgressFeed()
         self._feed.register(spark)
+        self._ready = threading.Event()
+        self._prepare_error: str | None = None
         self._threads = [
+            threading.Thread(target=self._prepare, args=(prepare,), name="spark-prepare", daemon=True),
             threading.Thread(target=self._launch_loop, name="spark-launcher", daemon=True),
             threading.Thread(target=self._progress_loop, name="spark-progress", daemon=True),
             threading.Thread(target=self._monitor_loop, name="spark-monitor", daemon=True),
@@ -509,8 +518,27 @@ class SparkTaskRunner(TaskRunner):
     def wake(self) -> None:
         self._wake.set()
 
+    def _prepare(self, prepare: Callable[[], None] | None) -> None:
+        try:
+            if prepare is not None:
+                self._set_active_session()
+                prepare()
+        except Exception as exc:
+            self._prepare_error = f"{type(exc).__name__}: {exc}"
+            log.exception("could not prepare the Spark data plane")
+        finally:
+            self._ready.set()
+
+    def _set_active_session(self) -> None:
+        # Spark finds Python data sources through the calling thread's active session, which a new thread
+        # (and the JVM thread Py4J pairs with it) does not have yet.
+        self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
+
     def _merges(self, stage: Stage) -> bool:
-        return self.merge_stateless and self.builder.stateless(stage)
+        if not self.merge_stateless:
+            return False
+        self._ready.wait()
+        return self._prepare_error is None and self.builder.stateless(stage)
 
     def _unit(self, t: TaskState) -> str:
         return f"stage:{t.stage.name}" if self._merges(t.stage) else f"task:{t.name}"
@@ -538,15 +566,21 @@ class SparkTaskRunner(TaskRunner):
     def stop_task(self, task_name: str) -> None:
         """Stop the task and write its final checkpoint before returning. A stateless stage's query is
         stopped with it and restarted for the stage's other tasks."""
+        self.stop_tasks([task_name])
+
+    def stop_tasks(self, task_names: Iterable[str]) -> None:
+        """Stop the tasks, each with its final checkpoint, before returning. All of them are dropped first,
+        so a start still queued for one of them finds it gone and starts nothing (a rebalance then waits
+        only for the starts already under way); each query they ran is stopped once."""
         with self._guard:
-            state = self._tasks.pop(task_name, None)
-            self._pending.discard(task_name)
-        if state is None:
-            return
-        self._await_start(self._unit(state))
+            states = [s for s in (self._tasks.pop(n, None) for n in task_names) if s is not None]
+            for state in states:
+                self._pending.discard(state.name)
+        for unit in dict.fromkeys(self._unit(state) for state in states):
+            self._await_start(unit)
         with self._guard:
-            query = self._query_of.pop(task_name, None)
-        if query is not None:
+            queries = [q for q in (self._query_of.pop(s.name, None) for s in states) if q is not None]
+        for query in {id(q): q for q in queries}.values():
             self._retire(query, keep=True)
 
     def running(self) -> set[str]:
@@ -574,8 +608,7 @@ class SparkTaskRunner(TaskRunner):
         self._wake.set()
         with self._guard:
             names = list(self._tasks)
-        for name in names:
-            self.stop_task(name)
+        self.stop_tasks(names)
         self._pool.shutdown(wait=True)
         try:
             self._feed.unregister(self.spark)
@@ -623,9 +656,8 @@ class SparkTaskRunner(TaskRunner):
                     self._busy[unit] = self._pool.submit(self._launch, states)
 
     def _launch(self, states: list[TaskState]) -> None:
-        # Spark finds Python data sources through the calling thread's active session, which a pool thread
-        # (and the JVM thread Py4J pairs with it) does not have yet.
-        self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
+        self._set_active_session()
+        self._ready.wait()
         stage = states[0].stage
         merged = self._merges(stage)
         members = list(states)
@@ -637,17 +669,21 @@ class SparkTaskRunner(TaskRunner):
                 with self._guard:
                     members += [t for t in current.tasks if t.name in self._tasks and not t.done and not t.error
                                 and t not in members]
-        with self._guard:
-            members = [t for t in members if self._tasks.get(t.name) is t]
-        if not members:
-            return
-        query = StageQuery(self, stage, members, merged)
+        query = None
         try:
             with self._starting:
+                # checked again once it is this start's turn: tasks stopped meanwhile are not started
+                with self._guard:
+                    members = [t for t in members if self._tasks.get(t.name) is t]
+                if not members:
+                    return
+                if self._prepare_error is not None:
+                    raise RuntimeError(f"the Spark data plane could not be prepared: {self._prepare_error}")
+                query = StageQuery(self, stage, members, merged)
                 query.start()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            log.exception("%s could not start", query.name)
+            log.exception("%s could not start", query.name if query is not None else stage.name)
             with self._guard:
                 for t in members:
                     if self._tasks.pop(t.name, None) is not None:
@@ -668,6 +704,8 @@ class SparkTaskRunner(TaskRunner):
             gone = [t for t in members if self._tasks.get(t.name) is not t]
         if gone:  # stopped while the query was starting: it must not run them
             self._retire(query, keep=True)
+        elif self.on_started is not None:
+            self.on_started()
 
     def _retire(self, query: StageQuery, keep: bool) -> None:
         """Stop ``query``. With ``keep``, its tasks still held here go back to pending (a stateless stage's

@@ -33,6 +33,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 SERDES = ("json", "string", "bytes")
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MIN_EPOCH_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
+_MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 class DecodeError(ValueError):
@@ -42,8 +44,10 @@ class DecodeError(ValueError):
 def _timestamp_us(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError
-    if isinstance(value, int | float):
-        return int(value * 1000)  # epoch milliseconds
+    if isinstance(value, int | float):  # epoch milliseconds, within the years 1..9999 as ISO text is
+        if not _MIN_EPOCH_MS <= value <= _MAX_EPOCH_MS:
+            raise ValueError
+        return int(value * 1000)
     if isinstance(value, str):
         parsed = dt.datetime.fromisoformat(value)
         if parsed.tzinfo is None:
@@ -214,6 +218,10 @@ class JsonDecoder:
         """All of ``values`` through Arrow's JSON reader, or None when it refuses any of them (or a value is
         not a single line, which would shift rows)."""
         if self._parse_schema is None:
+            return None
+        # Only objects go to Arrow: it reads a bare `null` as a row of nulls (and pyarrow 26 crashes on input
+        # that begins with one), so anything else is left to the per-value path, which names the problem.
+        if not all(v[:1] == b"{" and v[-1:] == b"}" for v in values):
             return None
         text = b"\n".join(values)
         if text.count(b"\n") != len(values) - 1 or b"\r" in text:

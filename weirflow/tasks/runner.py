@@ -8,6 +8,7 @@ Contract:
   in the background. Every checkpoint the task writes goes through `FencedCheckpointWriter` with this lock.
 * ``stop_task(name)`` returns only when the task has stopped and written its final checkpoint (or failed
   to): after it returns, nothing more is written for the task, so the caller may release the lock.
+  ``stop_tasks(names)`` does the same for several at once.
 * ``running()`` lists tasks started (or being started) and not yet stopped or failed; ``starting()`` the ones
   whose start is still under way.
 * ``failures()`` maps task name -> error text for tasks that died (lock lost, bad input, ...); the processor
@@ -17,17 +18,28 @@ Contract:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 
 from weirflow.interfaces.coordination import Lock
 from weirflow.job_model import TaskModel
 
 
 class TaskRunner(ABC):
+    #: Called (from any thread) when a task started in the background begins running, so the processor
+    #: reports it at once instead of at its next heartbeat. Set by the processor; None: nobody listens.
+    on_started: Callable[[], None] | None = None
+
     @abstractmethod
     def start_task(self, task: TaskModel, lock: Lock) -> None: ...
 
     @abstractmethod
     def stop_task(self, task_name: str) -> None: ...
+
+    def stop_tasks(self, task_names: Iterable[str]) -> None:
+        """Stop several tasks (a rebalance moving them away). A runner that starts tasks in the background
+        overrides it to drop all of them first, so none of them is still started while the others stop."""
+        for name in task_names:
+            self.stop_task(name)
 
     @abstractmethod
     def running(self) -> set[str]: ...

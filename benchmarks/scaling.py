@@ -1,0 +1,100 @@
+"""Throughput and start-up of the page-view counts job as its task count grows, on one processor.
+
+The example job (`examples/pageviews`) runs three times, each on the same ``--events`` generated page views
+(default 1,000,000) but with its input stream split into 4, 16 and 64 partitions: that many tasks per stage
+(tasks total: twice as many; the first stage is stateless and runs as one query, each task of the second,
+windowed stage runs its own query). Per run, measured as `pipeline_throughput.py` measures it (`jobwatch`):
+
+* ``events_per_s`` — steady state: events not yet processed when the first output appeared, over the time
+  from then to the job's end;
+* ``startup_s`` — processor start to every task running.
+
+The baseline is the 4-partition run of the same invocation; ``ratio_64_to_4`` is the 64-partition figure
+over it (target: at least 0.5). Prints progress on stderr and one JSON line last.
+Usage: ``python benchmarks/scaling.py [--events N] [--partitions 4,16,64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "pageviews"
+sys.path.insert(0, str(EXAMPLE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import generate  # noqa: E402
+import results  # noqa: E402
+from jobwatch import JobWatch  # noqa: E402
+
+from weirflow.config import load_config  # noqa: E402
+from weirflow.local.launcher import start_processor  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(events: int, partitions: int, state: Path) -> dict[str, float | int | bool | None]:
+    overrides = [f"job.state.dir={state}", f"streams.page-views.partitions={partitions}",
+                 f"streams.page-counts.partitions={partitions}"]
+    config = load_config(EXAMPLE / "job.yaml", overrides)
+    log(f"{partitions} partitions: writing {events:,} page views")
+    produced = generate.write(config, events)
+    log(f"{partitions} partitions: running the job ({2 * partitions} tasks)")
+    started = time.time()
+    proc = start_processor(EXAMPLE / "job.yaml", f"scaling-{partitions}", overrides, log_dir=state / "logs")
+    watch = JobWatch(config, "page-views", "page-counts", task_count=2 * partitions,
+                     last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page")
+    try:
+        timeline = watch.watch(proc.alive, started, timeout_s=3600)
+    finally:
+        watch.close()
+    if proc.terminate() != 0 or timeline.finished is None:
+        raise SystemExit(f"weirflow run failed with {partitions} partitions:\n{proc.log_text()[-3000:]}")
+    rate = timeline.steady_rate(events)
+    figures = {
+        "partitions": partitions,
+        "tasks": 2 * partitions,
+        "events_per_s": round(rate) if rate else None,
+        "startup_s": round(timeline.startup_s() or 0, 2),
+        "total_s": round(timeline.finished - started, 2),
+        "exact": results.read_counts(config) == results.expected_counts(produced),
+    }
+    log(f"{partitions} partitions: {figures}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--partitions", default="4,16,64", help="comma-separated partition counts")
+    args = parser.parse_args()
+    counts = [int(p) for p in args.partitions.split(",")]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="weirflow-scaling-") as tmp:
+        for partitions in counts:
+            runs.append(run(args.events, partitions, Path(tmp) / f"p{partitions}"))
+    by = {r["partitions"]: r for r in runs}
+    base, last = by[counts[0]], by[counts[-1]]
+    ratio = last["events_per_s"] / base["events_per_s"] if last["events_per_s"] and base["events_per_s"] else None
+    print(json.dumps({
+        "figure": "pageviews throughput by partitions (tasks per stage), 1 processor, embedded default",
+        "unit": "events/s",
+        "value": last["events_per_s"],
+        "baseline": base["events_per_s"],
+        "baseline_name": f"the same job with {counts[0]} partitions, same run",
+        f"ratio_{counts[-1]}_to_{counts[0]}": round(ratio, 3) if ratio else None,
+        "events": args.events,
+        "runs": runs,
+        "exact": all(r["exact"] for r in runs),
+    }))
+
+
+if __name__ == "__main__":
+    main()

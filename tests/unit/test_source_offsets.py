@@ -1,0 +1,127 @@
+"""How the Spark source plans a micro-batch (`WeirflowStreamReader.latestOffset`), on the embedded log:
+each task has its own reading budget, and the system is asked for a partition's end only when the last
+known ends may not fill a task's budget (an Event Hubs management call costs ~0.35 s)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import types as T
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from weirflow.config.loader import Config
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.spark import source
+from weirflow.systems import Systems
+
+SSPS = [f"local.views.{p}" for p in range(3)]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    config = Config.from_dict({"job.name": "offsets", "job.state.dir": str(tmp_path)})
+    systems = Systems(config)
+    try:
+        systems.admin("local").create_stream(StreamSpec("views", 3))
+        # partition 0: 100 records, 1: 30, 2: none
+        systems.producer("local").send(
+            [OutgoingRecord("views", b"{}", partition=0) for _ in range(100)]
+            + [OutgoingRecord("views", b"{}", partition=1) for _ in range(30)]
+        )
+    finally:
+        systems.close()
+    return config
+
+
+def _reader(config: Config, tasks: dict[str, str], bounded: bool = False) -> Any:
+    options = {
+        "config": config.snapshot(),
+        "stream": "views",
+        "tasks": json.dumps(tasks),
+        "system": "local",
+        "physical": "views",
+        "ssps": json.dumps(SSPS),
+        "start": json.dumps({k: {"o": "0", "e": False} for k in SSPS}),
+        "serde": "bytes",
+        "user_schema": json.dumps(T.StructType().jsonValue()),
+        "event_time_field": "event_time",
+        "event_time_from_record": "false",
+        "delay_ms": "0",
+        "intermediate": "false",
+        "bounded": "true" if bounded else "false",
+        "max_records": "40",
+    }
+    return source.WeirflowStreamReader(source.SourceSpec(options))
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The partitions each call to the admin's `partition_metadata_of` asked about."""
+    calls: list[list[int]] = []
+    real = source.systems_for
+
+    def counting(snapshot: str) -> Any:
+        systems = real(snapshot)
+        admin = systems.admin("local")
+        if not getattr(admin, "_counted", False):
+            inner = admin.partition_metadata_of
+
+            def partition_metadata_of(stream: str, partitions: Any) -> Any:
+                calls.append(sorted(partitions))
+                return inner(stream, partitions)
+
+            admin.partition_metadata_of = partition_metadata_of
+            admin._counted = True
+        return systems
+
+    monkeypatch.setattr(source, "systems_for", counting)
+    return calls
+
+
+def _ends(offset: dict[str, Any]) -> dict[str, int]:
+    return {key: int(pos["o"]) for key, pos in offset["p"].items()}
+
+
+def test_each_task_reads_at_most_its_budget(config: Config, asked: list[list[int]]) -> None:
+    one_task_each = {k: f"views-{k[-1]}" for k in SSPS}
+    reader = _reader(config, one_task_each)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(40))
+    assert _ends(end) == {SSPS[0]: 40, SSPS[1]: 30, SSPS[2]: 0}
+
+    shared = _reader(config, {k: "views-0" for k in SSPS})  # one task holding all three partitions
+    end = shared.latestOffset(shared.initialOffset(), ReadMaxRows(40))
+    assert _ends(end) == {SSPS[0]: 40, SSPS[1]: 0, SSPS[2]: 0}, "the budget is the task's, not the partition's"
+
+
+def test_the_system_is_asked_only_when_known_ends_may_not_fill_the_budget(
+    config: Config, asked: list[list[int]]
+) -> None:
+    reader = _reader(config, {SSPS[0]: "views-0", SSPS[1]: "views-1", SSPS[2]: "views-2"})
+    first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(40))
+    assert asked == [[0, 1, 2]]
+    second = reader.latestOffset(first, ReadMaxRows(40))
+    # partition 0 is known to hold 60 more than read (more than the budget): no question; 1 and 2 are
+    # read to their known ends, so new records may be there
+    assert asked[1] == [1, 2]
+    assert _ends(second) == {SSPS[0]: 80, SSPS[1]: 30, SSPS[2]: 0}
+
+
+def test_a_bounded_stream_ends_only_at_an_end_the_system_just_reported(config: Config, asked: list[Any]) -> None:
+    reader = _reader(config, {k: "views-0" for k in SSPS}, bounded=True)
+    offset = reader.initialOffset()
+    seen = []
+    for _ in range(6):
+        before = len(asked)
+        offset = reader.latestOffset(offset, ReadMaxRows(40))
+        fresh = {p for call in asked[before:] for p in call}
+        seen.append(({k: (int(p["o"]), p["e"]) for k, p in offset["p"].items()}, fresh))
+    assert seen[-1][0] == {SSPS[0]: (100, True), SSPS[1]: (30, True), SSPS[2]: (0, True)}
+    # partition 0 was read up to 100 from a known end first (not ended then), and ended once asked again
+    reached = next(i for i, (ends, _) in enumerate(seen) if ends[SSPS[0]][0] == 100)
+    assert seen[reached][0][SSPS[0]] == (100, False) and 0 not in seen[reached][1]
+    ended = next(i for i, (ends, _) in enumerate(seen) if ends[SSPS[0]][1])
+    assert ended > reached and 0 in seen[ended][1]
