@@ -23,6 +23,7 @@ class JobTimeline:
 
     started: float
     all_running: float | None = None
+    processed_at_all_running: int = 0
     first_output: float | None = None
     processed_at_first_output: int = 0
     finished: float | None = None
@@ -36,6 +37,13 @@ class JobTimeline:
         if self.first_output is None or self.finished is None or self.finished <= self.first_output:
             return None
         return (events - self.processed_at_first_output) / (self.finished - self.first_output)
+
+    def running_rate(self, events: int) -> float | None:
+        """Events per second once every task had started: the events not yet processed then, over the time
+        the job took to finish them (defined even when all output comes at the end)."""
+        if self.all_running is None or self.finished is None or self.finished <= self.all_running:
+            return None
+        return (events - self.processed_at_all_running) / (self.finished - self.all_running)
 
 
 class JobWatch:
@@ -51,6 +59,7 @@ class JobWatch:
         self.input = self.ctx.systems.resolve(input_stream)
         self.output = self.ctx.systems.resolve(output_stream)
         self.last_stage_input = last_stage_input
+        self._started: set[str] = set()
 
     def close(self) -> None:
         self.ctx.close()
@@ -85,9 +94,13 @@ class JobWatch:
                     position = chunk.next_offset
         return rows
 
-    def all_running(self) -> bool:
-        rows = self.ctx.coordination.processor_registry().processors()
-        return sum(len(p.tasks) for p in rows) >= self.task_count
+    def all_running(self, checkpoints: dict[str, Any]) -> bool:
+        """Every task has started: running now (processor registry), or seen running or finished before
+        (with many tasks, the first ones may finish before the last ones start)."""
+        for row in self.ctx.coordination.processor_registry().processors():
+            self._started.update(row.tasks)
+        self._started.update(name for name, c in checkpoints.items() if c.control.get("finished"))
+        return len(self._started) >= self.task_count
 
     def output_records(self) -> int:
         admin = self.ctx.systems.admin(self.output.system)
@@ -107,9 +120,10 @@ class JobWatch:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             now = time.time()
-            if timeline.all_running is None and self.all_running():
-                timeline.all_running = now
             checkpoints = self.ctx.checkpoints.read_all()
+            if timeline.all_running is None and self.all_running(checkpoints):
+                timeline.all_running = now
+                timeline.processed_at_all_running = self.processed(checkpoints)
             if timeline.first_output is None and self.output_records() > 0:
                 timeline.first_output = now
                 timeline.processed_at_first_output = self.processed(checkpoints)

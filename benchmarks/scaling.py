@@ -5,9 +5,12 @@ The example job (`examples/pageviews`) runs three times, each on the same ``--ev
 (tasks total: twice as many; the first stage is stateless and runs as one query, each task of the second,
 windowed stage runs its own query). Per run, measured as `pipeline_throughput.py` measures it (`jobwatch`):
 
-* ``events_per_s`` — steady state: events not yet processed when the first output appeared, over the time
-  from then to the job's end;
-* ``startup_s`` — processor start to every task running.
+* ``events_per_s`` — once running: the events not yet processed when every task had started, over the time
+  from then to the job's end (the first output is no anchor here: with many tasks a windowed job may
+  emit everything at its end);
+* ``steady_events_per_s`` — as `pipeline_throughput.py` measures it, from the first output to the end
+  (None when the first output came with the end);
+* ``startup_s`` — processor start to every task having started.
 
 The baseline is the 4-partition run of the same invocation; ``ratio_64_to_4`` is the 64-partition figure
 over it (target: at least 0.5). Prints progress on stderr and one JSON line last.
@@ -57,12 +60,13 @@ def run(events: int, partitions: int, state: Path) -> dict[str, float | int | bo
         watch.close()
     if proc.terminate() != 0 or timeline.finished is None:
         raise SystemExit(f"weirflow run failed with {partitions} partitions:\n{proc.log_text()[-3000:]}")
-    rate = timeline.steady_rate(events)
+    rate, steady, startup = timeline.running_rate(events), timeline.steady_rate(events), timeline.startup_s()
     figures = {
         "partitions": partitions,
         "tasks": 2 * partitions,
         "events_per_s": round(rate) if rate else None,
-        "startup_s": round(timeline.startup_s() or 0, 2),
+        "steady_events_per_s": round(steady) if steady else None,
+        "startup_s": round(startup, 2) if startup is not None else None,
         "total_s": round(timeline.finished - started, 2),
         "exact": results.read_counts(config) == results.expected_counts(produced),
     }

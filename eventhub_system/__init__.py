@@ -1,1 +1,4 @@
-"""Placeholder package of the Azure suite; implemented by a later issue (see DESIGN.md)."""
+"""Event Hubs as a weirflow system (`systems.<name>.factory: eventhub`) and its emulator.
+
+See docs/eventhubs.md.
+"""

@@ -48,7 +48,9 @@ def test_stateless_tasks_share_a_query_and_a_stopped_start_never_runs(tmp_path: 
         tasks = plane.plan.plan_tasks()
         assert sorted(tasks) == ["events-0", "events-1"]
         producer = ctx.systems.producer("local")
-        producer.send([OutgoingRecord("events", f"p{p}-{i}".encode(), partition=p) for p in (0, 1) for i in range(20)])
+        producer.send(
+            [OutgoingRecord("events", f"p{p}-{i}".encode(), partition=p) for p in (0, 1) for i in range(20)]
+        )
         locks = {name: ctx.coordination.lock(f"task-{name}") for name in tasks}
         assert all(lock.try_acquire() for lock in locks.values())
 
@@ -68,7 +70,7 @@ def test_stateless_tasks_share_a_query_and_a_stopped_start_never_runs(tmp_path: 
             wait_until(lambda: "events-1" not in runner.running(), 30, "events-1 to be withdrawn", 0.01)
         stopper.join(60)
         assert not stopper.is_alive()
-        wait_until(lambda: len(written()) >= 20 and not runner.starting(), 120, "events-0 to copy its records", 0.2)
+        wait_until(lambda: len(written()) >= 20 and not runner.starting(), 120, "events-0 to copy", 0.2)
         assert runner.running() == {"events-0"} and not runner.failures()
         assert written() == sorted(f"p0-{i}" for i in range(20)), "only the task still held ran"
         assert ctx.checkpoints.read_last_checkpoint("events-1") is None, "the withdrawn task never ran"

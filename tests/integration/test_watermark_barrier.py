@@ -1,9 +1,10 @@
 """Regression: an in-band watermark row must move Spark's watermark and flush open windows.
 
 The runtime's ``observe`` after ``withWatermark`` is also a barrier: without it Spark's optimizer pushes the
-``__ctl IS NULL`` (data rows only) filter below the watermark node, control rows never reach it, and windows are only ever
-emitted by data (see DESIGN.md, "Data plane"). Here one task of the second stage runs in this process on an
-intermediate stream written by hand: two windows end before the producer's watermark, one after it.
+``__ctl IS NULL`` filter (data rows only) below the watermark node, control rows never reach it, and windows
+are only ever emitted by data (see docs/pipelines.md, "How a task runs"). Here one task of the second stage
+runs in this process on an intermediate stream written by hand: two windows end before the producer's
+watermark, one after it.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def test_whole_chunks_decode_like_single_values(raw: list[bytes]) -> None:
 
 
 def test_a_clean_chunk_takes_the_vector_path_and_bad_values_keep_their_reasons() -> None:
-    good = [json.dumps({"user": f"u{i}", "n": i, "event_time": "2026-11-23T10:00:00Z"}).encode() for i in range(100)]
+    good = [json.dumps({"user": f"u{i}", "n": i, "event_time": "2026-11-23T10:00:00Z"}).encode()
+            for i in range(100)]
     bad = [b'{"user": "x", "n": "seven"}', b'{"n": 1}', b"{"]
     raw = good[:50] + bad + good[50:]
     decoder = JsonDecoder(SCHEMA)
@@ -121,7 +122,8 @@ def test_key_value_decoding_of_a_chunk(as_text: bool) -> None:
     decoder = KeyValueDecoder(as_text)
     keys, raw = [b"k1", None, b"k3"], [b"one", b"\xff", b"three"]
     table, decoded, failed = decoder.decode_many(keys, raw)
-    expected = [decoder.decode_pair(k, v) for k, v in zip(keys, raw, strict=True) if as_text is False or v != b"\xff"]
+    pairs = zip(keys, raw, strict=True)
+    expected = [decoder.decode_pair(k, v) for k, v in pairs if not as_text or v != b"\xff"]
     assert [list(r.values()) for r in table.to_pylist()] == expected
     if as_text:
         assert decoded == [0, 2] and [i for i, _ in failed] == [1]

@@ -1,4 +1,4 @@
-"""Building one task's streaming DataFrame, in the order DESIGN.md ("Data plane") prescribes.
+"""Building one task's streaming DataFrame, in the order docs/pipelines.md ("How a task runs") describes.
 
 Per input stream of the task's stage:
 

@@ -1,7 +1,7 @@
 """`weirflow` — the PySpark streaming data source reading one stream's SSPs of one task.
 
 It works for any system whose offsets are decimal sequence numbers (the embedded log, Event Hubs) through the
-system's `SystemAdmin` and `SystemConsumer`. Where the code runs (see DESIGN.md): ``initialOffset``,
+system's `SystemAdmin` and `SystemConsumer`. Where the code runs (see docs/pipelines.md): ``initialOffset``,
 ``latestOffset`` and ``partitions`` in a Python process Spark starts for the query, ``read`` in executor
 workers. Neither shares memory with the processor, so everything the source needs comes in its options (the
 job config as a snapshot, the task's SSPs and start offsets) or from the stores.
@@ -244,7 +244,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing: positions are checkpointed by the processor from query progress (see DESIGN.md)."""
+        """Nothing: positions are checkpointed by the processor from query progress (see docs/pipelines.md)."""
 
     def stop(self) -> None:
         if self._checkpoints is not None:
