@@ -4,8 +4,9 @@ proton-c omits trailing null fields of a performative (the AMQP spec allows it),
 azure-eventhub 5.15 reads fields by position and fails with "list index out of range" on a short list
 (verified against the unmodified SDK; docs/eventhubs.md describes the emulator). `FramePadder` sits between
 proton's output and the socket: it cuts the byte stream into protocol headers and frames, and rewrites each
-AMQP performative's field list to its full length, appending nulls (``0x40``) and fixing the list and frame sizes. Payloads (a transfer's message bytes)
-follow unchanged. SASL frames and empty (heartbeat) frames pass through.
+AMQP performative's field list to its full length, appending nulls (``0x40``) and fixing the list and frame
+sizes. Payloads (a transfer's message bytes) follow unchanged. SASL frames and empty (heartbeat) frames pass
+through.
 """
 
 from __future__ import annotations
