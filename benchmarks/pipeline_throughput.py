@@ -7,8 +7,9 @@ machine's cores (`local[2]`) with the same Spark settings (weirflow's session de
   the intermediate stream between them, checkpoints and control messages included. Its input is the
   embedded log's `page-views` stream (4 partitions), its output `page-counts`.
 * **plain Spark**: one Structured Streaming query in a fresh Python process reading the same events from
-  JSON-lines files of 50,000 events, 4 files per micro-batch (so both sides take 200,000 events per round:
-  weirflow's 4 input tasks read `task.max.records.per.trigger` = 50,000 each), into a `memory` sink. Its last
+  JSON-lines files of 50,000 events, as many files per micro-batch as weirflow's input tasks read events in
+  one round together (by default 4: its 4 input tasks read `task.max.records.per.trigger` = 50,000 each;
+  `--set` of that key changes both sides), into a `memory` sink. Its last
   file ends with one end marker (page ``__end__``, year 9999) so that its watermark passes every window, as
   weirflow's end-of-stream does; the marker's own window never closes and is not counted.
 
@@ -50,7 +51,6 @@ from weirflow.config import load_config  # noqa: E402
 from weirflow.local.launcher import start_processor  # noqa: E402
 
 EVENTS_PER_FILE = 50_000
-FILES_PER_TRIGGER = 4
 
 PLAIN_SPARK = r'''
 import datetime, json, sys, time
@@ -112,7 +112,17 @@ def run_weirflow(
     return figures, results.read_counts(config)
 
 
-def run_plain_spark(events: int, work: Path) -> tuple[dict[str, float | None], dict[tuple[str, str], int]]:
+def files_per_trigger(settings: list[str]) -> int:
+    """Files per plain-Spark micro-batch holding what weirflow's input tasks read in one round together
+    (`task.max.records.per.trigger` per task, one task per input partition), so both sides batch alike."""
+    config = load_config(EXAMPLE / "job.yaml", settings)
+    per_round = int(config.get("task.max.records.per.trigger")) * int(config.get("streams.page-views.partitions"))
+    return max(1, per_round // EVENTS_PER_FILE)
+
+
+def run_plain_spark(
+    events: int, work: Path, settings: list[str]
+) -> tuple[dict[str, float | None], dict[tuple[str, str], int]]:
     data = work / "events"
     data.mkdir()
     log(f"writing the same events as JSON files of {EVENTS_PER_FILE:,} for plain Spark")
@@ -129,7 +139,7 @@ def run_plain_spark(events: int, work: Path) -> tuple[dict[str, float | None], d
     log("running the plain Spark query")
     spawned = time.time()
     done = subprocess.run(
-        [sys.executable, "-c", PLAIN_SPARK, str(data), str(work / "checkpoint"), str(FILES_PER_TRIGGER)],
+        [sys.executable, "-c", PLAIN_SPARK, str(data), str(work / "checkpoint"), str(files_per_trigger(settings))],
         check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -156,7 +166,7 @@ def main() -> None:
         work = Path(tmp)
         ours, our_counts = run_weirflow(args.events, work / "state", args.set)
         plain, plain_counts = ({"baseline": None, "baseline_total_s": None}, None) if args.skip_baseline else \
-            run_plain_spark(args.events, work)
+            run_plain_spark(args.events, work, args.set)
     value, baseline = ours["value"], plain["baseline"]
     print(json.dumps({
         "figure": "pageviews job steady-state throughput (2 stages, 8 tasks, 1 processor, embedded default)",

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -39,12 +41,27 @@ class Database:
                 self.path, timeout=self._busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
             )
             conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._guard:
                 self._all.append(conn)
         return conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL once. The switch needs the database to itself, and SQLite reports "database
+        is locked" at once instead of waiting when another process holds it (two processors opening a new
+        job database together did): it is retried for up to the busy timeout."""
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        for attempt in Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, sqlite3.OperationalError) and "locked" in str(e)),
+            wait=wait_random(0.01, 0.1),
+            stop=stop_after_delay(self._busy_timeout_ms / 1000),
+            reraise=True,
+        ):
+            with attempt:
+                conn.execute("PRAGMA journal_mode=WAL")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -579,9 +579,14 @@ class SparkTaskRunner(TaskRunner):
         for unit in dict.fromkeys(self._unit(state) for state in states):
             self._await_start(unit)
         with self._guard:
-            queries = [q for q in (self._query_of.pop(s.name, None) for s in states) if q is not None]
-        for query in {id(q): q for q in queries}.values():
-            self._retire(query, keep=True)
+            found = [q for q in (self._query_of.pop(s.name, None) for s in states) if q is not None]
+        queries = list({id(q): q for q in found}.values())
+        if len(queries) > 1:  # each stop waits for Spark to end the query's stream thread: stop them together
+            with ThreadPoolExecutor(max_workers=min(8, len(queries)), thread_name_prefix="query-stop") as pool:
+                list(pool.map(lambda q: self._retire(q, keep=True), queries))
+        else:
+            for query in queries:
+                self._retire(query, keep=True)
 
     def running(self) -> set[str]:
         with self._guard:
