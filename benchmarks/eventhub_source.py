@@ -81,6 +81,7 @@ def raw_sdk(connection_string: str, events: int) -> float:
 
 
 def weirflow_source(config: Config, events: int) -> float:
+    from weirflow.spark.query import read_groups
     from weirflow.spark.session import build_spark_session
     from weirflow.spark.source import SOURCE_NAME, WeirflowSource
 
@@ -88,6 +89,11 @@ def weirflow_source(config: Config, events: int) -> float:
     spark.dataSource.register(WeirflowSource)
     from pyspark.sql import types as T
 
+    systems = Systems(config)
+    try:
+        groups = read_groups(spark, systems.consumer("eh"))
+    finally:
+        systems.close()
     user_schema = T._parse_datatype_string(SCHEMA)  # noqa: SLF001 - Spark's own DDL parser
     ssps = [f"eh.views.{p}" for p in range(PARTITIONS)]
     options = {
@@ -107,6 +113,7 @@ def weirflow_source(config: Config, events: int) -> float:
         "intermediate": "false",
         "bounded": "false",
         "max_records": str(config.get("task.max.records.per.trigger")),
+        "read_groups": str(groups),  # as the job's queries read it
     }
     frame = spark.readStream.format(SOURCE_NAME).options(**options).load()
     started = time.monotonic()

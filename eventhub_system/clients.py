@@ -234,7 +234,10 @@ class EventHubSystemAdmin(SystemAdmin):
 class _PartitionReader:
     """One open receiver on one partition, buffering events from a start sequence number on."""
 
-    def __init__(self, settings: EventHubsSettings, ssp: SystemStreamPartition, start: int | dt.datetime) -> None:
+    def __init__(
+        self, settings: EventHubsSettings, ssp: SystemStreamPartition, start: int | dt.datetime,
+        prefetch: int | None = None,
+    ) -> None:
         self.ssp = ssp
         self.start = start  # a sequence number, or an enqueued time (only to find where a time begins)
         self.next_seq = start if isinstance(start, int) else -1  # sequence number of the next event to hand out
@@ -244,7 +247,7 @@ class _PartitionReader:
         self._client = settings.consumer(ssp.stream)
         # The SDK's receive loop reads up to `prefetch` frames before handing any over (it stops early only
         # when the stream pauses), so a small link credit keeps a busy partition's reads prompt.
-        self._prefetch = max(settings.prefetch, 1)
+        self.prefetch = max(prefetch if prefetch is not None else settings.prefetch, 1)
         self._thread = threading.Thread(
             target=self._run, args=(settings.receive_batch_size,), name=f"eh-reader-{ssp}", daemon=True
         )
@@ -269,7 +272,7 @@ class _PartitionReader:
                 starting_position=self.start,
                 starting_position_inclusive=True,
                 max_batch_size=batch_size,
-                prefetch=self._prefetch,
+                prefetch=self.prefetch,
             )
         except Exception as exc:  # noqa: BLE001 - surfaced to the reading thread
             self.error = exc
@@ -324,14 +327,26 @@ class EventHubSystemConsumer(SystemConsumer):
         props = self._properties.producer(ssp.stream).get_partition_properties(str(ssp.partition))
         return int(props["last_enqueued_sequence_number"]) + 1
 
-    def _reader(self, ssp: SystemStreamPartition, start: int) -> _PartitionReader:
+    def _reader(self, ssp: SystemStreamPartition, start: int, backlog: int) -> _PartitionReader:
+        """The open receiver of ``ssp`` at ``start``, opened if needed. ``backlog``: events from ``start`` to
+        the partition's end (or a whole planned read, see `warm`; never the tail of one). A receiver opened
+        for a backlog of at least `catch_up_prefetch` events gets that much link credit (catching up: round
+        trips count); one holding more credit than `prefetch` is replaced once the backlog is smaller (the
+        partition is live now, and the SDK's bursts of that many events would delay it)."""
+        settings = self._settings
+        catching_up = settings.catch_up_prefetch > settings.prefetch and backlog >= settings.catch_up_prefetch
         with self._guard:
             reader = self._readers.get(ssp)
-            if reader is not None and (reader.next_seq != start or reader.error is not None):
-                reader.close()
+            if reader is not None and (
+                reader.next_seq != start or reader.error is not None
+                or (not catching_up and reader.prefetch > settings.prefetch)
+            ):
+                reader.close(join=False)
                 reader = None
             if reader is None:
-                reader = _PartitionReader(self._settings, ssp, start)
+                reader = _PartitionReader(
+                    settings, ssp, start, settings.catch_up_prefetch if catching_up else settings.prefetch
+                )
                 self._readers[ssp] = reader
             return reader
 
@@ -339,6 +354,12 @@ class EventHubSystemConsumer(SystemConsumer):
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
     ) -> list[IncomingRecord]:
         return self._records(ssp, self._events(ssp, start, max_records, end))
+
+    def warm(self, ssp: SystemStreamPartition, start: str, end: str | None = None) -> bool:
+        """Open (or keep) the receiver at ``start``: the SDK takes about a second to attach one."""
+        if end is not None:
+            self._reader(ssp, int(start), int(end) - int(start))
+        return True
 
     def read_columns(
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
@@ -381,7 +402,7 @@ class EventHubSystemConsumer(SystemConsumer):
         last = min(int(end), upcoming) if end is not None else upcoming
         if first >= last or max_records <= 0:
             return []
-        reader = self._reader(ssp, first)
+        reader = self._reader(ssp, first, upcoming - first)
         events = reader.take(max_records, last, self.END_WAIT_S)
         expected = min(last, first + max_records)
         if not events or events[-1].sequence_number + 1 < expected:

@@ -23,6 +23,7 @@ class EventHubsSettings:
     receive_batch_size: int
     prefetch: int
     send_attempts: int = 5
+    catch_up_prefetch: int = 300
 
     @classmethod
     def from_config(cls, system: str, config: Any) -> EventHubsSettings:
@@ -56,6 +57,7 @@ class EventHubsSettings:
             receive_batch_size=int(config.get(prefix + "receive.batch.size")),
             prefetch=int(config.get(prefix + "prefetch")),
             send_attempts=int(config.get(prefix + "send.attempts")),
+            catch_up_prefetch=int(config.get(prefix + "catch-up.prefetch")),
         )
 
     def producer(self, hub: str) -> Any:

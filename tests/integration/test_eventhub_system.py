@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from eventhub_system.clients import EventHubSystemConsumer
 from eventhub_system.lookup3 import partition_for_key
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError, RecordTooLargeError, StreamNotFoundError
@@ -70,6 +71,42 @@ def test_reads_cover_exact_ranges_with_no_gap_or_overlap(systems: Systems) -> No
     assert consumer.read(ssp, "1500", 100) == []
     again = consumer.read(ssp, "700", 5)  # going back reopens the receiver at the right place
     assert [r.value for r in again] == [f"v{i}".encode() for i in range(700, 705)]
+
+
+def test_a_backlog_is_read_with_catch_up_credit_and_a_live_partition_with_the_small_one(systems: Systems) -> None:
+    """`systems.<name>.catch-up.prefetch` (300) while a read has a backlog; `prefetch` (20) once live."""
+    producer, consumer = systems.producer("eh"), systems.consumer("eh")
+    producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=1) for i in range(1000)])
+    ssp = SystemStreamPartition("eh", "views", 1)
+
+    def credit() -> int:
+        return consumer._readers[ssp].prefetch  # noqa: SLF001 - the receiver's link credit
+
+    assert consumer.warm(ssp, "0", "1000") is True
+    assert credit() == 300, "a planned read of 1,000 events catches up"
+    position, seen = 0, []
+    while position < 1000:
+        records = consumer.read(ssp, str(position), 400, end="1000")
+        seen += [r.value for r in records]
+        position = int(records[-1].next_offset)
+        assert credit() == 300, "the tail of a catch-up read keeps the receiver"
+    assert seen == [f"v{i}".encode() for i in range(1000)]
+
+    producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=1) for i in range(1000, 1005)])
+    consumer.warm(ssp, "1000", "1005")  # a small planned read: the partition is live
+    assert credit() == 20
+    assert [r.value for r in consumer.read(ssp, "1000", 100, end="1005")] == [
+        f"v{i}".encode() for i in range(1000, 1005)
+    ]
+
+    fresh = EventHubSystemConsumer(consumer._settings)  # noqa: SLF001 - a second reader, same settings
+    try:
+        assert len(fresh.read(ssp, "0", 50)) == 50
+        assert fresh._readers[ssp].prefetch == 300, "opened 1,005 events behind the end"  # noqa: SLF001
+        assert len(fresh.read(ssp, "1000", 50)) == 5
+        assert fresh._readers[ssp].prefetch == 20, "reopened near the end"  # noqa: SLF001
+    finally:
+        fresh.close()
 
 
 def test_the_producer_fills_batches_and_refuses_an_event_over_the_limit(systems: Systems) -> None:

@@ -459,6 +459,15 @@ KEYS += (
         _S,
     ),
     ConfigKey(
+        "systems.<name>.catch-up.prefetch",
+        "int",
+        300,
+        "Event Hubs systems: link credit of a reader opened to read a backlog of at least this many events "
+        "(catching up: round trips matter, latency does not); once it reads near the partition's end it is "
+        "reopened with `systems.<name>.prefetch`. 0 turns it off.",
+        _S,
+    ),
+    ConfigKey(
         "systems.<name>.consumer.group",
         "str",
         "$Default",

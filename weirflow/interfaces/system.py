@@ -224,6 +224,15 @@ class SystemConsumer(ABC):
         source reads every record through this method."""
         return RecordColumns.of(self.read(ssp, start, max_records, end), start, attributes)
 
+    def warm(self, ssp: SystemStreamPartition, start: str, end: str | None = None) -> bool:
+        """Begin, in the background, whatever reading ``ssp`` from ``start`` (up to ``end``, the whole range
+        about to be read) will wait for, such as a network receiver attaching, so that the read starts at
+        once. True when the system does so: the Spark source then gives each of Spark's tasks several
+        partitions, warms them all and reads them in turn, instead of one Spark task per partition whose
+        receivers attach one wave of tasks after another. The default does nothing and returns False (local
+        reads have nothing to wait for)."""
+        return False
+
     def close(self) -> None:
         """Release connections. Idempotent."""
 

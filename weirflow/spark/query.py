@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.serde import SERDES, decoder_schema
@@ -79,6 +79,14 @@ def system_fields(config: Any, stream_id: str, admin: Any, taken: list[str]) -> 
             key, f"{', '.join(clash)} would replace the stream's own column of that name; rename it in the schema"
         )
     return tuple((n, offered[n]) for n in names)
+
+
+def read_groups(spark: Any, consumer: SystemConsumer) -> int:
+    """How many Spark tasks a batch's partitions are spread over: as many as Spark runs at once when the
+    system warms reads (`SystemConsumer.warm`), else 0 (one Spark task per partition)."""
+    if type(consumer).warm is SystemConsumer.warm:
+        return 0
+    return int(spark.sparkContext.defaultParallelism)
 
 
 def observation_name(index: int) -> str:
@@ -237,6 +245,7 @@ class StageBuilder:
                 [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
             ).jsonValue()),
             "max_records": str(self._read_limit(settings)),
+            "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")

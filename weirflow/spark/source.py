@@ -121,6 +121,8 @@ class SourceSpec:
         self.intermediate = options["intermediate"] == "true"
         self.bounded = options["bounded"] == "true"
         self.max_records = int(options["max_records"])
+        # Spark tasks a batch's partitions are spread over when the system warms reads (0: one per partition)
+        self.read_groups = int(options.get("read_groups") or 0)
         # the system's record columns asked for (streams.<id>.system-columns)
         self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
 
@@ -233,12 +235,17 @@ class WeirflowStreamReader(DataSourceStreamReader):
         return {"s": self.spec.stream_id, "p": ends, "w": watermark}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        parts: list[InputPartition] = []
+        ranges = []
         for key in self.spec.ssps:
             a, b = start["p"][key], end["p"][key]
             eos = bool(b["e"]) and not a["e"]
             if int(b["o"]) > int(a["o"]) or eos:
-                parts.append(InputPartition(("ssp", key, a["o"], b["o"], eos)))
+                ranges.append(("ssp", key, a["o"], b["o"], eos))
+        groups = self.spec.read_groups
+        if groups and len(ranges) > groups:  # see `SystemConsumer.warm`
+            parts = [InputPartition(("group", tuple(ranges[i::groups]))) for i in range(groups)]
+        else:
+            parts = [InputPartition(r) for r in ranges]
         if int(end.get("w", -1)) > int(start.get("w", -1)):
             parts.append(InputPartition(("inject", int(end["w"]))))
         return parts
@@ -300,8 +307,19 @@ class _BatchReader:
             wm_us = (watermark + self.spec.delay_ms) * 1000
             yield self._control_batch([(wm_us, self._ctl("inject", None, ctl_ms=watermark))])
             return
-        _, key, start, end, eos = value
         from weirflow.interfaces.system import SystemStreamPartition
+
+        parts = value[1] if value[0] == "group" else (value,)
+        consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
+        for _, key, start, end, _eos in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
+            if int(end) > int(start):
+                ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
+                consumer.warm(ssp, start, end)
+        if value[0] == "group":
+            for part in parts:
+                yield from self.read(part)
+            return
+        _, key, start, end, eos = value
 
         ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
