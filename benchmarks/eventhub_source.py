@@ -3,9 +3,11 @@
 One in-process Event Hubs emulator holds ``--events`` JSON page views (default 100,000) in 4 partitions.
 
 * **weirflow source**: one Structured Streaming query over the `weirflow` source (the `eventhub` system's
-  consumer in Spark's Python workers, ``task.max.records.per.trigger`` events per partition per batch, JSON
-  decoded to the page-view schema) into a `noop` sink, from query start until every event is read. The
-  Spark session is started before the clock starts.
+  consumer in Spark's Python workers, one task per partition with ``task.max.records.per.trigger`` events
+  per batch, the partitions spread over Spark's cores as a job's queries spread them, JSON decoded to the
+  page-view schema) into a `noop` sink, from query start until every event is read, with the shipped
+  ``systems.<name>.prefetch`` and ``catch-up.prefetch``. The Spark session is started before the clock
+  starts.
 * **raw SDK**: `EventHubConsumerClient.receive_batch` on all partitions from the start, counting events in
   the callback, from client creation until every event arrived.
 
@@ -164,6 +166,7 @@ def main() -> None:
                 "ratio": round(value / baseline, 3),
                 "events": args.events,
                 "prefetch": config.get("systems.eh.prefetch"),
+                "catch_up_prefetch": config.get("systems.eh.catch-up.prefetch"),
             }
         )
     )
