@@ -11,7 +11,7 @@ NODE_STAMP := node_modules/.installed-stamp
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,azure]'
+	$(PY) -m pip install --quiet -e '.[dev,azure,emulator]'
 	@touch $(STAMP)
 
 # A Java runtime is installed through apt only when `java` is missing (PySpark needs it).

@@ -6,11 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from azure_coordinator.latch import TableLatch
-from azure_coordinator.leases import LEADER_BLOB, LOCK_PREFIX, BlobLease, lease_seconds
-from azure_coordinator.metadata import BlobMetadataStore
-from azure_coordinator.registry import TableProcessorRegistry
-from azure_coordinator.storage import Storage
 from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
@@ -21,6 +16,11 @@ from weirflow.interfaces.coordination import (
     ProcessorRegistry,
 )
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
+from weirflow_azure.coordinator.latch import TableLatch
+from weirflow_azure.coordinator.leases import LEADER_BLOB, LOCK_PREFIX, BlobLease, lease_seconds
+from weirflow_azure.coordinator.metadata import BlobMetadataStore
+from weirflow_azure.coordinator.registry import TableProcessorRegistry
+from weirflow_azure.coordinator.storage import Storage
 
 log = logging.getLogger("weirflow.azure")
 

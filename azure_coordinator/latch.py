@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
-from azure_coordinator.storage import Storage, escape_key, unescape_key
 from weirflow.interfaces.coordination import Latch, LatchState
+from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from typing import Any
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import BlobLeaseClient
 
-from azure_coordinator.storage import Storage
+from weirflow_azure.coordinator.storage import Storage
 
 LEADER_BLOB = "leases/leader"
 LOCK_PREFIX = "leases/locks/"

@@ -21,9 +21,9 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContentSettings
 
-from azure_coordinator.storage import Storage
 from weirflow.errors import EtagMismatchError
 from weirflow.interfaces.metadata import Document, MetadataStore
+from weirflow_azure.coordinator.storage import Storage
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
-from azure_coordinator.storage import Storage, escape_key
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
+from weirflow_azure.coordinator.storage import Storage, escape_key
 
 T = TypeVar("T")
 

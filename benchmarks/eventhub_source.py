@@ -24,11 +24,11 @@ import time
 
 from azure.eventhub import EventHubConsumerClient
 
-from eventhub_system.emulator.server import EventHubsEmulator
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
+from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
 PARTITIONS = 4
 SCHEMA = "user string, page string, event_time timestamp"

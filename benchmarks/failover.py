@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
 EXAMPLE = ROOT / "examples" / "coordination" / "job.yaml"
 
 from weirflow.cli import status_document  # noqa: E402
@@ -112,7 +113,7 @@ def main() -> None:
         work = Path(tmp)
         azurite = None
         if "azure" in backends:
-            from azure_coordinator.azurite import Azurite
+            from tests.azurite import Azurite
 
             azurite = Azurite(work / "azurite").start()
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from azure_coordinator.storage import Storage
-from checkpoint.eventhubs_layout import eventhubs_systems
-from checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
 from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
+from weirflow_azure.checkpoint.eventhubs_layout import eventhubs_systems
+from weirflow_azure.checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
+from weirflow_azure.coordinator.storage import Storage
 
 
 class TableCheckpointManagerFactory(CheckpointManagerFactory):

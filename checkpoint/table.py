@@ -1,6 +1,6 @@
 """`TableCheckpointManager` (``task.checkpoint.factory: azure-table``): checkpoints in Azure Table Storage.
 
-Table ``<prefix>checkpoints`` (see `azure_coordinator.storage` for the prefix), one partition per task:
+Table ``<prefix>checkpoints`` (see `weirflow_azure.coordinator.storage` for the prefix), one partition per task:
 
 * one row per SSP — RowKey ``ssp:<system.stream.partition>``, columns ``system``, ``stream``,
   ``partition`` (int) and ``offset`` (the next offset to read, as the system's string);
@@ -15,7 +15,7 @@ a reader racing the write sees, for some SSPs, the previous offsets — an older
 
 Keys are escaped (`escape_key`) because Table keys may not contain ``/ \\ # ?``.
 
-Event Hubs SSPs are also written in the Azure SDKs' layout (see `checkpoint.eventhubs_layout`).
+Event Hubs SSPs are also written in the Azure SDKs' layout (see `weirflow_azure.checkpoint.eventhubs_layout`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 
 from azure.data.tables import UpdateMode
 
-from azure_coordinator.storage import Storage, escape_key, unescape_key
-from checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
+from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key
 
 T = TypeVar("T")
 

@@ -31,7 +31,13 @@ def eventhubs(
     """Serve event hubs over AMQP to the unmodified azure-eventhub SDK; print the connection string.
 
     Not a production broker: no auth, no retention limit, no throttling. In memory unless --data-dir."""
-    from eventhub_system.emulator.server import EventHubsEmulator
+    from weirflow_azure.eventhubs.emulator import INSTALL_HINT
+
+    try:
+        from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
+    except ImportError as exc:
+        typer.echo(f"error: the Event Hubs emulator is not installed ({exc}); {INSTALL_HINT}", err=True)
+        raise typer.Exit(2) from exc
 
     hubs = dict(parse_hub(h) for h in hub)
     emulator = EventHubsEmulator(hubs, host=host, port=port, data_dir=data_dir)

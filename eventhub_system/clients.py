@@ -33,8 +33,6 @@ from azure.eventhub import EventData
 from azure.eventhub.exceptions import EventHubError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from eventhub_system.lookup3 import partition_for_key
-from eventhub_system.settings import EventHubsSettings
 from weirflow.errors import RecordTooLargeError, StreamNotFoundError, WeirflowError
 from weirflow.interfaces.system import (
     IncomingRecord,
@@ -48,6 +46,8 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
+from weirflow_azure.eventhubs.lookup3 import partition_for_key
+from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 log = logging.getLogger("weirflow.eventhub")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventhub_system.clients import EventHubSystemAdmin, EventHubSystemConsumer, EventHubSystemProducer
-from eventhub_system.settings import EventHubsSettings
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
+from weirflow_azure.eventhubs.clients import EventHubSystemAdmin, EventHubSystemConsumer, EventHubSystemProducer
+from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 
 def _hubs_of(system: str, config: Any) -> dict[str, int]:

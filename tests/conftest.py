@@ -2,7 +2,7 @@
 show the measured failover and rebalance times without `-s`.
 
 `azure_storage` is the connection string of the storage account the Azure suite runs against: Azurite
-started for the session on free ports (see `azure_coordinator.azurite`), or a real account when the
+started for the session on free ports (see `tests/azurite.py`), or a real account when the
 environment variable ``WEIRFLOW_TEST_AZURE_STORAGE`` holds its connection string. Every test names its own
 job, so jobs' containers and tables never collide and nothing needs cleaning between tests.
 """
@@ -25,7 +25,7 @@ def azure_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if real:
         yield real
         return
-    from azure_coordinator.azurite import Azurite
+    from tests.azurite import Azurite
 
     azurite = Azurite(tmp_path_factory.mktemp("azurite")).start()
     try:
@@ -39,7 +39,7 @@ def own_azurite(tmp_path: Path) -> Iterator[object]:
     """An Azurite of this test alone (it may be stopped and restarted); skipped on a real account."""
     if os.environ.get(REAL_ACCOUNT_ENV):
         pytest.skip("stops and restarts storage: needs Azurite, not a real account")
-    from azure_coordinator.azurite import Azurite
+    from tests.azurite import Azurite
 
     azurite = Azurite(tmp_path / "azurite").start()
     try:
@@ -52,7 +52,7 @@ def own_azurite(tmp_path: Path) -> Iterator[object]:
 def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
     """``eventhubs_emulator({"hub": partitions}, data_dir=None)`` starts an Event Hubs emulator on a free port;
     all are stopped after the test."""
-    from eventhub_system.emulator.server import EventHubsEmulator
+    from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
     started: list[EventHubsEmulator] = []
 

@@ -350,7 +350,7 @@ def _print_record(record: Any, as_json: bool) -> None:
 
 def _add_plugin_commands() -> None:
     """Command groups plugins register under the entry-point group ``weirflow.commands`` (a `typer.Typer`
-    each, named by the entry point), e.g. ``weirflow emulator eventhubs`` from `eventhub_system`. A plugin
+    each, named by the entry point), e.g. ``weirflow emulator eventhubs`` from `weirflow_azure.eventhubs`. A plugin
     whose dependencies are missing just does not add its commands."""
     from importlib.metadata import entry_points
 

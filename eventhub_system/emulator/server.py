@@ -34,10 +34,10 @@ from typing import Any
 
 from proton import Collector, Condition, Connection, Delivery, Event, Message, Transport, symbol, timestamp
 
-from eventhub_system.emulator.frames import FramePadder
-from eventhub_system.emulator.messages import reply, split_batch, stamped
-from eventhub_system.emulator.store import EventStore, Hub
-from eventhub_system.lookup3 import partition_for_key
+from weirflow_azure.eventhubs.emulator.frames import FramePadder
+from weirflow_azure.eventhubs.emulator.messages import reply, split_batch, stamped
+from weirflow_azure.eventhubs.emulator.store import EventStore, Hub
+from weirflow_azure.eventhubs.lookup3 import partition_for_key
 
 log = logging.getLogger("weirflow.emulator")
 

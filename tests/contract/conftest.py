@@ -32,7 +32,7 @@ def _azure_config(location: str, **extra: object):
 
 
 def _azure_storage(location: str):
-    from azure_coordinator.storage import Storage
+    from weirflow_azure.coordinator.storage import Storage
 
     return Storage.from_config(_azure_config(location))
 
@@ -43,7 +43,7 @@ def build_coordination(backend: str, location: str, owner: str, lease_ms: int = 
 
         return SqliteCoordinationUtils(Path(location) / "job.db", owner, lease_ms)
     if backend == "azure":
-        from azure_coordinator.factories import AzureCoordinationUtils
+        from weirflow_azure.coordinator.factories import AzureCoordinationUtils
 
         return AzureCoordinationUtils(_azure_storage(location), owner, max(lease_ms, AZURE_LEASE_MS))
     raise ValueError(backend)
@@ -55,7 +55,7 @@ def build_checkpoint_manager(backend: str, location: str) -> CheckpointManager:
 
         return SqliteCheckpointManager(Path(location) / "job.db")
     if backend == "azure":
-        from checkpoint.table import TableCheckpointManager
+        from weirflow_azure.checkpoint.table import TableCheckpointManager
 
         return TableCheckpointManager(_azure_storage(location))
     raise ValueError(backend)
@@ -67,7 +67,7 @@ def build_metadata_store(backend: str, location: str) -> MetadataStore:
 
         return SqliteMetadataStore(Path(location) / "job.db")
     if backend == "azure":
-        from azure_coordinator.metadata import BlobMetadataStore
+        from weirflow_azure.coordinator.metadata import BlobMetadataStore
 
         return BlobMetadataStore(_azure_storage(location))
     raise ValueError(backend)
@@ -105,8 +105,8 @@ def build_system(backend: str, location: str, emulator: object | None = None) ->
             lambda stream, partitions: admin.create_stream(StreamSpec(stream, partitions)) and None,
         )
     if backend == "eventhub":
-        from eventhub_system.factory import EventHubSystemFactory
         from weirflow.config.loader import Config
+        from weirflow_azure.eventhubs.factory import EventHubSystemFactory
 
         config = Config.from_dict(
             {"job.name": "contract", "systems.eh.factory": "eventhub", "systems.eh.connection.string": location}

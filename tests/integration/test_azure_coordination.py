@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from azure_coordinator.storage import Storage
-from checkpoint.table import TableCheckpointManager
 from tests.conftest import unique_job_name
 from tests.integration.relay_job import PARTITIONS, Job, finish
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.local.launcher import wait_until
+from weirflow_azure.checkpoint.table import TableCheckpointManager
+from weirflow_azure.coordinator.storage import Storage
 
 pytestmark = pytest.mark.integration
 

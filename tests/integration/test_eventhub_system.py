@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from eventhub_system.clients import EventHubSystemConsumer
-from eventhub_system.lookup3 import partition_for_key
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError, RecordTooLargeError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
+from weirflow_azure.eventhubs.clients import EventHubSystemConsumer
+from weirflow_azure.eventhubs.lookup3 import partition_for_key
 
 pytestmark = pytest.mark.integration
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from azure_coordinator.storage import Storage
-from checkpoint.table import TableCheckpointManager
 from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.control import MessageType, decode, is_control
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
+from weirflow_azure.checkpoint.table import TableCheckpointManager
+from weirflow_azure.coordinator.storage import Storage
 
 pytestmark = pytest.mark.integration
 

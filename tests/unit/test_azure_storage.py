@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 from azure.core.exceptions import HttpResponseError, ServiceRequestError
 
-from azure_coordinator.azurite import free_port
-from azure_coordinator.factories import AzureJobCoordinatorFactory
-from azure_coordinator.metadata import BlobMetadataStore
-from azure_coordinator.storage import (
+from tests.azurite import free_port
+from weirflow.config.loader import Config
+from weirflow.errors import ConfigError, ServiceUnavailableError
+from weirflow.factories import metadata_store_factory
+from weirflow_azure.checkpoint.eventhubs_layout import namespace_of_connection_string
+from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory
+from weirflow_azure.coordinator.metadata import BlobMetadataStore
+from weirflow_azure.coordinator.storage import (
     AzureStorageError,
     Storage,
     StorageSettings,
@@ -19,10 +23,6 @@ from azure_coordinator.storage import (
     is_transient,
     unescape_key,
 )
-from checkpoint.eventhubs_layout import namespace_of_connection_string
-from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, ServiceUnavailableError
-from weirflow.factories import metadata_store_factory
 
 ACCOUNT = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=a2V5;"
 

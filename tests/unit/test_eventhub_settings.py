@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from azure.identity import DefaultAzureCredential
 
-from eventhub_system.settings import EventHubsSettings
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError
+from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 
 def _settings(**keys: object) -> EventHubsSettings:

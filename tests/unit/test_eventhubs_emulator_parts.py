@@ -8,8 +8,8 @@ import struct
 
 from azure.eventhub._buffered_producer._partition_resolver import PartitionResolver
 
-from eventhub_system.emulator.frames import FULL_FIELD_COUNT, FramePadder, pad_performative
-from eventhub_system.lookup3 import hashlittle2, partition_for_key
+from weirflow_azure.eventhubs.emulator.frames import FULL_FIELD_COUNT, FramePadder, pad_performative
+from weirflow_azure.eventhubs.lookup3 import hashlittle2, partition_for_key
 
 
 def test_partition_key_routing_equals_the_sdk_resolver_for_10000_keys() -> None:

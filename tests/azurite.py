@@ -6,7 +6,8 @@ own data directory, waits until blob and table endpoints accept connections, and
 string. `stop` + `start` again with the same object restarts it on the same ports and data directory, which
 is how tests take storage away from running processors and give it back.
 
-This is a development tool; production jobs point ``azure.storage.*`` at a real account.
+This is a development tool of the test tree (not installed with weirflow); production jobs point
+``azure.storage.*`` at a real account.
 """
 
 from __future__ import annotations

@@ -1,0 +1,109 @@
+"""How weirflow installs: every package folder is shipped under its import name, the Azure suite under the
+`weirflow_azure` namespace (no generic top-level names such as `checkpoint`), development tools only with
+their extra, and a job's own modules never hide a plugin (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _import_name(folder: Path) -> str:
+    """The import name a package folder is installed under, through `package-dir`."""
+    relative = folder.relative_to(ROOT).as_posix()
+    for name, directory in PYPROJECT["tool"]["setuptools"].get("package-dir", {}).items():
+        if relative == directory or relative.startswith(directory + "/"):
+            return name + relative[len(directory) :].replace("/", ".")
+    return relative.replace("/", ".")
+
+
+def test_every_package_folder_is_installed_under_its_namespaced_name() -> None:
+    folders = [
+        init.parent
+        for top in ("weirflow", "azure_coordinator", "checkpoint", "eventhub_system")
+        for init in (ROOT / top).rglob("__init__.py")
+    ]
+    expected = sorted(_import_name(folder) for folder in folders)
+    assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == expected
+    top_level = {name.split(".")[0] for name in expected}
+    assert top_level == {"weirflow", "weirflow_azure"}, top_level
+
+
+def test_entry_points_name_namespaced_modules() -> None:
+    for group, aliases in PYPROJECT["project"]["entry-points"].items():
+        for alias, target in aliases.items():
+            assert target.split(".")[0] in {"weirflow", "weirflow_azure"}, (group, alias, target)
+
+
+def test_the_emulator_engine_comes_only_with_its_extra() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    proton = [dep for dep in extras["emulator"] if dep.startswith("python-qpid-proton")]
+    assert proton, extras["emulator"]
+    assert not [dep for dep in extras["azure"] if "proton" in dep]
+    core = " ".join(PYPROJECT["project"]["dependencies"])
+    for plugin_only in ("azure", "boto3", "proton"):
+        assert plugin_only not in core
+
+
+def test_a_jobs_own_checkpoint_module_neither_hides_nor_is_hidden_by_the_plugin(tmp_path: Path) -> None:
+    """The job's directory goes first on sys.path when its code is imported; its `checkpoint.py` must stay the
+    job's, and the ``azure-table`` checkpoint plugin resolved afterwards must still be the plugin."""
+    (tmp_path / "checkpoint.py").write_text("OWNER = 'the job'\n")
+    (tmp_path / "tasks.py").write_text("import checkpoint\n\ndef process(rows):\n    return rows\n")
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(
+            """\
+            job.name: shadow
+            task.class: tasks:process
+            job.coordinator.factory: azure
+            task.checkpoint.factory: azure-table
+            """
+        )
+    )
+    probe = textwrap.dedent(
+        f"""\
+        import json, sys
+        from weirflow.config import load_config
+        from weirflow.factories import checkpoint_factory, coordinator_factory
+        from weirflow.user_code import load_callable
+        config = load_config({str(tmp_path / "job.yaml")!r})
+        load_callable(config, "task.class")
+        factory = checkpoint_factory(config)
+        coordinator = coordinator_factory(config)
+        print(json.dumps({{
+            "user": sys.modules["checkpoint"].OWNER,
+            "checkpoint": type(factory).__module__ + "." + type(factory).__name__,
+            "coordinator": type(coordinator).__module__,
+        }}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "user": "the job",
+        "checkpoint": "weirflow_azure.checkpoint.factories.TableCheckpointManagerFactory",
+        "coordinator": "weirflow_azure.coordinator.factories",
+    }
+
+
+def test_the_emulator_command_says_how_to_install_its_engine_when_it_is_missing() -> None:
+    probe = textwrap.dedent(
+        """\
+        import sys
+        sys.modules["proton"] = None  # as on an install without the `emulator` extra
+        from weirflow.cli import main
+        sys.argv = ["weirflow", "emulator", "eventhubs", "--hub", "views:2", "--port", "0"]
+        main()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "weirflow[emulator]" in done.stderr, done.stderr
