@@ -60,7 +60,7 @@ def raw_sdk(connection_string: str, events: int) -> float:
     done = threading.Event()
     guard = threading.Lock()
 
-    def on_batch(_ctx, batch) -> None:  # noqa: ANN001
+    def on_batch(_ctx, batch) -> None:
         nonlocal count
         with guard:
             count += len(batch)
@@ -96,7 +96,7 @@ def weirflow_source(config: Config, events: int) -> float:
         groups = read_groups(spark, systems.consumer("eh"))
     finally:
         systems.close()
-    user_schema = T._parse_datatype_string(SCHEMA)  # noqa: SLF001 - Spark's own DDL parser
+    user_schema = T._parse_datatype_string(SCHEMA)
     ssps = [f"eh.views.{p}" for p in range(PARTITIONS)]
     options = {
         "config": config.snapshot(),

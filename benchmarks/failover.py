@@ -38,7 +38,7 @@ from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
 from weirflow.systems import Systems  # noqa: E402
 
 
-def all_running(config, processors: set[str]) -> bool:  # noqa: ANN001
+def all_running(config, processors: set[str]) -> bool:
     """Every task assigned once, to exactly ``processors``, each RUNNING its assignment at that version."""
     doc = status_document(config)
     assignment = doc["assignment"]
@@ -57,7 +57,7 @@ def all_running(config, processors: set[str]) -> bool:  # noqa: ANN001
     )
 
 
-def create_streams(config) -> None:  # noqa: ANN001
+def create_streams(config) -> None:
     systems = Systems(config)
     try:
         for stream in ("page-views", "page-visits"):

@@ -131,7 +131,7 @@ def run_plain_spark(
         if i % EVENTS_PER_FILE == 0:
             if out:
                 out.close()
-            out = open(data / f"part-{i // EVENTS_PER_FILE:05d}.json", "w")  # noqa: SIM115
+            out = open(data / f"part-{i // EVENTS_PER_FILE:05d}.json", "w")
         out.write(json.dumps(event) + "\n")
     if out:
         out.write(json.dumps({"user": "-", "page": "__end__", "event_time": "9999-12-30T00:00:00.000Z"}) + "\n")

@@ -274,7 +274,7 @@ class _PartitionReader:
                 max_batch_size=batch_size,
                 prefetch=self.prefetch,
             )
-        except Exception as exc:  # noqa: BLE001 - surfaced to the reading thread
+        except Exception as exc:
             self.error = exc
 
     def buffered(self) -> int:

@@ -83,7 +83,7 @@ class Azurite:
             "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
             "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
         ]  # fmt: skip
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed when the process is reaped
+        log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s

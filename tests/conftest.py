@@ -82,7 +82,7 @@ def measure(request: pytest.FixtureRequest) -> Callable[[str], None]:
     return record
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if _MEASUREMENTS:
         terminalreporter.section("measured")
         for line in _MEASUREMENTS:

@@ -67,7 +67,7 @@ class RecordTooLargeError(WeirflowError):
     Raised before anything of that call was sent, so the caller can dead-letter ``records`` (the offending
     ones, each with ``reasons[i]``) and send the rest again."""
 
-    def __init__(self, records: list, reasons: list[str]) -> None:  # noqa: ANN001 - OutgoingRecord list
+    def __init__(self, records: list, reasons: list[str]) -> None:
         self.records = records
         self.reasons = reasons
         super().__init__(f"{len(records)} record(s) too large to send: {reasons[0]}")

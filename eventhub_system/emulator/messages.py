@@ -65,7 +65,7 @@ def split_batch(encoded: bytes) -> tuple[str | None, list[bytes]]:
         for body in bodies:
             try:
                 inner_parts = sections(bytes(body))
-            except (ValueError, Exception):  # noqa: BLE001 - proton raises its own DataException
+            except (ValueError, Exception):
                 inner = []
                 break
             if not inner_parts or any(code < HEADER or code > 0x78 for code, _, _ in inner_parts):

@@ -262,7 +262,7 @@ class EventHubsEmulator:
                 break
             try:
                 self._dispatch(client, event)
-            except Exception:  # noqa: BLE001 - one bad request must not stop the emulator
+            except Exception:
                 log.exception("emulator: error handling %s", event.type)
             client.collector.pop()
         self._flush(client)

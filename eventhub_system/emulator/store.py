@@ -44,7 +44,7 @@ class Partition:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.exists():
                 self._load(path.read_bytes())
-            self._file = open(path, "ab")  # noqa: SIM115 - kept open for appends; closed by close()
+            self._file = open(path, "ab")
 
     def _load(self, data: bytes) -> None:
         at = 0

@@ -80,7 +80,7 @@ def test_a_backlog_is_read_with_catch_up_credit_and_a_live_partition_with_the_sm
     ssp = SystemStreamPartition("eh", "views", 1)
 
     def credit() -> int:
-        return consumer._readers[ssp].prefetch  # noqa: SLF001 - the receiver's link credit
+        return consumer._readers[ssp].prefetch
 
     assert consumer.warm(ssp, "0", "1000") is True
     assert credit() == 300, "a planned read of 1,000 events catches up"
@@ -99,12 +99,12 @@ def test_a_backlog_is_read_with_catch_up_credit_and_a_live_partition_with_the_sm
         f"v{i}".encode() for i in range(1000, 1005)
     ]
 
-    fresh = EventHubSystemConsumer(consumer._settings)  # noqa: SLF001 - a second reader, same settings
+    fresh = EventHubSystemConsumer(consumer._settings)
     try:
         assert len(fresh.read(ssp, "0", 50)) == 50
-        assert fresh._readers[ssp].prefetch == 300, "opened 1,005 events behind the end"  # noqa: SLF001
+        assert fresh._readers[ssp].prefetch == 300, "opened 1,005 events behind the end"
         assert len(fresh.read(ssp, "1000", 50)) == 5
-        assert fresh._readers[ssp].prefetch == 20, "reopened near the end"  # noqa: SLF001
+        assert fresh._readers[ssp].prefetch == 20, "reopened near the end"
     finally:
         fresh.close()
 
@@ -126,7 +126,7 @@ def test_the_spark_sink_dead_letters_an_event_over_the_limit_and_sends_the_rest(
     producer, consumer = systems.producer("eh"), systems.consumer("eh")
     big = OutgoingRecord("small", bytes(2 * 1024 * 1024), key=b"k1", partition=0)
     fine = [OutgoingRecord("small", f"r{i}".encode(), partition=0) for i in range(3)]
-    WeirflowStreamWriter._send(producer, [fine[0], big, fine[1], fine[2]])  # noqa: SLF001 - the sink's send path
+    WeirflowStreamWriter._send(producer, [fine[0], big, fine[1], fine[2]])
     sent = consumer.read(SystemStreamPartition("eh", "small", 0), "0", 10)
     assert [r.value for r in sent] == [b"r0", b"r1", b"r2"]
     (letter,) = [json.loads(r.value) for r in consumer.read(SystemStreamPartition("eh", "small.dlq", 0), "0", 10)]

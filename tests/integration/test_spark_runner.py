@@ -61,10 +61,10 @@ def test_stateless_tasks_share_a_query_and_a_stopped_start_never_runs(tmp_path: 
 
         # Both accepted; while their query's start waits for its turn (another start holds the session),
         # one is withdrawn: the start finds it gone and runs only the other.
-        with runner._starting:  # noqa: SLF001 - stands for a start in progress
+        with runner._starting:
             runner.start_task(tasks["events-0"], locks["events-0"])
             runner.start_task(tasks["events-1"], locks["events-1"])
-            wait_until(lambda: runner._busy, 30, "the stage's start to be under way", 0.01)  # noqa: SLF001
+            wait_until(lambda: runner._busy, 30, "the stage's start to be under way", 0.01)
             stopper = threading.Thread(target=runner.stop_tasks, args=(["events-1"],))
             stopper.start()
             wait_until(lambda: "events-1" not in runner.running(), 30, "events-1 to be withdrawn", 0.01)

@@ -22,10 +22,10 @@ def test_a_namespace_signs_in_with_default_azure_credential() -> None:
     try:
         for client in (producer, consumer):
             # The SDK keeps these privately; they are what it will connect to and sign in with.
-            assert client._address.hostname == "ns1.servicebus.windows.net"  # noqa: SLF001
+            assert client._address.hostname == "ns1.servicebus.windows.net"
             assert client.eventhub_name == "views"
-            assert isinstance(client._credential, DefaultAzureCredential)  # noqa: SLF001
-        assert consumer._consumer_group == "jobs"  # noqa: SLF001
+            assert isinstance(client._credential, DefaultAzureCredential)
+        assert consumer._consumer_group == "jobs"
     finally:
         producer.close()
         consumer.close()
@@ -38,7 +38,7 @@ def test_a_connection_string_s_entity_path_is_dropped_so_it_serves_every_hub() -
     producer = settings.producer("two")
     try:
         assert producer.eventhub_name == "two"
-        assert producer._address.hostname == "ns2.servicebus.windows.net"  # noqa: SLF001
+        assert producer._address.hostname == "ns2.servicebus.windows.net"
     finally:
         producer.close()
 

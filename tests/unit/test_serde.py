@@ -114,7 +114,7 @@ def test_a_clean_chunk_takes_the_vector_path_and_bad_values_keep_their_reasons()
         (52, failed[2][1]),
     ]
     assert failed[2][1].startswith("not valid JSON")
-    assert decoder._parse(good) is not None, "a clean chunk is parsed by Arrow in one call"  # noqa: SLF001
+    assert decoder._parse(good) is not None, "a clean chunk is parsed by Arrow in one call"
 
 
 @pytest.mark.parametrize("as_text", [True, False])

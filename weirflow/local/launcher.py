@@ -62,7 +62,7 @@ def start_processor(
     log_dir = log_dir or config.parent
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{processor_id}.log"
-    log = open(log_path, "ab")  # noqa: SIM115 - owned by ProcessorProcess
+    log = open(log_path, "ab")
     args = [sys.executable, "-m", "weirflow", "run", str(config), "--processor-id", processor_id]
     for item in overrides:
         args += ["--set", item]

@@ -16,14 +16,14 @@ from __future__ import annotations
 import gc
 
 import pandas  # noqa: F401  (PySpark's data source reader imports it in every new worker otherwise)
-import pyarrow.compute  # noqa: F401
+import pyarrow.compute
 import pyarrow.json  # noqa: F401
 import pyspark.daemon
-import pyspark.sql.pandas.types  # noqa: F401
-import pyspark.sql.worker.plan_data_source_read  # noqa: F401
-import pyspark.worker  # noqa: F401
+import pyspark.sql.pandas.types
+import pyspark.sql.worker.plan_data_source_read
+import pyspark.worker
 
-import weirflow.spark.sink  # noqa: F401
+import weirflow.spark.sink
 import weirflow.spark.source  # noqa: F401
 
 if __name__ == "__main__":
