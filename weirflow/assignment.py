@@ -40,10 +40,3 @@ def assign(
         result[p].extend(free[:room])
         free = free[room:]
     return {p: tuple(sorted(result[p])) for p in procs}
-
-
-def moved_tasks(previous: Mapping[str, Iterable[str]], new: Mapping[str, Iterable[str]]) -> set[str]:
-    """Tasks present in both assignments whose owner changed."""
-    before = {t: p for p, ts in previous.items() for t in ts}
-    after = {t: p for p, ts in new.items() for t in ts}
-    return {t for t in before.keys() & after.keys() if before[t] != after[t]}

@@ -1,4 +1,5 @@
-"""In-band control messages on intermediate streams (seed 004) and how a consumer reconciles them.
+"""In-band control messages on intermediate streams and how a consumer reconciles them (docs/pipelines.md,
+"Control messages").
 
 Wire format of every message on an intermediate stream::
 

@@ -7,16 +7,12 @@ stage's co-partitioned inputs meet in one task (what joins and `partition_by` re
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import TaskModel
 
 _STAGE = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def ssps_of(system: str, stream: str, partitions: int) -> list[SystemStreamPartition]:
-    return [SystemStreamPartition(system, stream, p) for p in range(partitions)]
 
 
 def group_by_partition(stage: str, ssps: Iterable[SystemStreamPartition]) -> dict[str, TaskModel]:
@@ -29,10 +25,3 @@ def group_by_partition(stage: str, ssps: Iterable[SystemStreamPartition]) -> dic
         f"{stage}-{n}": TaskModel(f"{stage}-{n}", stage, tuple(sorted(set(group))))
         for n, group in sorted(by_partition.items())
     }
-
-
-def group_stages(stages: Mapping[str, Iterable[SystemStreamPartition]]) -> dict[str, TaskModel]:
-    tasks: dict[str, TaskModel] = {}
-    for stage, ssps in stages.items():
-        tasks.update(group_by_partition(stage, ssps))
-    return tasks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from weirflow.factories import (
@@ -25,6 +25,9 @@ class JobContext:
     metadata: MetadataStore
     checkpoints: CheckpointManager
     systems: Systems
+    # What a component builds once per context and shares (the Spark data plane, which the leader's planner
+    # and the task runner both use); it lives and dies with the context.
+    attachments: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def open(cls, config: Any, owner: str) -> JobContext:
@@ -47,6 +50,7 @@ class JobContext:
         )
 
     def close(self) -> None:
+        self.attachments.clear()
         self.systems.close()
         self.checkpoints.stop()
         self.metadata.stop()

@@ -1,4 +1,4 @@
-"""Reconciliation of in-band control messages (seed 004): the rules a consumer applies per partition."""
+"""Reconciliation of in-band control messages: the rules a consumer applies per partition."""
 
 from __future__ import annotations
 

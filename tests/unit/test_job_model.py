@@ -6,18 +6,18 @@ import json
 
 import pytest
 
-from weirflow.grouper import group_by_partition, group_stages, ssps_of
+from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import JobModel
 
 
+def ssps_of(system: str, stream: str, partitions: int) -> list[SystemStreamPartition]:
+    return [SystemStreamPartition(system, stream, p) for p in range(partitions)]
+
+
 def sample() -> JobModel:
-    tasks = group_stages(
-        {
-            "s0": ssps_of("local", "views", 3) + ssps_of("local", "clicks", 2),
-            "s1": ssps_of("eh", "views-by-page", 4),
-        }
-    )
+    tasks = group_by_partition("s0", ssps_of("local", "views", 3) + ssps_of("local", "clicks", 2))
+    tasks |= group_by_partition("s1", ssps_of("eh", "views-by-page", 4))
     assignment = {"p1": ("s0-0", "s0-1", "s1-0", "s1-1"), "p2": ("s0-2", "s1-2", "s1-3")}
     return JobModel(version=3, tasks=tasks, assignment=assignment, created_ms=1234, leader="p1")
 

@@ -9,8 +9,9 @@ import pytest
 from weirflow.coordination.job_model_store import latch_name, read_job_model
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.grouper import group_by_partition, ssps_of
+from weirflow.grouper import group_by_partition
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo
+from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.metadata import SqliteMetadataStore
 
@@ -24,7 +25,7 @@ TIMINGS = CoordinationTimings(
     poll_interval_ms=500,
     lock_timeout_ms=60000,
 )
-TASKS = group_by_partition("main", ssps_of("local", "events", 6))
+TASKS = group_by_partition("main", [SystemStreamPartition("local", "events", p) for p in range(6)])
 
 
 class Clock:

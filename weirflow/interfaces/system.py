@@ -5,9 +5,14 @@ Kinesis. The runtime never talks to a system directly; it asks the configured `S
 (`systems.<name>.factory`) for an admin, a consumer or a producer. These are plain-value interfaces so a new
 system needs nothing but this module's docstrings.
 
-Offsets are opaque strings defined by the system (the local log and Event Hubs use decimal sequence numbers).
-They are compared only by the system itself (`SystemAdmin.offset_comparator` is deliberately absent: the
-runtime stores the *next offset to read*, which every system can resume from without comparing).
+**Offsets** are strings defined by the system. Coordination and checkpoints treat them as opaque: they store
+the *next offset to read*, which every system can resume from without comparing
+(`SystemAdmin.offset_comparator` is deliberately absent). The Spark data plane asks more, because it plans
+micro-batches as offset ranges and read budgets (`weirflow.spark.source`): a system read by a pipeline must
+use **decimal sequence numbers, one per record, dense within a partition** (a record at offset n is followed
+by n + 1). The embedded log and Event Hubs (sequence numbers) do; a system whose native positions are not
+dense (Kinesis sequence numbers) maps them to such offsets itself and keeps its native position in the
+record's ``attributes`` and `PartitionMetadata.newest_position`.
 """
 
 from __future__ import annotations

@@ -79,48 +79,19 @@ class PipelinePlan:
 
     # --- stages -----------------------------------------------------------------------------------------
     def _cut(self) -> list[Stage]:
-        parent: dict[int, int] = {n.index: n.index for n in self.app.nodes}
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        for node in self.app.nodes:
-            for p in node.parents:
-                parent[find(node.index)] = find(p.index)
-        groups: dict[int, list[Node]] = {}
-        for node in self.app.nodes:
-            groups.setdefault(find(node.index), []).append(node)
+        """Stages are the connected parts of the node graph (intermediate streams cut it), in dependency
+        order."""
         stages: dict[int, Stage] = {}
-        for root, nodes in groups.items():
+        for root, nodes in _connected_groups(self.app.nodes).items():
             inputs = [n for n in nodes if n.op == "input"]
             stages[root] = Stage(name=stage_name(str(inputs[0].stream_id)), inputs=inputs, nodes=nodes)
+        root_of = {n.index: root for root, st in stages.items() for n in st.nodes}
         for sink in self.app.sinks:
-            stages[find(sink.node.index)].sinks.append(sink)
+            stages[root_of[sink.node.index]].sinks.append(sink)
         for stage in stages.values():
             if not stage.sinks:
                 raise PipelineError(f"stage '{stage.name}' writes nothing: send its rows somewhere (send_to)")
-        # order: a stage reading intermediate stream X comes after the stage writing X
-        writer = {s.stream_id: st for st in stages.values() for s in st.sinks if s.intermediate}
-        ordered: list[Stage] = []
-        visiting: set[str] = set()
-
-        def visit(stage: Stage) -> None:
-            if stage in ordered:
-                return
-            if stage.name in visiting:
-                raise PipelineError(f"stage '{stage.name}' feeds itself through an intermediate stream")
-            visiting.add(stage.name)
-            for stream_id in stage.input_ids:
-                if stream_id in writer:
-                    visit(writer[stream_id])
-            ordered.append(stage)
-
-        for stage in sorted(stages.values(), key=lambda s: s.inputs[0].index):
-            visit(stage)
-        return ordered
+        return _in_dependency_order(list(stages.values()))
 
     def stage(self, name: str) -> Stage:
         for stage in self.stages:
@@ -233,3 +204,44 @@ def _inputs_of(node: Node) -> list[Node]:
     for parent in node.parents:
         found.extend(i for i in _inputs_of(parent) if i not in found)
     return found
+
+
+def _connected_groups(nodes: list[Node]) -> dict[int, list[Node]]:
+    """Nodes grouped by connected component (union-find over parent links), keyed by the root's index."""
+    parent: dict[int, int] = {n.index: n.index for n in nodes}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for node in nodes:
+        for p in node.parents:
+            parent[find(node.index)] = find(p.index)
+    groups: dict[int, list[Node]] = {}
+    for node in nodes:
+        groups.setdefault(find(node.index), []).append(node)
+    return groups
+
+
+def _in_dependency_order(stages: list[Stage]) -> list[Stage]:
+    """A stage reading intermediate stream X comes after the stage writing X; a cycle is an error."""
+    writer = {s.stream_id: st for st in stages for s in st.sinks if s.intermediate}
+    ordered: list[Stage] = []
+    visiting: set[str] = set()
+
+    def visit(stage: Stage) -> None:
+        if stage in ordered:
+            return
+        if stage.name in visiting:
+            raise PipelineError(f"stage '{stage.name}' feeds itself through an intermediate stream")
+        visiting.add(stage.name)
+        for stream_id in stage.input_ids:
+            if stream_id in writer:
+                visit(writer[stream_id])
+        ordered.append(stage)
+
+    for stage in sorted(stages, key=lambda s: s.inputs[0].index):
+        visit(stage)
+    return ordered

@@ -1,4 +1,5 @@
-"""Many rows in one intermediate-stream record: Arrow IPC streams behind the ``rows`` type byte (seed 004 framing).
+"""Many rows in one intermediate-stream record: Arrow IPC streams behind the ``rows`` type byte (the framing
+of docs/pipelines.md, "Control messages").
 
 Only weirflow reads intermediate streams, so a stage writes its rows for one partition as one record: an
 Arrow IPC stream (schema + one record batch, LZ4-compressed buffers) instead of one JSON object per row.

@@ -52,11 +52,9 @@ class SparkDataPlane:
         return self.plan.plan_tasks
 
 
-_planes: dict[int, SparkDataPlane] = {}
-
-
 def data_plane(ctx: Any) -> SparkDataPlane:
-    """The processor's data plane (one per JobContext)."""
-    if id(ctx) not in _planes:
-        _planes[id(ctx)] = SparkDataPlane(ctx)
-    return _planes[id(ctx)]
+    """The processor's data plane: one per `JobContext`, kept in its attachments (gone when it closes)."""
+    plane = ctx.attachments.get("spark.data_plane")
+    if plane is None:
+        plane = ctx.attachments["spark.data_plane"] = SparkDataPlane(ctx)
+    return plane

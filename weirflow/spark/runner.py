@@ -66,6 +66,9 @@ from weirflow.tasks.runner import TaskRunner
 log = logging.getLogger("weirflow.spark")
 
 _CONTROL_TYPES = {"watermark": MessageType.WATERMARK, "eos": MessageType.END_OF_STREAM, "drain": MessageType.DRAIN}
+# Per SSP of one task after a batch: its next offset, and the system's native position of its last record.
+_Offsets = dict[SystemStreamPartition, str]
+_Positions = dict[SystemStreamPartition, dict[str, str]]
 _MONITOR_S = 0.1
 _ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond its termination event
 _SETTLE_S = 0.05  # starts wait this long after the last change, so a rebalance restarts a stage's query once
@@ -221,8 +224,37 @@ class StageQuery:
                 self.on_progress(report)
 
     def _apply(self, report: ProgressView) -> None:
-        offsets: dict[str, dict[SystemStreamPartition, str]] = {t.name: {} for t in self.tasks}
-        positions: dict[str, dict[SystemStreamPartition, dict[str, str]]] = {t.name: {} for t in self.tasks}
+        """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
+        offsets, positions = self._batch_ends(report)
+        dead = self._apply_control_rows(report)
+        spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
+        injected_all = all(s.watermark() >= MAX_TIMESTAMP_MS for s in report.sources)
+        for t in self.tasks:
+            if t.done or t.error:
+                continue
+            if dead.get(t.name):
+                t.control.dead_letters += dead[t.name]
+                log.warning("task %s: %d undecodable records sent to its dead-letter stream", t.name, dead[t.name])
+            self._reconcile(t)
+            if self.merged:
+                finishing = self._all_inputs_ended(t)
+                out = self._stateless_watermark(t)
+            else:
+                finishing = self._all_inputs_ended(t) and injected_all and (
+                    not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
+                )
+                out = self._output_watermark(t, report, spark_watermark)
+            if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
+                continue
+            if finishing:
+                t.done = True
+                log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
+                self.runner.wake()
+
+    def _batch_ends(self, report: ProgressView) -> tuple[dict[str, _Offsets], dict[str, _Positions]]:
+        """Per task, the next offset of each of its SSPs after the batch, and the systems' native positions."""
+        offsets: dict[str, _Offsets] = {t.name: {} for t in self.tasks}
+        positions: dict[str, _Positions] = {t.name: {} for t in self.tasks}
         for source in report.sources:
             if not source.end or "p" not in source.end:
                 continue
@@ -234,6 +266,10 @@ class StageQuery:
                 offsets[owner.name][ssp] = position["o"]
                 if position.get("x"):
                     positions[owner.name][ssp] = position["x"]
+        return offsets, positions
+
+    def _apply_control_rows(self, report: ProgressView) -> dict[str, int]:
+        """The batch's observed control rows applied to their tasks; returns dead letters per task."""
         dead: dict[str, int] = {}
         for index, stream_id in enumerate(self.inputs):
             row = report.observedMetrics.get(observation_name(index))
@@ -253,48 +289,36 @@ class StageQuery:
                         timestamp=int(ctl["ctl_ms"] or 0),
                     )
                     owner.control.stream(stream_id).apply(str(ctl["ssp"]), message)
-        spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
-        injected_all = all(s.watermark() >= MAX_TIMESTAMP_MS for s in report.sources)
-        for t in self.tasks:
-            if t.done or t.error:
-                continue
-            if dead.get(t.name):
-                t.control.dead_letters += dead[t.name]
-                log.warning("task %s: %d undecodable records sent to its dead-letter stream", t.name, dead[t.name])
-            self._reconcile(t)
-            if self.merged:
-                finishing = self._all_inputs_ended(t)
-                out = self._stateless_watermark(t)
-            else:
-                finishing = self._all_inputs_ended(t) and injected_all and (
-                    not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
-                )
-                out = self._output_watermark(t, report, spark_watermark)
-            try:
-                if finishing:
-                    self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
-                    t.control.finished = True
-                elif out is not None and out > t.control.sent_watermark:
-                    self._send_control(t, MessageType.WATERMARK, out)
-                    t.control.sent_watermark = out
-                t.offsets.update(offsets[t.name])
-                t.writer.write(
-                    Checkpoint(offsets=offsets[t.name], control=t.control.to_json(), positions=positions[t.name])
-                )
-            except LockLostError as exc:
-                t.error = str(exc)
-                log.error("task %s: %s", t.name, exc)
-                self.runner.wake()
-                continue
-            except Exception as exc:
-                t.error = f"{type(exc).__name__}: {exc}"
-                log.exception("task %s: could not checkpoint batch %s", t.name, report.batchId)
-                self.runner.wake()
-                continue
+        return dead
+
+    def _checkpoint(
+        self,
+        t: TaskState,
+        report: ProgressView,
+        finishing: bool,
+        out: int | None,
+        offsets: _Offsets,
+        positions: _Positions,
+    ) -> bool:
+        """Send the task's control messages, then write its checkpoint; False (task failed) when that fails."""
+        try:
             if finishing:
-                t.done = True
-                log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
-                self.runner.wake()
+                self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+                t.control.finished = True
+            elif out is not None and out > t.control.sent_watermark:
+                self._send_control(t, MessageType.WATERMARK, out)
+                t.control.sent_watermark = out
+            t.offsets.update(offsets)
+            t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
+            return True
+        except LockLostError as exc:
+            t.error = str(exc)
+            log.error("task %s: %s", t.name, exc)
+        except Exception as exc:
+            t.error = f"{type(exc).__name__}: {exc}"
+            log.exception("task %s: could not checkpoint batch %s", t.name, report.batchId)
+        self.runner.wake()
+        return False
 
     def _ssps_of(self, t: TaskState, stream_id: str) -> list[str]:
         ref = self.runner.plan.ref(stream_id)
@@ -665,15 +689,7 @@ class SparkTaskRunner(TaskRunner):
         self._ready.wait()
         stage = states[0].stage
         merged = self._merges(stage)
-        members = list(states)
-        if merged:
-            with self._guard:
-                current = self._merged.pop(stage.name, None)
-            if current is not None:
-                self._retire(current, keep=False)
-                with self._guard:
-                    members += [t for t in current.tasks if t.name in self._tasks and not t.done and not t.error
-                                and t not in members]
+        members = self._with_merged_members(stage.name, list(states)) if merged else list(states)
         query = None
         try:
             with self._starting:
@@ -694,23 +710,41 @@ class SparkTaskRunner(TaskRunner):
                     if self._tasks.pop(t.name, None) is not None:
                         self._failed[t.name] = error
             return
+        gone = self._register(query, members)
+        if gone:  # stopped while the query was starting: it must not run them
+            self._retire(query, keep=True)
+        elif gone is not None and self.on_started is not None:
+            self.on_started()
+
+    def _with_merged_members(self, stage_name: str, members: list[TaskState]) -> list[TaskState]:
+        """A stateless stage's running query is stopped; its live tasks join the ones about to start."""
+        with self._guard:
+            current = self._merged.pop(stage_name, None)
+        if current is None:
+            return members
+        self._retire(current, keep=False)
+        with self._guard:
+            return members + [
+                t for t in current.tasks
+                if t.name in self._tasks and not t.done and not t.error and t not in members
+            ]
+
+    def _register(self, query: StageQuery, members: list[TaskState]) -> list[TaskState] | None:
+        """Record a started query; returns its members stopped meanwhile, or None when the query ended at
+        once (every task of a stateful query already done)."""
         with self._guard:
             for t in members:
-                if t.done and not merged:
+                if t.done and not query.merged:
                     self._tasks.pop(t.name, None)
                     self._finished.add(t.name)
             if query.query is None:
-                return
+                return None
             self._by_id[query.id] = query
-            if merged:
-                self._merged[stage.name] = query
+            if query.merged:
+                self._merged[query.stage.name] = query
             for t in members:
                 self._query_of[t.name] = query
-            gone = [t for t in members if self._tasks.get(t.name) is not t]
-        if gone:  # stopped while the query was starting: it must not run them
-            self._retire(query, keep=True)
-        elif self.on_started is not None:
-            self.on_started()
+            return [t for t in members if self._tasks.get(t.name) is not t]
 
     def _retire(self, query: StageQuery, keep: bool) -> None:
         """Stop ``query``. With ``keep``, its tasks still held here go back to pending (a stateless stage's

@@ -1,7 +1,8 @@
 """`weirflow` — the PySpark streaming data source reading one stream's SSPs of one task.
 
-It works for any system whose offsets are decimal sequence numbers (the embedded log, Event Hubs) through the
-system's `SystemAdmin` and `SystemConsumer`. Where the code runs (see docs/pipelines.md): ``initialOffset``,
+It works for any system whose offsets are dense decimal sequence numbers (the contract in
+`weirflow.interfaces.system`: the embedded log, Event Hubs) through the system's `SystemAdmin` and
+`SystemConsumer`. Where the code runs (see docs/pipelines.md): ``initialOffset``,
 ``latestOffset`` and ``partitions`` in a Python process Spark starts for the query, ``read`` in executor
 workers. Neither shares memory with the processor, so everything the source needs comes in its options (the
 job config as a snapshot, the task's SSPs and start offsets) or from the stores.
@@ -28,7 +29,7 @@ enqueued time, sequence number, offset):
 
 * ``__wm_time`` — what moves Spark's watermark: the event time of data rows on input streams; on
   intermediate streams only the reconciled watermark does (``inject`` rows: the producers' in-band watermarks
-  are the truth there, seed 004), so their data rows carry 0;
+  are the truth there, docs/pipelines.md "Control messages"), so their data rows carry 0;
 * ``__ctl`` — null on data rows; on every other row a struct (``kind`` watermark | eos | drain | inject | dlq |
   seen, ``ssp``, ``producer``, ``task_count``, ``ctl_ms``) that the query's ``observe`` collects. A ``dlq`` row
   stands for the ``task_count`` undecodable records of one read (each was sent to the dead-letter stream); a
@@ -43,7 +44,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -337,52 +338,67 @@ class _BatchReader:
     # --- decoding a chunk -------------------------------------------------------------------------------
     def _decode(self, key: str, chunk: RecordColumns) -> Iterator[pa.RecordBatch]:
         controls: list[tuple[int, dict[str, Any]]] = []
-        dead = 0
         if self.spec.intermediate:
-            user: list[int] = []
-            for i, raw in enumerate(chunk.values):
-                kind = raw[:1]
-                if kind == b"\x04":
-                    try:
-                        rows = unpack(raw)
-                    except (pa.ArrowInvalid, OSError) as exc:
-                        dead += self._dead_letter(key, chunk, i, f"bad packed rows: {exc}")
-                        continue
-                    yield self._data(key, rows, [i] * rows.num_rows, chunk)
-                elif kind == b"\x00":
-                    user.append(i)
-                else:
-                    try:
-                        _, message = decode(raw)
-                    except MalformedMessageError as exc:
-                        dead += self._dead_letter(key, chunk, i, str(exc))
-                        continue
-                    assert isinstance(message, ControlMessage)
-                    controls.append((0, self._ctl(_CONTROL_KINDS[message.type], key, message.task_name,
-                                                  message.task_count, message.timestamp)))
-            if user:
-                assert self.json is not None
-                table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
-                if table.num_rows:
-                    yield self._data(key, table, [user[j] for j in decoded], chunk)
-                dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+            dead = yield from self._decode_intermediate(key, chunk, controls)
         else:
-            if self.json is not None:
-                table, decoded, failed = self.json.decode_many(chunk.values)
-            else:
-                assert self.kv is not None
-                table, decoded, failed = self.kv.decode_many(chunk.keys, chunk.values)
-            if table.num_rows:
-                batch = self._data(key, table, decoded, chunk)
-                latest = pc.max(batch.column(0).cast(pa.int64())).as_py()
-                if latest is not None:  # the chunk's latest event time: stateless stages' output watermark
-                    controls.append((0, self._ctl("seen", key, ctl_ms=latest // 1000)))
-                yield batch
-            dead += sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
+            dead = yield from self._decode_input(key, chunk, controls)
         if dead:
             controls.append((0, self._ctl("dlq", key, task_count=dead)))
         if controls:
             yield self._control_batch(controls)
+
+    def _decode_input(
+        self, key: str, chunk: RecordColumns, controls: list[tuple[int, dict[str, Any]]]
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records of an input stream, decoded whole-chunk; a ``seen`` control row carries the chunk's latest
+        event time (stateless stages' output watermark). Returns how many went to the dead-letter stream."""
+        if self.json is not None:
+            table, decoded, failed = self.json.decode_many(chunk.values)
+        else:
+            assert self.kv is not None
+            table, decoded, failed = self.kv.decode_many(chunk.keys, chunk.values)
+        if table.num_rows:
+            batch = self._data(key, table, decoded, chunk)
+            latest = pc.max(batch.column(0).cast(pa.int64())).as_py()
+            if latest is not None:
+                controls.append((0, self._ctl("seen", key, ctl_ms=latest // 1000)))
+            yield batch
+        return sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
+
+    def _decode_intermediate(
+        self, key: str, chunk: RecordColumns, controls: list[tuple[int, dict[str, Any]]]
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records of an intermediate stream: packed Arrow rows (``\\x04``), single JSON rows (``\\x00``) and
+        control messages. Returns how many went to the dead-letter stream."""
+        dead = 0
+        user: list[int] = []
+        for i, raw in enumerate(chunk.values):
+            kind = raw[:1]
+            if kind == b"\x04":
+                try:
+                    rows = unpack(raw)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    dead += self._dead_letter(key, chunk, i, f"bad packed rows: {exc}")
+                    continue
+                yield self._data(key, rows, [i] * rows.num_rows, chunk)
+            elif kind == b"\x00":
+                user.append(i)
+            else:
+                try:
+                    _, message = decode(raw)
+                except MalformedMessageError as exc:
+                    dead += self._dead_letter(key, chunk, i, str(exc))
+                    continue
+                assert isinstance(message, ControlMessage)
+                controls.append((0, self._ctl(_CONTROL_KINDS[message.type], key, message.task_name,
+                                              message.task_count, message.timestamp)))
+        if user:
+            assert self.json is not None
+            table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
+            if table.num_rows:
+                yield self._data(key, table, [user[j] for j in decoded], chunk)
+            dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+        return dead
 
     def _data(self, key: str, table: pa.Table, index: list[int], chunk: RecordColumns) -> pa.RecordBatch:
         """Data rows: the decoded user columns of the records at ``index`` of ``chunk``, with the internal
