@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     JobCoordinatorFactory,
@@ -50,7 +50,7 @@ class AzureCoordinationUtils(CoordinationUtils):
         self.storage.close()
 
 
-def _lease_ms(config: Any) -> int:
+def _lease_ms(config: ConfigView) -> int:
     key = "job.coordinator.lease.duration.ms"
     lease_ms = int(config.get(key))
     try:
@@ -61,7 +61,7 @@ def _lease_ms(config: Any) -> int:
 
 
 class AzureJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: Any, owner: str) -> CoordinationUtils:
+    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils:
         storage = Storage.from_config(config)
         log.info(
             "azure coordination: container %s, tables %s{processors,latches} on %s",
@@ -73,5 +73,5 @@ class AzureJobCoordinatorFactory(JobCoordinatorFactory):
 
 
 class AzureMetadataStoreFactory(MetadataStoreFactory):
-    def get_metadata_store(self, config: Any) -> MetadataStore:
+    def get_metadata_store(self, config: ConfigView) -> MetadataStore:
         return BlobMetadataStore(Storage.from_config(config))

@@ -42,6 +42,7 @@ from azure.core.exceptions import (
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from weirflow.errors import ServiceUnavailableError, WeirflowError
+from weirflow.interfaces.config import ConfigView
 
 log = logging.getLogger("weirflow.azure")
 
@@ -112,7 +113,7 @@ class StorageSettings:
     retry_max_s: float = 5.0
 
     @classmethod
-    def from_config(cls, config: Any) -> StorageSettings:
+    def from_config(cls, config: ConfigView) -> StorageSettings:
         name, job_id = str(config.get("job.name")), str(config.get("job.id"))
         container = config.get("azure.storage.container") or default_container_name(name, job_id)
         if not _CONTAINER_RE.match(container):
@@ -160,7 +161,7 @@ class StorageSettings:
         return f"{self.table_prefix}{suffix}"
 
 
-def _account_of_url(url: str, config: Any) -> tuple[str, str]:
+def _account_of_url(url: str, config: ConfigView) -> tuple[str, str]:
     """``https://<account>.blob.<suffix>`` (or ``.table.``) -> (account, suffix)."""
     host = urlparse(url).netloc
     match = re.fullmatch(r"([a-z0-9]{3,24})\.(?:blob|table)\.(.+)", host)
@@ -183,7 +184,7 @@ class Storage:
         self._created: set[str] = set()
 
     @classmethod
-    def from_config(cls, config: Any) -> Storage:
+    def from_config(cls, config: ConfigView) -> Storage:
         return cls(StorageSettings.from_config(config))
 
     def _client_kwargs(self) -> dict[str, Any]:

@@ -64,7 +64,7 @@ job:
   coordinator.factory: azure
 task:
   inputs: [events]
-  class: relay_bench:relay
+  function: relay_bench:relay
   checkpoint.factory: azure-table
 azure.storage.connection.string: "{storage}"
 systems:

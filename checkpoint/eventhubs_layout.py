@@ -11,10 +11,12 @@ A weirflow job that reads Event Hubs writes these rows too (``task.checkpoint.az
 default), so a processor written with the SDK — in any language — can resume exactly where the job stopped,
 and the job's progress shows up in tools that read that layout.
 
-Which SSPs are Event Hubs: those of a system whose ``systems.<name>.factory`` is ``eventhub`` (or a class of
-the `eventhub_system` package). Its namespace comes from ``systems.<name>.fully.qualified.namespace`` or the
-``Endpoint`` of ``systems.<name>.connection.string``, its consumer group from
-``systems.<name>.consumer.group`` (default ``$Default``); the event hub is the stream's physical name.
+Which SSPs are Event Hubs: those of a system whose factory (``systems.<name>.factory``, resolved like every
+factory) is the Event Hubs plugin's `EventHubSystemFactory` or a subclass of it, whichever alias or
+``package.module:Class`` path names it: the class is asked, not the spelling in config. Its namespace comes
+from ``systems.<name>.fully.qualified.namespace`` or the ``Endpoint`` of ``systems.<name>.connection.string``,
+its consumer group from ``systems.<name>.consumer.group`` (default ``$Default``); the event hub is the
+stream's physical name.
 The row needs the last event's ``offset``, which only the reader knows: it comes from the checkpoint's
 ``positions``. An SSP whose offset is unknown gets no row (a row without it would send SDK readers back to
 the start of the partition).
@@ -25,14 +27,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlparse
 
 from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.config import ConfigView
+from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP
 
 log = logging.getLogger("weirflow.checkpoint")
-
-DEFAULT_CONSUMER_GROUP = "$Default"
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,27 @@ def namespace_of_connection_string(connection_string: str) -> str:
     raise ValueError("the connection string has no 'Endpoint=sb://<namespace>/' part")
 
 
-def _is_eventhub_factory(value: Any) -> bool:
-    text = str(value or "")
-    return text == "eventhub" or text.startswith("eventhub_system")
+def _event_hubs_factory_class() -> type | None:
+    """The Event Hubs plugin's system factory class, or None when its SDK is not installed (then no system can
+    be Event Hubs: one naming that factory fails at start, naming the missing extra)."""
+    try:
+        from weirflow_azure.eventhubs.factory import EventHubSystemFactory
+    except ImportError:
+        return None
+    return EventHubSystemFactory
 
 
-def eventhubs_systems(config: Any) -> dict[str, EventHubsSystem]:
-    """Every configured system backed by Event Hubs, by system name."""
+def eventhubs_systems(config: ConfigView) -> dict[str, EventHubsSystem]:
+    """Every configured system backed by Event Hubs, by system name: a system whose factory, resolved as the
+    runtime resolves it, is an `EventHubSystemFactory` (an alias, a path to the class or a subclass)."""
+    from weirflow.factories import system_factory
+
+    factory_class = _event_hubs_factory_class()
+    if factory_class is None:
+        return {}
     found: dict[str, EventHubsSystem] = {}
     for name in config.names("systems"):
-        if not _is_eventhub_factory(config.get(f"systems.{name}.factory")):
+        if not isinstance(system_factory(config, name), factory_class):
             continue
         namespace = config.get(f"systems.{name}.fully.qualified.namespace")
         if not namespace:

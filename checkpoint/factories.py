@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
+from weirflow.interfaces.config import ConfigView
 from weirflow_azure.checkpoint.eventhubs_layout import eventhubs_systems
 from weirflow_azure.checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 
 
 class TableCheckpointManagerFactory(CheckpointManagerFactory):
-    def get_checkpoint_manager(self, config: Any) -> CheckpointManager:
+    def get_checkpoint_manager(self, config: ConfigView) -> CheckpointManager:
         storage = Storage.from_config(config)
         eventhubs = eventhubs_systems(config) if config.get("task.checkpoint.azure.eventhubs.layout") else {}
         table = config.get("task.checkpoint.azure.eventhubs.table") or storage.settings.table_name(TABLE_SUFFIX)

@@ -165,7 +165,9 @@ class TableCheckpointManager(CheckpointManager):
         return self._assemble(self._rows(None))
 
     def read_sdk_rows(self) -> list[dict[str, Any]]:
-        """Every row in the Event Hubs SDK layout (for `weirflow status`, tools and tests)."""
+        """Every row in the Event Hubs SDK layout, as the SDKs' checkpoint stores would read them. Nothing in
+        the runtime calls it (weirflow resumes from its own rows); it is for tools and tests that check what an
+        SDK processor taking over would see."""
         table = self._storage.table_named(self._eventhubs_table)
 
         def query() -> list[dict[str, Any]]:

@@ -12,8 +12,12 @@ source turns into columns when `streams.<id>.system-columns` asks for them.
 * Consumer: the SDK only pushes events, so each SSP gets a `_PartitionReader`: one receiver kept open
   across reads, positioned by sequence number, buffering what it receives. A read that continues where the
   last one stopped costs no reconnect (the SDK takes ~1.5 s to attach a receiver).
-* Producer: events are packed into SDK batches up to the hub's size limit; an event too big for an empty
-  batch raises `EventTooLargeError` (the Spark sink sends it to the dead-letter stream with the reason).
+* Producer: events are packed into SDK batches up to the hub's size limit. `send` refuses records too big
+  for an empty batch with `RecordTooLargeError` before sending anything (each reason says how big the
+  record is and the hub's limit); the Spark sink sends them to the dead-letter stream with the reason.
+* Errors: every SDK call runs under `weirflow_azure.eventhubs.errors.hub_errors`, which maps the SDK's
+  exception types (and the service's AMQP condition, for a missing hub) to weirflow's errors through one
+  table; sends retry exactly what that table calls transient.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from azure.eventhub import EventData
-from azure.eventhub.exceptions import EventHubError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from weirflow.errors import RecordTooLargeError, StreamNotFoundError, WeirflowError
@@ -46,6 +49,7 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
+from weirflow_azure.eventhubs.errors import hub_errors, is_transient
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
@@ -53,23 +57,13 @@ log = logging.getLogger("weirflow.eventhub")
 
 
 class EventTooLargeError(WeirflowError):
-    """One event is larger than the hub accepts in a batch; it cannot be sent at all."""
+    """One event is larger than the hub accepts in a batch; it cannot be sent at all. `send` checks every
+    record first and refuses with `RecordTooLargeError` (this error's text as the reason); raised itself
+    only if a batch with a run's partition arguments holds less than that check's empty batch."""
 
     def __init__(self, hub: str, size: int, limit: int) -> None:
         super().__init__(f"event of {size} bytes exceeds the {limit}-byte limit of event hub '{hub}'")
         self.hub, self.size, self.limit = hub, size, limit
-
-
-def _transient(exc: BaseException) -> bool:
-    """Worth another try: the SDK's connection/timeout/busy errors (its own retries are bounded too)."""
-    from azure.eventhub.exceptions import ConnectionLostError, OperationTimeoutError
-
-    return isinstance(exc, ConnectionLostError | OperationTimeoutError) or "ServerBusy" in str(exc)
-
-
-def _not_found(exc: BaseException) -> bool:
-    text = str(exc)
-    return "404" in text or "NotFound" in text or "could not be found" in text
 
 
 def body_bytes(event: Any) -> bytes:
@@ -145,16 +139,9 @@ class EventHubSystemAdmin(SystemAdmin):
         self._configured = configured or {}
 
     def partition_count(self, stream: str) -> int:
-        try:
+        """Partitions of hub ``stream``; a hub that does not exist is a `StreamNotFoundError` naming it."""
+        with hub_errors(self._clients.settings.system, stream):
             return len(self._clients.producer(stream).get_partition_ids())
-        except EventHubError as exc:
-            if _not_found(exc):
-                raise StreamNotFoundError(
-                    f"event hub '{stream}' does not exist in the namespace of system "
-                    f"'{self._clients.settings.system}'; create it (infra/ Bicep, the portal, or "
-                    f"`weirflow emulator eventhubs --hub {stream}:N`)"
-                ) from exc
-            raise
 
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
         return self.partition_metadata_of(stream, range(self.partition_count(stream)))
@@ -165,11 +152,12 @@ class EventHubSystemAdmin(SystemAdmin):
         another would cost N times that on every trigger that needs them."""
         client = self._clients.producer(stream)
         wanted = [str(pid) for pid in partitions]
-        if len(wanted) > 1:
-            with ThreadPoolExecutor(max_workers=min(8, len(wanted)), thread_name_prefix="eh-metadata") as pool:
-                found = dict(zip(wanted, pool.map(client.get_partition_properties, wanted), strict=True))
-        else:
-            found = {pid: client.get_partition_properties(pid) for pid in wanted}
+        with hub_errors(self._clients.settings.system, stream):
+            if len(wanted) > 1:
+                with ThreadPoolExecutor(max_workers=min(8, len(wanted)), thread_name_prefix="eh-metadata") as pool:
+                    found = dict(zip(wanted, pool.map(client.get_partition_properties, wanted), strict=True))
+            else:
+                found = {pid: client.get_partition_properties(pid) for pid in wanted}
         out = {}
         for pid in partitions:
             props = found[str(pid)]
@@ -197,7 +185,8 @@ class EventHubSystemAdmin(SystemAdmin):
     def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
         """Sequence number of the first event enqueued at or after ``timestamp_ms``: the service answers a
         receiver positioned by enqueued time, so one event is received; none that late → the upcoming one."""
-        props = self._clients.producer(stream).get_partition_properties(str(partition))
+        with hub_errors(self._clients.settings.system, stream):
+            props = self._clients.producer(stream).get_partition_properties(str(partition))
         upcoming = int(props["last_enqueued_sequence_number"]) + 1
         last_time = props.get("last_enqueued_time_utc")
         if props["is_empty"] or last_time is None or last_time.timestamp() * 1000 < timestamp_ms:
@@ -324,7 +313,8 @@ class EventHubSystemConsumer(SystemConsumer):
 
     def _upcoming(self, ssp: SystemStreamPartition) -> int:
         """Sequence number the next event of the partition will get (one management round trip)."""
-        props = self._properties.producer(ssp.stream).get_partition_properties(str(ssp.partition))
+        with hub_errors(self._settings.system, ssp.stream):
+            props = self._properties.producer(ssp.stream).get_partition_properties(str(ssp.partition))
         return int(props["last_enqueued_sequence_number"]) + 1
 
     def _reader(self, ssp: SystemStreamPartition, start: int, backlog: int) -> _PartitionReader:
@@ -470,7 +460,8 @@ class EventHubSystemProducer(SystemProducer):
 
     def max_record_bytes(self, stream: str) -> int | None:
         """The hub's batch limit less room for one event's AMQP framing (sent to a pinned partition)."""
-        return self._clients.producer(stream).create_batch().max_size_in_bytes - 1024
+        with hub_errors(self._settings.system, stream):
+            return self._clients.producer(stream).create_batch().max_size_in_bytes - 1024
 
     def _too_large(self, records: Sequence[OutgoingRecord]) -> None:
         """Raise `RecordTooLargeError` before sending anything when a record cannot fit even an empty batch."""
@@ -478,10 +469,12 @@ class EventHubSystemProducer(SystemProducer):
         limits: dict[str, int] = {}
         for record in records:
             if record.stream not in limits:
-                limits[record.stream] = self._clients.producer(record.stream).create_batch().max_size_in_bytes
+                with hub_errors(self._settings.system, record.stream):
+                    limits[record.stream] = self._clients.producer(record.stream).create_batch().max_size_in_bytes
             if len(record.value) + len(record.key or b"") + 512 < limits[record.stream]:
                 continue  # clearly fits: skip the encoding check
-            probe = self._clients.producer(record.stream).create_batch()
+            with hub_errors(self._settings.system, record.stream):
+                probe = self._clients.producer(record.stream).create_batch()
             try:
                 probe.add(EventData(record.value))
             except ValueError:
@@ -514,17 +507,15 @@ class EventHubSystemProducer(SystemProducer):
 
     def _partition_count(self, hub: str) -> int:
         if hub not in self._counts:
-            try:
+            with hub_errors(self._settings.system, hub):
                 self._counts[hub] = len(self._clients.producer(hub).get_partition_ids())
-            except EventHubError as exc:
-                if _not_found(exc):
-                    raise StreamNotFoundError(
-                        f"event hub '{hub}' does not exist in the namespace of system '{self._settings.system}'"
-                    ) from exc
-                raise
         return self._counts[hub]
 
     def _send_run(self, hub: str, dest: dict[str, str], items: list[OutgoingRecord]) -> None:
+        with hub_errors(self._settings.system, hub):
+            self._pack_and_send(hub, dest, items)
+
+    def _pack_and_send(self, hub: str, dest: dict[str, str], items: list[OutgoingRecord]) -> None:
         client = self._clients.producer(hub)
         batch = client.create_batch(**dest)
         for record in items:
@@ -546,12 +537,13 @@ class EventHubSystemProducer(SystemProducer):
             self._send_batch(client, hub, batch)
 
     def _send_batch(self, client: Any, hub: str, batch: Any) -> None:
-        """Send one batch; transient failures (connection lost, timeouts, busy service) are retried with
-        bounded exponential backoff, then raised naming the hub."""
+        """Send one batch; transient failures (connection lost, timeouts, busy service: `is_transient`, the
+        error table's verdict) are retried with bounded exponential backoff; the last one is then raised and
+        mapped by the caller's `hub_errors` to a `ServiceUnavailableError` naming the hub."""
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.send_attempts),
             wait=wait_exponential(multiplier=0.2, max=5) + wait_random(0, 0.2),
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(is_transient),
             reraise=True,
             before_sleep=lambda state: log.warning(
                 "send to event hub %s failed (attempt %d): %s; retrying",

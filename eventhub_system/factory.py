@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
+from weirflow.systems import declared_streams
 from weirflow_azure.eventhubs.clients import EventHubSystemAdmin, EventHubSystemConsumer, EventHubSystemProducer
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 
-def _hubs_of(system: str, config: Any) -> dict[str, int]:
-    """Physical hubs of the streams configured on ``system`` (what `list_streams` can know of)."""
-    hubs = {}
-    for stream in config.names("streams"):
-        if (config.get(f"streams.{stream}.system") or config.get("job.default.system")) == system:
-            hubs[config.get(f"streams.{stream}.physical.name") or stream] = config.get(
-                f"streams.{stream}.partitions"
-            )
-    return hubs
+def _hubs_of(system: str, config: ConfigView) -> dict[str, int]:
+    """Physical hubs of the streams configured on ``system`` (what `list_streams` can know of), named by
+    core's own stream resolution so the hubs listed are the ones the job reads and writes."""
+    return {
+        ref.physical: config.get(f"streams.{ref.stream_id}.partitions")
+        for ref in declared_streams(config)
+        if ref.system == system
+    }
 
 
 class EventHubSystemFactory(SystemFactory):
-    def get_admin(self, system_name: str, config: Any) -> SystemAdmin:
+    def get_admin(self, system_name: str, config: ConfigView) -> SystemAdmin:
         return EventHubSystemAdmin(
             EventHubsSettings.from_config(system_name, config), _hubs_of(system_name, config)
         )
 
-    def get_consumer(self, system_name: str, config: Any) -> SystemConsumer:
+    def get_consumer(self, system_name: str, config: ConfigView) -> SystemConsumer:
         return EventHubSystemConsumer(EventHubsSettings.from_config(system_name, config))
 
-    def get_producer(self, system_name: str, config: Any) -> SystemProducer:
+    def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer:
         return EventHubSystemProducer(EventHubsSettings.from_config(system_name, config))

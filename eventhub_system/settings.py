@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
+from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP
+
 PARTITION_METHODS = ("hash", "round_robin", "key_as_partition")
 
 
@@ -26,7 +29,7 @@ class EventHubsSettings:
     catch_up_prefetch: int = 300
 
     @classmethod
-    def from_config(cls, system: str, config: Any) -> EventHubsSettings:
+    def from_config(cls, system: str, config: ConfigView) -> EventHubsSettings:
         prefix = f"systems.{system}."
         connection_string = config.get(prefix + "connection.string")
         namespace = config.get(prefix + "fully.qualified.namespace")
@@ -52,7 +55,7 @@ class EventHubsSettings:
             system=system,
             connection_string=connection_string or None,
             fully_qualified_namespace=namespace or None,
-            consumer_group=config.get(prefix + "consumer.group") or "$Default",
+            consumer_group=config.get(prefix + "consumer.group") or DEFAULT_CONSUMER_GROUP,
             partition_method=method,
             receive_batch_size=int(config.get(prefix + "receive.batch.size")),
             prefetch=int(config.get(prefix + "prefetch")),

@@ -96,7 +96,9 @@ def run(
 
 def status_document(cfg: Any) -> dict[str, Any]:
     """The job's live picture: leader, job model and every registered processor (what `status --json` prints)."""
+    from weirflow import clock
     from weirflow.coordination.job_model_store import read_job_model
+    from weirflow.coordination.state import is_live
     from weirflow.coordination.timings import CoordinationTimings
     from weirflow.job_context import JobContext
 
@@ -108,7 +110,7 @@ def status_document(cfg: Any) -> dict[str, Any]:
         rows = ctx.coordination.processor_registry().processors()
     finally:
         ctx.close()
-    now = int(time.time() * 1000)
+    now = clock.now_ms()
     processors = []
     for row in rows:
         age = now - row.heartbeat_ms
@@ -116,7 +118,7 @@ def status_document(cfg: Any) -> dict[str, Any]:
             {
                 **row.to_json(),
                 "heartbeat_age_s": round(age / 1000, 1),
-                "live": age <= timings.liveness_timeout_ms and row.state not in ("STOPPED", "FAILED"),
+                "live": is_live(row, now, timings.liveness_timeout_ms),  # what the leader counts
                 "leader": row.processor_id == leader,
                 "assigned": list(model.tasks_of(row.processor_id)),
             }

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from weirflow.errors import WeirflowError
+
 CONTROL_VERSION = 1
 # 9999-12-31T00:00:00Z in ms: "no more data, ever". Spark accepts it as a timestamp and a watermark.
 MAX_TIMESTAMP_MS = 253_402_214_400_000
@@ -72,8 +74,9 @@ class ControlMessage:
         return bytes([int(self.type)]) + json.dumps(payload, separators=(",", ":")).encode()
 
 
-class MalformedMessageError(ValueError):
-    """An intermediate-stream message whose type byte or control payload cannot be understood."""
+class MalformedMessageError(WeirflowError, ValueError):
+    """An intermediate-stream message whose type byte or control payload cannot be understood (a
+    `ValueError` too, as it was before it was a `WeirflowError`)."""
 
 
 def encode_user(payload: bytes) -> bytes:

@@ -1,17 +1,19 @@
 """Resolving `*.factory` config values to plugin instances.
 
-A value is either an alias registered as an entry point (``local``; later ``azure``, ``eventhub``, ...) or a
+A value is either an alias registered as an entry point (``local``, ``azure``, ``eventhub``, ...) or a
 ``package.module:Class`` path. A wrong value fails at start, naming the key, the file and the known aliases.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from weirflow.errors import ConfigError, FactoryError
 from weirflow.interfaces.checkpoint import CheckpointManagerFactory
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStoreFactory
 from weirflow.interfaces.system import SystemFactory
@@ -60,19 +62,47 @@ def _load(value: str, group: str, base: type[T], key: str, source: str) -> T:
     return cls()
 
 
-def _resolve(config: Any, key: str, group: str, base: type[T]) -> T:
+def _import_class(path: str) -> object | None:
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr, None)
+    except Exception:
+        return None
+
+
+@functools.cache
+def is_plugin_factory(value: str, alias: str, group: str) -> bool | None:
+    """Whether the factory ``value`` (an alias or a ``package.module:Class`` path) is the plugin registered as
+    ``alias`` in ``group``: the same alias or class, or a subclass of it. None when that cannot be told
+    because ``value``'s class cannot be imported (resolving it then fails, naming the key)."""
+    registered = {ep.name: ep.value for ep in entry_points(group=group)}
+    if alias not in registered:
+        return False
+    target = registered.get(value, value)
+    if value == alias or target == registered[alias]:
+        return True
+    if ":" not in target:
+        return False  # an unknown alias: not the plugin
+    cls = _import_class(target)
+    if cls is None:
+        return None
+    owner = _import_class(registered[alias])
+    return isinstance(cls, type) and isinstance(owner, type) and issubclass(cls, owner)
+
+
+def _resolve(config: ConfigView, key: str, group: str, base: type[T]) -> T:
     return _load(str(config.get(key)), group, base, key, config.source_of(key))
 
 
-def coordinator_factory(config: Any) -> JobCoordinatorFactory:
+def coordinator_factory(config: ConfigView) -> JobCoordinatorFactory:
     return _resolve(config, "job.coordinator.factory", COORDINATORS, JobCoordinatorFactory)
 
 
-def checkpoint_factory(config: Any) -> CheckpointManagerFactory:
+def checkpoint_factory(config: ConfigView) -> CheckpointManagerFactory:
     return _resolve(config, "task.checkpoint.factory", CHECKPOINTS, CheckpointManagerFactory)
 
 
-def metadata_store_factory(config: Any) -> MetadataStoreFactory:
+def metadata_store_factory(config: ConfigView) -> MetadataStoreFactory:
     """`metadata.store.factory`, or when unset the coordinator's alias: a job switches backends with one key."""
     key = "metadata.store.factory"
     if config.get(key) is None:
@@ -80,22 +110,29 @@ def metadata_store_factory(config: Any) -> MetadataStoreFactory:
     return _load(str(config.get(key)), METADATA, MetadataStoreFactory, key, config.source_of(key))
 
 
-def system_factory(config: Any, system_name: str) -> SystemFactory:
-    key = f"systems.{system_name}.factory"
-    value = config.get(key)
+def system_factory_value(config: ConfigView, system_name: str) -> str | None:
+    """The factory of system ``system_name``: ``systems.<name>.factory``, or ``local`` for the system named
+    ``local`` when unset (the embedded log); None when unset on any other system."""
+    value = config.get(f"systems.{system_name}.factory")
     if value is None:
-        if system_name != "local":
-            raise ConfigError(
-                f"system '{system_name}' has no factory; set it to an alias ({', '.join(known_aliases(SYSTEMS))}) "
-                "or a 'package.module:Class' path",
-                key=key,
-                source=config.source,
-            )
-        value = "local"
-    return _load(str(value), SYSTEMS, SystemFactory, key, config.source_of(key))
+        return "local" if system_name == "local" else None
+    return str(value)
 
 
-def validate_factories(config: Any) -> None:
+def system_factory(config: ConfigView, system_name: str) -> SystemFactory:
+    key = f"systems.{system_name}.factory"
+    value = system_factory_value(config, system_name)
+    if value is None:
+        raise ConfigError(
+            f"system '{system_name}' has no factory; set it to an alias ({', '.join(known_aliases(SYSTEMS))}) "
+            "or a 'package.module:Class' path",
+            key=key,
+            source=config.source,
+        )
+    return _load(value, SYSTEMS, SystemFactory, key, config.source_of(key))
+
+
+def validate_factories(config: ConfigView) -> None:
     """Resolve every configured factory so that a wrong value fails before anything starts."""
     coordinator_factory(config)
     checkpoint_factory(config)

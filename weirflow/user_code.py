@@ -1,4 +1,4 @@
-"""Importing the job's own code (`task.class`, `app.pipeline`): ``module:callable`` with the config file's
+"""Importing the job's own code (`task.function`, `app.pipeline`): ``module:callable`` with the config file's
 directory importable, and errors that name the key and the file."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
 
-def load_callable(config: Any, key: str) -> Callable[..., Any]:
+
+def load_callable(config: ConfigView, key: str) -> Callable[..., Any]:
     target = config.get(key)
     if not target or ":" not in target:
         raise config.error(key, f"must be 'module:callable', got {target!r}")

@@ -34,6 +34,7 @@ from typing import Any
 
 from proton import Collector, Condition, Connection, Delivery, Event, Message, Transport, symbol, timestamp
 
+from weirflow.errors import WeirflowError
 from weirflow_azure.eventhubs.emulator.frames import FramePadder
 from weirflow_azure.eventhubs.emulator.messages import reply, split_batch, stamped
 from weirflow_azure.eventhubs.emulator.store import EventStore, Hub
@@ -50,8 +51,8 @@ _PATH = re.compile(
 )
 
 
-class FilterError(ValueError):
-    pass
+class FilterError(WeirflowError, ValueError):
+    """A receiver's filter the emulator does not understand; the link is refused with its text."""
 
 
 def start_index(hub: Hub, partition: int, selector: str | None) -> int:

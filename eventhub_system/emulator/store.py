@@ -15,9 +15,10 @@ from __future__ import annotations
 import bisect
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from weirflow import clock
 
 _RECORD = struct.Struct(">qqqII")
 
@@ -93,7 +94,7 @@ class Partition:
 class Hub:
     def __init__(self, name: str, partition_count: int, data_dir: Path | None) -> None:
         self.name = name
-        self.created_ms = int(time.time() * 1000)
+        self.created_ms = clock.now_ms()
         self.partitions = [
             Partition(data_dir / name / f"{p}.log" if data_dir is not None else None)
             for p in range(partition_count)
@@ -124,7 +125,7 @@ class EventStore:
 
     def append(self, hub: str, partition: int, message: bytes, partition_key: str | None) -> StoredEvent:
         with self.lock:
-            return self.hubs[hub].partitions[partition].append(message, partition_key, int(time.time() * 1000))
+            return self.hubs[hub].partitions[partition].append(message, partition_key, clock.now_ms())
 
     def close(self) -> None:
         for hub in self.hubs.values():

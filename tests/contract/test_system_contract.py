@@ -1,119 +1,25 @@
-"""System contract (admin, consumer, producer): streams, exact offsets, key routing, concurrent producers."""
+"""System contract (`weirflow.testing.contracts.system`) on each system: the embedded log, and Event Hubs on
+the emulator. The module's ``weirflow_backend`` replaces the conftest's, whose backends are stores."""
 
 from __future__ import annotations
 
-import multiprocessing
-import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.contract.conftest import build_system
-from weirflow.errors import StreamNotFoundError
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from tests.contract.backends import eventhub_backend, local_backend
+from tests.contract.conftest import SYSTEMS
+from weirflow.testing import Backend, SystemContract
 
 
-def test_create_stream_is_idempotent_and_rejects_another_partition_count(system) -> None:
-    if not system.creates_streams:
-        system.declare("views", 4)
-        assert system.admin.create_stream(StreamSpec("views", 4)) is False, "an existing stream is only checked"
-        with pytest.raises(ValueError, match="views"):
-            system.admin.create_stream(StreamSpec("views", 8))
-        return  # a missing hub: test_a_missing_stream_is_an_error_naming_it
-    assert system.admin.create_stream(StreamSpec("views", 4)) is True
-    assert system.admin.create_stream(StreamSpec("views", 4)) is False
-    with pytest.raises(ValueError, match="views"):
-        system.admin.create_stream(StreamSpec("views", 8))
-    assert system.admin.partition_count("views") == 4
-    assert system.admin.list_streams() == {"views": 4}
+@pytest.fixture(params=SYSTEMS)
+def weirflow_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "eventhub":
+        start_emulator: Callable[[dict[str, int]], object] = request.getfixturevalue("eventhubs_emulator")
+        return eventhub_backend(start_emulator({}))
+    return local_backend(tmp_path)
 
 
-def test_a_missing_stream_is_an_error_naming_it(system) -> None:
-    with pytest.raises(StreamNotFoundError, match="nowhere"):
-        system.admin.partition_count("nowhere")
-    with pytest.raises(StreamNotFoundError, match="nowhere"):
-        system.producer.send([OutgoingRecord("nowhere", b"x")])
-
-
-def test_records_read_back_with_exact_offsets_in_order_within_bounds(system) -> None:
-    system.declare("views", 2)
-    system.producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=1) for i in range(10)])
-    ssp = SystemStreamPartition(system.name, "views", 1)
-    meta = system.admin.partition_metadata("views")
-    everything = system.consumer.read(ssp, meta[1].oldest, 100)
-    assert [r.value for r in everything] == [f"v{i}".encode() for i in range(10)]
-    assert all(r.next_offset == nxt.offset for r, nxt in zip(everything, everything[1:], strict=False))
-    assert everything[-1].next_offset == meta[1].upcoming
-    assert meta[1].newest == everything[-1].offset
-
-    middle = system.consumer.read(ssp, everything[3].offset, 4)
-    assert [r.value for r in middle] == [b"v3", b"v4", b"v5", b"v6"]
-    bounded = system.consumer.read(ssp, everything[3].offset, 100, end=everything[5].offset)
-    assert [r.value for r in bounded] == [b"v3", b"v4"]
-    assert system.consumer.read(ssp, meta[1].upcoming, 100) == []
-
-
-def test_an_empty_partition_has_no_newest_offset(system) -> None:
-    system.declare("views", 2)
-    meta = system.admin.partition_metadata("views")
-    assert set(meta) == {0, 1}
-    assert meta[0].newest is None and meta[0].oldest == meta[0].upcoming
-
-
-def test_a_key_always_lands_on_the_same_partition(system) -> None:
-    system.declare("views", 8)
-    system.producer.send(
-        [OutgoingRecord("views", str(i).encode(), key=f"user-{i % 5}".encode()) for i in range(100)]
-    )
-    partitions_by_key: dict[bytes, set[int]] = {}
-    for partition, meta in system.admin.partition_metadata("views").items():
-        ssp = SystemStreamPartition(system.name, "views", partition)
-        for record in system.consumer.read(ssp, meta.oldest, 1000):
-            partitions_by_key.setdefault(record.key, set()).add(partition)
-    assert len(partitions_by_key) == 5
-    assert all(len(p) == 1 for p in partitions_by_key.values())
-
-
-def _produce(backend: str, location: str, writer: int) -> None:
-    sut = build_system(backend, location)
-    for batch in range(10):
-        sut.producer.send(
-            [OutgoingRecord("shared", f"{writer}-{batch * 100 + i}".encode(), partition=0) for i in range(100)]
-        )
-    sut.producer.close()
-
-
-def test_concurrent_producer_processes_never_reuse_or_skip_an_offset(system_backend: str, system_location, system):
-    system.declare("shared", 1)
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_produce, args=(system_backend, system_location[0], w)) for w in range(3)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=120)
-        assert proc.exitcode == 0
-    ssp = SystemStreamPartition(system.name, "shared", 0)
-    records = system.consumer.read(ssp, system.admin.partition_metadata("shared")[0].oldest, 10_000)
-    assert len(records) == 3000
-    assert len({r.offset for r in records}) == 3000, "an offset was reused"
-    assert all(r.next_offset == nxt.offset for r, nxt in zip(records, records[1:], strict=False)), "an offset gap"
-    assert sorted(r.value for r in records) == sorted(f"{w}-{i}".encode() for w in range(3) for i in range(1000))
-
-
-def test_a_start_time_maps_to_the_first_record_stamped_at_or_after_it(system) -> None:
-    system.declare("timed", 2)
-    system.producer.send([OutgoingRecord("timed", f"a{i}".encode(), partition=1) for i in range(5)])
-    ssp = SystemStreamPartition(system.name, "timed", 1)
-    first = system.consumer.read(ssp, system.admin.partition_metadata("timed")[1].oldest, 100)
-    cutoff = first[-1].timestamp_ms + 1
-    while time.time() * 1000 <= cutoff:  # the next records must be stamped after the cutoff
-        time.sleep(0.001)
-    system.producer.send([OutgoingRecord("timed", f"b{i}".encode(), partition=1) for i in range(3)])
-    meta = system.admin.partition_metadata("timed")
-
-    at = system.admin.offset_for_time("timed", 1, cutoff)
-    assert [r.value for r in system.consumer.read(ssp, at, 100)] == [b"b0", b"b1", b"b2"]
-    from_a2 = system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, first[2].timestamp_ms), 100)
-    assert [r.value for r in from_a2][-6:] == [b"a2", b"a3", b"a4", b"b0", b"b1", b"b2"]
-    assert system.admin.offset_for_time("timed", 1, 0) == meta[1].oldest
-    assert system.admin.offset_for_time("timed", 1, cutoff + 3_600_000) == meta[1].upcoming
-    assert system.admin.offset_for_time("timed", 0, 0) == meta[0].upcoming, "an empty partition"
+class TestSystem(SystemContract):
+    pass

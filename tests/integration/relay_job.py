@@ -37,7 +37,7 @@ job:
   name: itest
 task:
   inputs: [events]
-  class: relay_task:relay
+  function: relay_task:relay
   commit.ms: 200
 streams:
   events: {{partitions: {PARTITIONS}}}

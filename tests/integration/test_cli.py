@@ -34,14 +34,14 @@ def config(tmp_path: Path) -> Path:
               coordinator.poll.interval.ms: 200
             task:
               inputs: [orders]
-              class: passthrough:copy
+              function: passthrough:copy
             streams:
               orders: {partitions: 3}
               copies: {partitions: 1}
             systems:
               vault:
                 factory: local
-                connection.string: "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=topsecret"
+            azure.storage.connection.string: "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=topsecret"
             """
         )
     )
@@ -85,7 +85,7 @@ def test_config_shows_effective_values_with_secrets_masked(config: Path) -> None
     assert values["job.debounce.time.ms"] == "5s"
     assert values["job.coordinator.lease.duration.ms"] == 15000
     assert "topsecret" not in result.stdout
-    assert values["systems.vault.connection.string"] == "****"
+    assert values["azure.storage.connection.string"] == "****"
 
 
 def test_a_bad_config_value_exits_2_naming_the_key_and_the_file(config: Path) -> None:
@@ -100,6 +100,23 @@ def test_an_unknown_factory_alias_exits_2_listing_the_known_aliases(config: Path
     assert result.returncode == 2
     assert "unknown alias 'zookeeper'" in result.stderr
     assert "local" in result.stderr
+
+
+def test_a_system_plugin_s_key_on_another_system_exits_2_naming_the_key_the_source_and_the_plugin(
+    config: Path,
+) -> None:
+    result = weirflow("config", str(config), "--set", "systems.vault.prefetch=50")
+    assert result.returncode == 2
+    message = " ".join(result.stderr.split())
+    assert "systems.vault.prefetch" in message and "--set" in message
+    assert "key of the eventhub system plugin" in message and "'local'" in message
+
+
+def test_the_reference_lists_every_installed_plugin_s_keys() -> None:
+    result = weirflow("config-reference")
+    assert result.returncode == 0
+    for key in ("`systems.<name>.prefetch`", "`azure.storage.account`", "`local.db.busy.timeout.ms`"):
+        assert key in result.stdout
 
 
 def test_an_unknown_key_warns_with_the_closest_known_key(config: Path) -> None:

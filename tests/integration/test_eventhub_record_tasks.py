@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 JOB = """
 job: {{name: ehrelay}}
-task: {{inputs: [events], class: "relay_task:relay", commit.ms: 200}}
+task: {{inputs: [events], function: "relay_task:relay", commit.ms: 200}}
 systems:
   eh: {{factory: eventhub, connection.string: "{cs}"}}
 streams:

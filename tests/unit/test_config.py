@@ -113,6 +113,20 @@ def test_values_convert_to_their_declared_type(key: str, raw: str, expected: obj
     assert Config.from_dict({"job.name": "x", key: raw}).get(key) == expected
 
 
+@pytest.mark.parametrize(
+    ("key", "raw", "expected"),
+    [
+        ("task.poll.max.records", True, "an integer"),
+        ("task.poll.max.records", "many", "an integer"),
+        ("task.stateless.merge", "maybe", "a boolean"),
+        ("job.debounce.time.ms", "5 minutes", "a duration"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_expected_type(key: str, raw: object, expected: str) -> None:
+    with pytest.raises(ConfigError, match=f"key '{key}' in <dict>: value {raw!r} is not {expected}"):
+        Config.from_dict({"job.name": "x", key: raw})
+
+
 def test_a_bad_value_fails_at_load_naming_the_key_the_file_and_the_value(tmp_path: Path) -> None:
     path = write(tmp_path, "job.yaml", "job: {name: x, debounce.time.ms: soon}\n")
     with pytest.raises(ConfigError) as err:
@@ -180,3 +194,89 @@ def test_the_state_dir_resolves_against_the_config_files_directory(tmp_path: Pat
     assert relative.state_dir() == tmp_path / "conf" / "state"
     absolute = load_config(write(tmp_path, "abs.yaml", f"job: {{name: x, state.dir: {tmp_path / 'elsewhere'}}}\n"))
     assert absolute.state_dir() == tmp_path / "elsewhere"
+
+
+# --- keys owned by plugins -------------------------------------------------------------------------------
+def test_an_event_hubs_key_on_the_local_system_is_rejected_naming_key_file_and_owner(tmp_path: Path) -> None:
+    path = write(tmp_path, "job.yaml", "job: {name: x}\nsystems: {local: {prefetch: 50}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "systems.local.prefetch" in message and str(path) in message
+    assert "eventhub" in message and "'local'" in message
+    assert err.value.key == "systems.local.prefetch" and err.value.source == str(path)
+
+
+def test_an_event_hubs_key_is_rejected_on_a_system_of_another_factory_even_by_override(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "job.yaml", "job: {name: x}\nsystems: {eh: {factory: eventhub}, mine: {factory: local}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"systems\.mine\.consumer\.group.*--set.*eventhub"):
+        load_config(path, ["systems.mine.consumer.group=jobs"])
+
+
+def test_an_event_hubs_key_on_an_event_hubs_system_is_accepted_and_typed(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "job.yaml",
+        """
+        job: {name: x}
+        systems:
+          eh: {factory: eventhub, prefetch: "50", connection.string: "Endpoint=sb://ns/;SharedAccessKey=k"}
+          by-path:
+            factory: weirflow_azure.eventhubs.factory:EventHubSystemFactory
+            prefetch: 7
+        """,
+    )
+    cfg = load_config(path)
+    assert cfg.warnings == []
+    assert cfg.get("systems.eh.prefetch") == 50
+    assert cfg.get("systems.by-path.prefetch") == 7
+    assert cfg.get("systems.eh.consumer.group") == "$Default"
+
+
+def test_a_local_system_key_on_an_event_hubs_system_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"systems\.eh\.path.*of the local system plugin.*factory 'eventhub'"):
+        Config.from_dict({"job.name": "x", "systems.eh.factory": "eventhub", "systems.eh.path": "/tmp/x.db"})
+
+
+def test_a_plugin_key_with_a_typo_warns_with_the_closest_key() -> None:
+    cfg = Config.from_dict({"job.name": "x", "systems.eh.factory": "eventhub", "systems.eh.prefech": 5})
+    assert len(cfg.warnings) == 1
+    assert "did you mean 'systems.eh.prefetch'" in cfg.warnings[0]
+
+
+def test_the_config_is_the_typed_view_factories_receive() -> None:
+    from weirflow.interfaces.config import ConfigView
+
+    assert isinstance(Config.from_dict({"job.name": "x"}), ConfigView)
+    assert isinstance(Config.from_snapshot(Config.from_dict({"job.name": "x"}).snapshot()), ConfigView)
+
+
+# --- deprecated names ------------------------------------------------------------------------------------
+def test_task_class_still_works_as_a_deprecated_alias_of_task_function(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from weirflow.user_code import load_callable
+
+    (tmp_path / "tasks.py").write_text("def process(record):\n    return [record]\n")
+    path = write(tmp_path, "job.yaml", "job: {name: x}\ntask: {class: 'tasks:process'}\n")
+    with pytest.warns(DeprecationWarning, match=r"'task\.class'.*use 'task\.function'"):
+        cfg = load_config(path)
+    assert "task.function" in caplog.text and "deprecated" in caplog.text
+    assert any("task.function" in w for w in cfg.warnings)
+    assert cfg.get("task.function") == "tasks:process"
+    assert cfg.get("task.class") == "tasks:process"
+    assert cfg.source_of("task.function") == str(path)
+    assert load_callable(cfg, "task.function").__name__ == "process"
+
+
+def test_task_function_does_not_warn_and_a_conflicting_alias_is_an_error(tmp_path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = Config.from_dict({"job.name": "x", "task.function": "m:f"})
+    assert cfg.warnings == []
+    with pytest.raises(ConfigError, match=r"task\.class.*task\.function"):
+        Config.from_dict({"job.name": "x", "task.function": "m:f", "task.class": "m:g"})

@@ -46,3 +46,24 @@ def test_a_connection_string_s_entity_path_is_dropped_so_it_serves_every_hub() -
 def test_neither_is_a_config_error_naming_the_key_and_the_file() -> None:
     with pytest.raises(ConfigError, match=r"key 'systems.eh.connection.string' in job.yaml: .*fully.qualified"):
         _settings()
+
+
+def test_the_default_consumer_group_is_defined_once_in_the_plugin() -> None:
+    import ast
+    from pathlib import Path
+
+    from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem
+    from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP, KEYS
+
+    root = Path(__file__).resolve().parents[2]
+    homes = [
+        path.relative_to(root).as_posix()
+        for folder in ("weirflow", "azure_coordinator", "checkpoint", "eventhub_system")
+        for path in sorted((root / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == "$Default"
+    ]
+    assert homes == ["eventhub_system/keys.py"]
+    assert _settings(**{"fully.qualified.namespace": "ns"}).consumer_group == DEFAULT_CONSUMER_GROUP
+    assert EventHubsSystem("ns").consumer_group == DEFAULT_CONSUMER_GROUP
+    assert {k.name: k.default for k in KEYS}["systems.<name>.consumer.group"] == DEFAULT_CONSUMER_GROUP

@@ -15,6 +15,7 @@ from weirflow.factories import (
     SYSTEMS,
     checkpoint_factory,
     coordinator_factory,
+    is_plugin_factory,
     known_aliases,
     metadata_store_factory,
     system_factory,
@@ -90,3 +91,24 @@ def test_only_the_local_system_has_a_default_factory() -> None:
 def test_validate_factories_fails_on_any_bad_system() -> None:
     with pytest.raises(FactoryError, match=r"systems\.eh\.factory"):
         validate_factories(cfg(**{"systems.eh.factory": "eventhubz"}))
+
+
+class LocalSubclass(LocalSystemFactory):
+    pass
+
+
+def test_a_factory_is_a_plugin_s_by_alias_by_path_or_by_subclass() -> None:
+    local_path = "weirflow.local.factories:LocalSystemFactory"
+    assert is_plugin_factory("local", "local", SYSTEMS)
+    assert is_plugin_factory(local_path, "local", SYSTEMS)
+    assert is_plugin_factory(f"{__name__}:LocalSubclass", "local", SYSTEMS)
+    assert is_plugin_factory(f"{__name__}:NotAFactory", "local", SYSTEMS) is False
+    assert is_plugin_factory("eventhubz", "local", SYSTEMS) is False
+    assert is_plugin_factory("local", "no-such-plugin", SYSTEMS) is False
+    # A class that does not import cannot be told apart: resolving the factory reports it instead.
+    assert is_plugin_factory("no_such_module_anywhere:Factory", "local", SYSTEMS) is None
+
+
+def test_a_local_key_follows_a_subclass_of_the_local_factory() -> None:
+    config = cfg(**{"systems.mine.factory": f"{__name__}:LocalSubclass", "systems.mine.path": "/tmp/mine.db"})
+    assert config.get("systems.mine.path") == "/tmp/mine.db"

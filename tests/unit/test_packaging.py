@@ -61,7 +61,7 @@ def test_a_jobs_own_checkpoint_module_neither_hides_nor_is_hidden_by_the_plugin(
         textwrap.dedent(
             """\
             job.name: shadow
-            task.class: tasks:process
+            task.function: tasks:process
             job.coordinator.factory: azure
             task.checkpoint.factory: azure-table
             """
@@ -74,7 +74,7 @@ def test_a_jobs_own_checkpoint_module_neither_hides_nor_is_hidden_by_the_plugin(
         from weirflow.factories import checkpoint_factory, coordinator_factory
         from weirflow.user_code import load_callable
         config = load_config({str(tmp_path / "job.yaml")!r})
-        load_callable(config, "task.class")
+        load_callable(config, "task.function")
         factory = checkpoint_factory(config)
         coordinator = coordinator_factory(config)
         print(json.dumps({{

@@ -1,33 +1,26 @@
-"""Every configuration key weirflow knows: name, type, default and meaning.
+"""Core's configuration keys (name, type, default, meaning) and the registry of every installed key.
 
-This module is the single source of truth. `docs/configuration.md` is generated from it
-(``weirflow config-reference``) and a test keeps the two identical. Keys containing ``<name>`` or ``<id>``
-are patterns: the placeholder matches one dotted segment (``systems.<name>.factory`` matches
-``systems.local.factory``). Keys under a `FREE_PREFIXES` prefix (``spark.``) are passed through unchecked.
-
-Plugins declare their own keys here too (in their own section), so that one table documents everything.
+`KEYS` are the keys core reads. A plugin declares its own keys in its own package and registers them under
+the ``weirflow.config_keys`` entry-point group (`weirflow.interfaces.config` says how; the embedded default,
+`weirflow.local.keys`, registers its keys the same way). `registered_keys()` is core's plus every plugin's:
+the loader validates against it and `docs/configuration.md` is rendered from it (``weirflow config-reference``;
+a test keeps the two identical). Keys containing ``<name>`` or ``<id>`` are patterns: the placeholder matches
+one dotted segment (``systems.<name>.factory`` matches ``systems.local.factory``). Keys under a
+`FREE_PREFIXES` prefix (``spark.``) are passed through unchecked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import functools
+import logging
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint, entry_points
 
-KeyType = Literal["str", "int", "bool", "list", "duration_ms"]
+from weirflow.interfaces.config import CONFIG_KEYS_GROUP, ConfigKey, KeyType
 
+__all__ = ["CONFIG_KEYS_GROUP", "FREE_PREFIXES", "KEYS", "ConfigKey", "KeyType", "plugin_keys", "registered_keys"]
 
-@dataclass(frozen=True)
-class ConfigKey:
-    """One key. ``default`` None with ``required`` False means "unset unless given"."""
-
-    name: str
-    type: KeyType
-    default: Any
-    doc: str
-    section: str
-    required: bool = False
-    secret: bool = False
-
+log = logging.getLogger("weirflow.config")
 
 # Prefixes whose keys are passed through to another component without validation.
 FREE_PREFIXES: tuple[str, ...] = ("spark.",)
@@ -36,8 +29,6 @@ _J = "Job"
 _C = "Coordination"
 _T = "Tasks and checkpoints"
 _S = "Systems and streams"
-_L = "Embedded default (`local`)"
-_A = "Azure suite (`azure`, `azure-table`)"
 
 KEYS: tuple[ConfigKey, ...] = (
     # --- Job -------------------------------------------------------------------------------------------
@@ -145,7 +136,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "str",
         None,
         "`module:function` building the job's pipeline (`fn(app: weirflow.App)`); the config file's directory "
-        "is importable. Selects the Spark data plane; without it the job runs `task.class` per record.",
+        "is importable. Selects the Spark data plane; without it the job runs `task.function` per record.",
         _T,
     ),
     ConfigKey("app.run.id", "str", None, "Identifies one deployment; carried by control messages.", _T),
@@ -158,12 +149,14 @@ KEYS: tuple[ConfigKey, ...] = (
         _T,
     ),
     ConfigKey(
-        "task.class",
+        "task.function",
         "str",
         None,
-        "`module:callable` processing one record of a record-task job: "
-        "`fn(record: dict) -> list[dict]`; each returned dict has `stream`, `value`, optional `key`.",
+        "`module:function` processing one record of a record-task job: "
+        "`fn(record: dict) -> list[dict]`; each returned dict has `stream`, `value`, optional `key`. "
+        "`task.class` is its deprecated former name: still read, with a warning.",
         _T,
+        aliases=("task.class",),
     ),
     ConfigKey(
         "task.checkpoint.factory",
@@ -218,8 +211,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "systems.<name>.factory",
         "str",
         None,
-        "System plugin: alias (`local`) or `module:Class` implementing `SystemFactory`. The system "
-        "named `local` defaults to the embedded log.",
+        "System plugin: alias (`local`, `eventhub`) or `module:Class` implementing `SystemFactory`. The system "
+        "named `local` defaults to the embedded log. The `systems.<name>.*` keys a system plugin declares "
+        "apply only to systems whose factory is that plugin; on another system they are an error.",
         _S,
     ),
     ConfigKey("streams.<id>.system", "str", None, "System holding the stream; default `job.default.system`.", _S),
@@ -309,173 +303,51 @@ KEYS: tuple[ConfigKey, ...] = (
         "Partitions of intermediate streams weirflow creates; default the most partitions of any input.",
         _S,
     ),
-    # --- Embedded default --------------------------------------------------------------------------------
-    ConfigKey(
-        "systems.<name>.path",
-        "str",
-        None,
-        "SQLite file of a `local` system; default `<job.state.dir>/<name>.streams.db`. Jobs sharing "
-        "the file share the streams.",
-        _L,
-    ),
-    ConfigKey(
-        "local.db.busy.timeout.ms",
-        "duration_ms",
-        10000,
-        "How long an embedded-database statement waits for another process's write lock.",
-        _L,
-    ),
 )
 
 
-# Azure keys are declared here, in the one registry, although the Azure packages read them.
-KEYS += (
-    ConfigKey(
-        "azure.storage.connection.string",
-        "str",
-        None,
-        "Connection string of the job's storage account, e.g. `${AZURE_STORAGE_CONNECTION_STRING}`. "
-        "Without it and without `azure.storage.account`, the environment variable "
-        "`AZURE_STORAGE_CONNECTION_STRING` is used.",
-        _A,
-        secret=True,
-    ),
-    ConfigKey(
-        "azure.storage.account",
-        "str",
-        None,
-        "Storage account name or URL (`https://<account>.blob.core.windows.net`), to sign in with "
-        "`DefaultAzureCredential` (managed identity, workload identity, `az login`) instead of a connection "
-        "string.",
-        _A,
-    ),
-    ConfigKey(
-        "azure.storage.endpoint.suffix",
-        "str",
-        "core.windows.net",
-        "DNS suffix of `azure.storage.account`'s endpoints (sovereign clouds).",
-        _A,
-    ),
-    ConfigKey(
-        "azure.storage.container",
-        "str",
-        None,
-        "Blob container of the job's leases (`leases/...`) and metadata documents (`metadata/...`); "
-        "default `weirflow-<job.name>-<job.id>-<hash>`, sanitised. Created when missing.",
-        _A,
-    ),
-    ConfigKey(
-        "azure.storage.table.prefix",
-        "str",
-        None,
-        "Prefix of the job's tables `<prefix>processors`, `<prefix>latches`, `<prefix>checkpoints`; default "
-        "`wf<job.name><job.id><hash>` (letters and digits). Created when missing.",
-        _A,
-    ),
-    ConfigKey(
-        "azure.storage.request.timeout.ms",
-        "duration_ms",
-        10000,
-        "Connect and read timeout of one storage request (a timed-out request is retried).",
-        _A,
-    ),
-    ConfigKey(
-        "azure.retry.attempts",
-        "int",
-        5,
-        "Tries of one storage call on transient failures (connection errors, timeouts, 408, 429, 5xx) before "
-        "it fails naming the endpoint. Other errors are not retried.",
-        _A,
-    ),
-    ConfigKey(
-        "azure.retry.initial.backoff.ms",
-        "duration_ms",
-        200,
-        "Wait before the first retry; doubles on each retry, with jitter.",
-        _A,
-    ),
-    ConfigKey("azure.retry.max.backoff.ms", "duration_ms", 5000, "Longest wait between two retries.", _A),
-    ConfigKey(
-        "task.checkpoint.azure.eventhubs.layout",
-        "bool",
-        True,
-        "`azure-table` checkpoints also write Event Hubs positions in the Azure SDKs' table layout "
-        "(PartitionKey `<namespace> <hub> <consumer group> Checkpoint`), so SDK processors can resume there.",
-        _A,
-    ),
-    ConfigKey(
-        "task.checkpoint.azure.eventhubs.table",
-        "str",
-        None,
-        "Table of the Event Hubs SDK-layout rows; default the job's checkpoint table `<prefix>checkpoints`.",
-        _A,
-    ),
-    ConfigKey(
-        "systems.<name>.connection.string",
-        "str",
-        None,
-        "Event Hubs systems: namespace connection string (`Endpoint=sb://...;SharedAccessKeyName=...`).",
-        _S,
-        secret=True,
-    ),
-    ConfigKey(
-        "systems.<name>.fully.qualified.namespace",
-        "str",
-        None,
-        "Event Hubs systems: `<namespace>.servicebus.windows.net`, to sign in with `DefaultAzureCredential`.",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.partition.method",
-        "str",
-        "hash",
-        "Event Hubs systems: how a keyed record picks its partition: `hash` (the key is the Event Hubs "
-        "partition key, routed by the service), `round_robin` (keys ignored), `key_as_partition` (the key is "
-        "the partition number).",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.receive.batch.size",
-        "int",
-        300,
-        "Event Hubs systems: most events one receive call of a partition reader asks the SDK for.",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.send.attempts",
-        "int",
-        5,
-        "Event Hubs systems: tries of one batch send on transient errors (connection lost, timeout, busy) "
-        "before the micro-batch fails.",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.prefetch",
-        "int",
-        20,
-        "Event Hubs systems: events a partition reader lets the service send ahead (AMQP link credit). The "
-        "SDK hands events over only after this many arrive or the stream pauses, so it bounds read latency "
-        "on a busy partition (about prefetch / events per second); larger values save round trips.",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.catch-up.prefetch",
-        "int",
-        300,
-        "Event Hubs systems: link credit of a reader opened to read a backlog of at least this many events "
-        "(catching up: round trips matter, latency does not); once it reads near the partition's end it is "
-        "reopened with `systems.<name>.prefetch`. 0 turns it off.",
-        _S,
-    ),
-    ConfigKey(
-        "systems.<name>.consumer.group",
-        "str",
-        "$Default",
-        "Event Hubs systems: consumer group the job reads with.",
-        _S,
-    ),
-)
+def _entry_point_order(ep: EntryPoint) -> tuple[bool, str]:
+    """Core's own packages first (the embedded default), then the plugins by alias: a stable reference."""
+    return (not ep.value.startswith("weirflow."), ep.name)
 
 
-def by_name() -> dict[str, ConfigKey]:
-    return {k.name: k for k in KEYS}
+def _keys_of(ep: EntryPoint) -> list[ConfigKey]:
+    """The keys one ``weirflow.config_keys`` entry point declares: a sequence of `ConfigKey`, or a callable
+    returning one. A plugin that cannot be loaded is skipped with a warning (its keys then warn as unknown)."""
+    try:
+        declared = ep.load()
+        if callable(declared):
+            declared = declared()
+        keys = list(declared)
+    except Exception as exc:
+        log.warning("config keys of plugin '%s' (%s) cannot be loaded: %s", ep.name, ep.value, exc)
+        return []
+    bad = [k for k in keys if not isinstance(k, ConfigKey)]
+    if bad:
+        log.warning(
+            "config keys of plugin '%s' (%s) are not all ConfigKey (%r): skipped", ep.name, ep.value, bad[0]
+        )
+        return []
+    return keys
+
+
+def plugin_keys(eps: Iterable[EntryPoint] | None = None) -> tuple[ConfigKey, ...]:
+    """Every key the ``weirflow.config_keys`` entry points (or ``eps``) declare, in a stable order. A key
+    declared twice for the same owner (same name, same ``system``) keeps its first declaration, core's first."""
+    seen = {(k.name, k.system) for k in KEYS}
+    found: list[ConfigKey] = []
+    points = entry_points(group=CONFIG_KEYS_GROUP) if eps is None else eps
+    for ep in sorted(points, key=_entry_point_order):
+        for key in _keys_of(ep):
+            if (key.name, key.system) in seen:
+                log.warning("config key '%s' of plugin '%s' is declared already: ignored", key.name, ep.name)
+                continue
+            seen.add((key.name, key.system))
+            found.append(key)
+    return tuple(found)
+
+
+@functools.cache
+def registered_keys() -> tuple[ConfigKey, ...]:
+    """Core's keys, then every installed plugin's (read once per process)."""
+    return KEYS + plugin_keys()

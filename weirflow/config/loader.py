@@ -4,18 +4,21 @@ overrides, typed access with declared defaults, and errors that name the key and
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from weirflow.config.keys import FREE_PREFIXES, KEYS, ConfigKey
+from weirflow.config.keys import FREE_PREFIXES, ConfigKey, registered_keys
 from weirflow.errors import ConfigError
+from weirflow.factories import SYSTEMS, is_plugin_factory, system_factory_value
 
 log = logging.getLogger("weirflow.config")
 
@@ -35,18 +38,35 @@ def _pattern_regex(name: str) -> re.Pattern[str]:
     return re.compile("^" + r"\.".join(parts) + "$")
 
 
-_EXACT: dict[str, ConfigKey] = {k.name: k for k in KEYS if "<" not in k.name}
-_PATTERNS: list[tuple[re.Pattern[str], ConfigKey]] = [(_pattern_regex(k.name), k) for k in KEYS if "<" in k.name]
+class _Registry:
+    """The registered keys (core's and every plugin's, `registered_keys`), indexed for lookups."""
+
+    def __init__(self, keys: Sequence[ConfigKey]) -> None:
+        self.keys = tuple(keys)
+        self.exact: dict[str, ConfigKey] = {}
+        for key in self.keys:
+            if "<" not in key.name:
+                self.exact.setdefault(key.name, key)
+        self.patterns = [(_pattern_regex(k.name), k) for k in self.keys if "<" in k.name]
+        # Deprecated name -> current name.
+        self.aliases: dict[str, str] = {alias: k.name for k in self.keys for alias in k.aliases}
+
+    def matches(self, name: str) -> list[ConfigKey]:
+        """Every declaration of ``name``: the exact key, or each pattern matching it (one per owning plugin)."""
+        if name in self.exact:
+            return [self.exact[name]]
+        return [key for regex, key in self.patterns if regex.match(name)]
+
+
+@functools.cache
+def _registry() -> _Registry:
+    return _Registry(registered_keys())
 
 
 def known_key(name: str) -> ConfigKey | None:
-    """The declaration matching ``name`` (exact or pattern), or None."""
-    if name in _EXACT:
-        return _EXACT[name]
-    for regex, key in _PATTERNS:
-        if regex.match(name):
-            return key
-    return None
+    """The (first) declaration matching ``name`` (exact or pattern), or None."""
+    found = _registry().matches(name)
+    return found[0] if found else None
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -126,42 +146,65 @@ def _interpolate(value: Any, key: str, source: str) -> Any:
     return _ENV.sub(replace, value)
 
 
+def _to_str(value: Any, bad: Callable[[str], ConfigError]) -> str:
+    return str(value)
+
+
+def _to_int(value: Any, bad: Callable[[str], ConfigError]) -> int:
+    if isinstance(value, bool):
+        raise bad("an integer")
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise bad("an integer") from None
+
+
+def _to_bool(value: Any, bad: Callable[[str], ConfigError]) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise bad("a boolean (true/false)")
+
+
+def _to_list(value: Any, bad: Callable[[str], ConfigError]) -> list[str]:
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def _to_duration_ms(value: Any, bad: Callable[[str], ConfigError]) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _DURATION.match(str(value))
+    if not match:
+        raise bad("a duration (milliseconds, or like 500ms, 15s, 2m, 1h)")
+    return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+# One converter per `KeyType`; each gets the value (never None) and makes the error naming key, file, value.
+_CONVERTERS: dict[str, Callable[[Any, Callable[[str], ConfigError]], Any]] = {
+    "str": _to_str,
+    "int": _to_int,
+    "bool": _to_bool,
+    "list": _to_list,
+    "duration_ms": _to_duration_ms,
+}
+
+
 def _convert(key: ConfigKey, name: str, value: Any, source: str) -> Any:
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"value {value!r} is not {expected}", key=name, source=source)
 
     if value is None:
         return None
-    if key.type == "str":
-        return str(value)
-    if key.type == "int":
-        if isinstance(value, bool):
-            raise bad("an integer")
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            raise bad("an integer") from None
-    if key.type == "bool":
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise bad("a boolean (true/false)")
-    if key.type == "list":
-        if isinstance(value, list):
-            return [str(v).strip() for v in value if str(v).strip()]
-        return [v.strip() for v in str(value).split(",") if v.strip()]
-    if key.type == "duration_ms":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        match = _DURATION.match(str(value))
-        if not match:
-            raise bad("a duration (milliseconds, or like 500ms, 15s, 2m, 1h)")
-        return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    raise AssertionError(key.type)
+    converter = _CONVERTERS.get(key.type)
+    if converter is None:
+        raise AssertionError(key.type)
+    return converter(value, bad)
 
 
 def _is_secret(name: str) -> bool:
@@ -186,6 +229,7 @@ class Config:
         self.source = source
         self.base_dir = base_dir
         self.warnings: list[str] = []
+        self._rename_deprecated()
         self._validate()
 
     # --- construction ---------------------------------------------------------------------------------
@@ -194,14 +238,6 @@ class Config:
         flat = _flatten(data)
         values = {k: _interpolate(v, k, source) for k, v in flat.items()}
         return cls(values, {k: source for k in values}, source, base_dir or Path.cwd())
-
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
-        values = dict(self._values)
-        sources = dict(self._sources)
-        for key, value in overrides.items():
-            values[key] = _interpolate(value, key, OVERRIDE_SOURCE)
-            sources[key] = OVERRIDE_SOURCE
-        return Config(values, sources, self.source, self.base_dir)
 
     def snapshot(self) -> str:
         """JSON of this config, to rebuild it in another process (Spark's data-source and worker processes)."""
@@ -229,7 +265,8 @@ class Config:
     _MISSING = object()
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
-        declared = known_key(key)
+        key = _registry().aliases.get(key, key)
+        declared = self._declaration(key)
         if key in self._values:
             value = self._values[key]
             return _convert(declared, key, value, self.source_of(key)) if declared else value
@@ -241,14 +278,11 @@ class Config:
             raise ConfigError("is required but not set", key=key, source=self.source)
         return list(declared.default) if isinstance(declared.default, list) else declared.default
 
-    def raw(self, key: str) -> Any:
-        return self._values.get(key)
-
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
     def source_of(self, key: str) -> str:
-        return self._sources.get(key, DEFAULT_SOURCE)
+        return self._sources.get(_registry().aliases.get(key, key), DEFAULT_SOURCE)
 
     def names(self, prefix: str) -> list[str]:
         start = prefix.rstrip(".") + "."
@@ -259,7 +293,7 @@ class Config:
         return {k[len(start) :]: v for k, v in self._values.items() if k.startswith(start)}
 
     def effective(self) -> dict[str, Any]:
-        values = {k.name: k.default for k in KEYS if "<" not in k.name and k.default not in (None, [])}
+        values = {name: k.default for name, k in _registry().exact.items() if k.default not in (None, [])}
         values.update(self._values)
         return dict(sorted(values.items()))
 
@@ -284,29 +318,90 @@ class Config:
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(message, key=key, source=self.source_of(key) if key in self._values else self.source)
 
+    # --- plugin-owned keys ---------------------------------------------------------------------------------
+    def _owner_verdict(self, name: str, key: ConfigKey) -> bool | None:
+        """Whether ``key`` (a declaration of ``name``) applies here: True for a key no system plugin owns, else
+        whether the system's factory is the owning plugin; None when that cannot be told (no factory set on
+        the system, or its class does not import: resolving the factory reports that)."""
+        if key.system is None:
+            return True
+        value = system_factory_value(self, name.split(".")[1])
+        return None if value is None else is_plugin_factory(value, key.system, SYSTEMS)
+
+    def _declaration(self, name: str) -> ConfigKey | None:
+        """The declaration of ``name`` that applies to this config: with several (system plugins declaring the
+        same ``systems.<name>.*`` key) the one owned by the system's factory; else the first."""
+        candidates = _registry().matches(name)
+        if len(candidates) > 1:
+            for key in candidates:
+                if self._owner_verdict(name, key):
+                    return key
+        return candidates[0] if candidates else None
+
+    def _wrong_system(self, name: str, owned: list[ConfigKey]) -> ConfigError:
+        system, setting = name.split(".", 2)[1:]
+        owners = " or ".join(sorted({k.system or "" for k in owned}))
+        factory = system_factory_value(self, system)
+        how = " (the default of the system named 'local')" if f"systems.{system}.factory" not in self else ""
+        return ConfigError(
+            f"'{setting}' is a key of the {owners} system plugin (systems.<name>.{setting} applies only to "
+            f"systems whose factory is {owners}), but system '{system}' uses factory '{factory}'{how}; remove "
+            f"it, or set it on a system with factory: {owners}",
+            key=name,
+            source=self.source_of(name),
+        )
+
+    # --- deprecated names ---------------------------------------------------------------------------------
+    def _rename_deprecated(self) -> None:
+        """Read each deprecated alias (`ConfigKey.aliases`) as its key, warning (DeprecationWarning and log)."""
+        for alias, current in _registry().aliases.items():
+            if alias not in self._values:
+                continue
+            value, source = self._values.pop(alias), self._sources.pop(alias, self.source)
+            if current in self._values and self._values[current] != value:
+                raise ConfigError(
+                    f"is the deprecated name of '{current}', which is also set (in {self.source_of(current)}) to "
+                    f"another value; keep only '{current}'",
+                    key=alias,
+                    source=source,
+                )
+            self._values.setdefault(current, value)
+            self._sources.setdefault(current, source)
+            message = f"config key '{alias}' in {source} is deprecated: it is read as '{current}'; use '{current}'"
+            self.warnings.append(message)
+            log.warning(message)
+            warnings.warn(message, DeprecationWarning, stacklevel=4)
+
     # --- validation -----------------------------------------------------------------------------------
     def _validate(self) -> None:
         for name, value in self._values.items():
-            declared = known_key(name)
-            if declared is not None:
-                _convert(declared, name, value, self.source_of(name))
-            elif not name.startswith(FREE_PREFIXES):
-                self._warn_unknown(name)
-        for key in KEYS:
+            self._validate_value(name, value)
+        for key in _registry().keys:
             if key.required and key.name not in self._values:
                 raise ConfigError("is required but not set", key=key.name, source=self.source)
 
+    def _validate_value(self, name: str, value: Any) -> None:
+        candidates = _registry().matches(name)
+        if not candidates:
+            if not name.startswith(FREE_PREFIXES):
+                self._warn_unknown(name)
+            return
+        applicable = [key for key in candidates if self._owner_verdict(name, key) is not False]
+        if not applicable:
+            raise self._wrong_system(name, candidates)
+        _convert(applicable[0], name, value, self.source_of(name))
+
     def _warn_unknown(self, name: str) -> None:
-        candidates = list(_EXACT)
+        registry = _registry()
+        candidates = list(registry.exact)
         segments = name.split(".")
-        for key in KEYS:
-            if "<" in key.name:
-                parts = key.name.split(".")
-                if len(segments) > 1:
-                    parts = [
-                        segments[i] if p.startswith("<") and i < len(segments) else p for i, p in enumerate(parts)
-                    ]
-                candidates.append(".".join(parts))
+        for _, key in registry.patterns:
+            parts = key.name.split(".")
+            if len(segments) > 1:
+                parts = [
+                    segments[i] if p.startswith("<") and i < len(segments) else p for i, p in enumerate(parts)
+                ]
+            candidates.append(".".join(parts))
         close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         message = f"unknown config key '{name}' in {self.source_of(name)}{hint}"

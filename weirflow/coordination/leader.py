@@ -11,11 +11,12 @@ thus causes one rebalance, and a failover costs only lease expiry + one poll.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
+from weirflow import clock as wall_clock
 from weirflow.assignment import assign
 from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model
+from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import EtagMismatchError
 from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo
@@ -28,10 +29,6 @@ log = logging.getLogger("weirflow.leader")
 _GC_FACTOR = 6
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class LeaderDuties:
     """State the leader keeps between ticks; a new instance is made each time leadership is won."""
 
@@ -42,7 +39,7 @@ class LeaderDuties:
         metadata: MetadataStore,
         planner: Callable[[], dict[str, TaskModel]],
         timings: CoordinationTimings,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.owner = owner
         self._coordination = coordination
@@ -50,7 +47,8 @@ class LeaderDuties:
         self._metadata = metadata
         self._planner = planner
         self._timings = timings
-        self._clock = clock
+        # the wall clock unless a test drives time; read through the module so a patched `now_ms` counts
+        self._clock = clock if clock is not None else lambda: wall_clock.now_ms()
         self._watched_latch: int | None = None  # version whose latch we are waiting on
         self._latch_deadline_ms = 0
         self._adopted = False  # checked the latch of the model we found on election
@@ -62,7 +60,7 @@ class LeaderDuties:
         model, etag = read_job_model(self._metadata)
         rows = self._registry.processors()
         self._collect_garbage(rows, now)
-        live = sorted(p.processor_id for p in rows if self._is_live(p, now))
+        live = sorted(p.processor_id for p in rows if is_live(p, now, self._timings.liveness_timeout_ms))
 
         if not self._adopted:
             self._adopted = True
@@ -85,13 +83,6 @@ class LeaderDuties:
         return self._publish(model, etag, live, now)
 
     # --- helpers --------------------------------------------------------------------------------------
-    def _is_live(self, info: ProcessorInfo, now: int) -> bool:
-        return now - info.heartbeat_ms <= self._timings.liveness_timeout_ms and info.state not in (
-            "STOPPING",
-            "STOPPED",
-            "FAILED",
-        )
-
     def _stable_since(self, model: JobModel, rows: list[ProcessorInfo], live: list[str]) -> int:
         by_id = {p.processor_id: p for p in rows}
         changes = [0]
@@ -99,7 +90,7 @@ class LeaderDuties:
             changes.append(by_id[pid].started_ms)
         for pid in set(model.processors) - set(live):
             row = by_id.get(pid)
-            if row is not None and row.state in ("STOPPING", "STOPPED", "FAILED"):
+            if row is not None and has_departed(row.state):
                 changes.append(row.heartbeat_ms)
             elif row is not None:
                 changes.append(row.heartbeat_ms + self._timings.liveness_timeout_ms)

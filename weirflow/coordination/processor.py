@@ -21,11 +21,11 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from weirflow import clock
 from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.state import ProcessorState, check_transition
@@ -43,10 +43,6 @@ _TASK_RETRY_MS = 5000
 
 def default_processor_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class _LoopErrors:
@@ -99,7 +95,7 @@ class StreamProcessor:
         self._locks_guard = threading.Lock()
         self._pending: dict[str, int] = {}  # gained task -> earliest next start attempt (ms); follower only
         self._lost: set[str] = set()  # tasks whose lock the keeper found lost; the follower retries them
-        self._started_ms = _now_ms()
+        self._started_ms = clock.now_ms()
         self._heartbeat_now = threading.Event()
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
@@ -122,7 +118,7 @@ class StreamProcessor:
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
         # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
-        self._started_ms = _now_ms()
+        self._started_ms = clock.now_ms()
         self._write_heartbeat()
         log.info("processor %s started", self.processor_id)
         threads = [
@@ -156,7 +152,7 @@ class StreamProcessor:
             state=self._state.value,
             job_model_version=self._working_version,
             tasks=sorted(self.runner.running() - self.runner.starting()),
-            heartbeat_ms=_now_ms(),
+            heartbeat_ms=clock.now_ms(),
             started_ms=self._started_ms,
             error=self.error,
         )
@@ -166,7 +162,7 @@ class StreamProcessor:
         self.ctx.coordination.processor_registry().heartbeat(self._info())
 
     def _loop_error(self, loop: str, errors: _LoopErrors, exc: BaseException) -> None:
-        elapsed = errors.failed(_now_ms())
+        elapsed = errors.failed(clock.now_ms())
         self.error = f"{loop}: {type(exc).__name__}: {exc}"
         log.error("%s loop error (failing for %d ms): %s", loop, elapsed, exc, exc_info=exc)
         if elapsed > self.timings.lease_ms * _FATAL_AFTER_LEASES:
@@ -242,7 +238,7 @@ class StreamProcessor:
             self._wait(self.timings.poll_interval_ms)
         if self._stop.is_set():
             return
-        now = _now_ms()
+        now = clock.now_ms()
         for task in sorted(mine - self.runner.running()):
             self._pending.setdefault(task, now)
         self._start_pending(model, deadline_ms=now + self.timings.lock_timeout_ms)
@@ -255,7 +251,7 @@ class StreamProcessor:
         if model.version != self._working_version:
             return
         while self._pending and not self._stop.is_set():
-            now = _now_ms()
+            now = clock.now_ms()
             for task in sorted(self._pending):
                 if self._pending[task] > now:
                     continue
@@ -300,7 +296,7 @@ class StreamProcessor:
             lost, self._lost = self._lost, set()
         for task in lost:
             if task in self._model.tasks_of(self.processor_id):
-                self._pending[task] = _now_ms() + self.timings.poll_interval_ms
+                self._pending[task] = clock.now_ms() + self.timings.poll_interval_ms
         for task, error in self.runner.failures().items():
             self.runner.forget(task)
             with self._locks_guard:
@@ -309,7 +305,7 @@ class StreamProcessor:
                 lock.release()
             self.error = f"task {task}: {error}"
             if task in self._model.tasks_of(self.processor_id):
-                self._pending[task] = _now_ms() + _TASK_RETRY_MS
+                self._pending[task] = clock.now_ms() + _TASK_RETRY_MS
                 log.error("task %s failed (%s); retrying in %d s", task, error, _TASK_RETRY_MS // 1000)
 
     # --- leader ---------------------------------------------------------------------------------------
@@ -321,7 +317,7 @@ class StreamProcessor:
         errors = _LoopErrors()
         while not self._stop.is_set():
             try:
-                now = _now_ms()
+                now = clock.now_ms()
                 if duties is None:
                     if elector.try_become_leader():
                         log.info("became leader")
@@ -348,7 +344,7 @@ class StreamProcessor:
 
     # --- keeper ---------------------------------------------------------------------------------------
     def _keeper_loop(self) -> None:
-        last_heartbeat = last_renew = _now_ms()
+        last_heartbeat = last_renew = clock.now_ms()
         errors = _LoopErrors()
         tick_s = min(self.timings.poll_interval_ms, self.timings.heartbeat_interval_ms) / 1000
         while not self._stop.is_set():
@@ -356,7 +352,7 @@ class StreamProcessor:
             if self._stop.is_set():
                 break
             try:
-                now = _now_ms()
+                now = clock.now_ms()
                 if now - last_renew >= self.timings.renew_interval_ms:
                     self._renew_locks()
                     last_renew = now

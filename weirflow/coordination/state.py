@@ -4,11 +4,19 @@
                                                                     any -> FAILED (a background error)
 
 A state change that is not listed is a bug in the protocol and raises at once rather than hiding it.
+
+This module is also the one home of **who counts as alive** (`is_live`): the leader's membership, `weirflow
+status` and `ProcessorRegistry.live` all ask it, so a processor is never dropped by one and shown live by
+another.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from weirflow.interfaces.coordination import ProcessorInfo
 
 
 class ProcessorState(str, enum.Enum):
@@ -38,3 +46,27 @@ def check_transition(current: ProcessorState, new: ProcessorState) -> None:
         return
     if new not in ALLOWED[current]:
         raise RuntimeError(f"illegal processor state change {current.value} -> {new.value}")
+
+
+# A processor in one of these states has left the group, however fresh its heartbeat: a STOPPING one is
+# handing its tasks back (they must move now, not a liveness timeout later), a STOPPED or FAILED one runs
+# nothing.
+DEPARTED: frozenset[ProcessorState] = frozenset(
+    {ProcessorState.STOPPING, ProcessorState.STOPPED, ProcessorState.FAILED}
+)
+_DEPARTED_VALUES = frozenset(state.value for state in DEPARTED)
+
+
+def has_departed(state: str | ProcessorState) -> bool:
+    """Whether a registry row's ``state`` says the processor left the group (see `DEPARTED`)."""
+    return (state.value if isinstance(state, ProcessorState) else state) in _DEPARTED_VALUES
+
+
+def is_live(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
+    """A processor is live when it was heard from within the liveness timeout and has not departed.
+
+    The one definition of liveness: the leader counts members with it, `weirflow status` shows it and
+    `ProcessorRegistry.live` filters with it. The heartbeat is compared with the reader's clock, which
+    assumes processors' clocks agree to well under the liveness timeout.
+    """
+    return now_ms - info.heartbeat_ms <= liveness_timeout_ms and not has_departed(info.state)

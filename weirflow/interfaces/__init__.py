@@ -1,6 +1,7 @@
 """The plugin boundary: every backend implements these and depends on nothing else of weirflow."""
 
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager, CheckpointManagerFactory
+from weirflow.interfaces.config import ConfigKey, ConfigView
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     JobCoordinatorFactory,
@@ -29,6 +30,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "CheckpointManagerFactory",
+    "ConfigKey",
+    "ConfigView",
     "CoordinationUtils",
     "Document",
     "IncomingRecord",

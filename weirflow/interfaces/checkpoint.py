@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemStreamPartition
 
 
@@ -65,4 +66,4 @@ class CheckpointManagerFactory(ABC):
     """Named by `task.checkpoint.factory`; constructed with no arguments."""
 
     @abstractmethod
-    def get_checkpoint_manager(self, config: Any) -> CheckpointManager: ...
+    def get_checkpoint_manager(self, config: ConfigView) -> CheckpointManager: ...

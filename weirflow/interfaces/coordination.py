@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
+
 
 class LeaderElector(ABC):
     """One leader per job, chosen by whoever takes a lease first.
@@ -157,8 +159,9 @@ class ProcessorRegistry(ABC):
     * ``heartbeat(info)`` upserts the row (``info.heartbeat_ms`` is set by the caller).
     * ``processors()`` returns every row, live or not, sorted by processor id.
     * ``unregister`` removes a row; idempotent.
-    Liveness is decided by the reader: a row is live when ``now - heartbeat_ms <= liveness timeout``
-    (see `live`). Clocks of processors are assumed in sync to well under the liveness timeout.
+    Liveness is decided by the reader, by the protocol's one rule (`weirflow.coordination.state.is_live`:
+    heard from within the liveness timeout and not STOPPING, STOPPED or FAILED); a backend never decides it.
+    Clocks of processors are assumed in sync to well under the liveness timeout.
     """
 
     @abstractmethod
@@ -171,12 +174,11 @@ class ProcessorRegistry(ABC):
     def unregister(self, processor_id: str) -> None: ...
 
     def live(self, now_ms: int, liveness_timeout_ms: int) -> list[ProcessorInfo]:
-        """Rows heard from within the liveness timeout and not STOPPED."""
-        return [
-            p
-            for p in self.processors()
-            if now_ms - p.heartbeat_ms <= liveness_timeout_ms and p.state not in ("STOPPED", "FAILED")
-        ]
+        """The rows `weirflow.coordination.state.is_live` counts as live. The rule is imported when called:
+        it is the protocol's, and this module imports nothing else of weirflow."""
+        from weirflow.coordination.state import is_live
+
+        return [p for p in self.processors() if is_live(p, now_ms, liveness_timeout_ms)]
 
 
 class CoordinationUtils(ABC):
@@ -203,9 +205,9 @@ class CoordinationUtils(ABC):
 
 
 class JobCoordinatorFactory(ABC):
-    """Named by `job.coordinator.factory` (alias ``local``, later ``azure``); constructed with no arguments.
+    """Named by `job.coordinator.factory` (aliases ``local``, ``azure``); constructed with no arguments.
 
     ``owner`` is the processor id, or a read-only observer name (``weirflow status``)."""
 
     @abstractmethod
-    def get_coordination_utils(self, config: Any, owner: str) -> CoordinationUtils: ...
+    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils: ...

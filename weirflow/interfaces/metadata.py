@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
+
 
 @dataclass(frozen=True)
 class Document:
@@ -58,4 +60,4 @@ class MetadataStoreFactory(ABC):
     """Named by `metadata.store.factory`; constructed with no arguments."""
 
     @abstractmethod
-    def get_metadata_store(self, config: Any) -> MetadataStore: ...
+    def get_metadata_store(self, config: ConfigView) -> MetadataStore: ...

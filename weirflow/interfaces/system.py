@@ -22,6 +22,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow.interfaces.config import ConfigView
+
 
 @dataclass(frozen=True, order=True)
 class SystemStream:
@@ -266,15 +268,17 @@ class SystemFactory(ABC):
     """Entry point of a system plugin, named by `systems.<name>.factory` (alias or ``module:Class``).
 
     Constructed with no arguments; each method receives the system's config name and the whole job config
-    (`weirflow.config.Config`) so it can read `systems.<name>.*` keys.
+    (a `ConfigView`, `weirflow.interfaces.config`) so it can read `systems.<name>.*` keys. The keys a system
+    plugin reads are its own: it declares them (``ConfigKey(..., system=<its alias>)``) and registers them
+    under the ``weirflow.config_keys`` entry-point group.
     """
 
     @abstractmethod
-    def get_admin(self, system_name: str, config: Any) -> SystemAdmin: ...
+    def get_admin(self, system_name: str, config: ConfigView) -> SystemAdmin: ...
 
     @abstractmethod
-    def get_consumer(self, system_name: str, config: Any) -> SystemConsumer: ...
+    def get_consumer(self, system_name: str, config: ConfigView) -> SystemConsumer: ...
 
     @abstractmethod
-    def get_producer(self, system_name: str, config: Any) -> SystemProducer: ...
+    def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer: ...
 

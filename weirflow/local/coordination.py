@@ -19,6 +19,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from weirflow import clock
 from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
@@ -29,7 +30,7 @@ from weirflow.interfaces.coordination import (
     ProcessorInfo,
     ProcessorRegistry,
 )
-from weirflow.local.database import Database, now_ms
+from weirflow.local.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);
@@ -62,7 +63,7 @@ class _Lease:
         self.lease_ms = lease_ms
 
     def acquire(self) -> bool:
-        now = now_ms()
+        now = clock.now_ms()
         with self._db.transaction() as conn:
             row = conn.execute(
                 "SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,)
@@ -85,7 +86,7 @@ class _Lease:
 
     def renew(self) -> bool:
         """Only an unexpired lease can be renewed: once expired, another owner may already have acted on it."""
-        now = now_ms()
+        now = clock.now_ms()
         with self._db.transaction() as conn:
             cursor = conn.execute(
                 "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ? AND expires_ms > ?",
@@ -94,7 +95,7 @@ class _Lease:
             return cursor.rowcount == 1
 
     def release(self) -> None:
-        now = now_ms()
+        now = clock.now_ms()
         with self._db.transaction() as conn:
             cursor = conn.execute(
                 "DELETE FROM leases WHERE name = ? AND owner = ? AND expires_ms > ?",
@@ -109,7 +110,7 @@ class _Lease:
             .execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,))
             .fetchone()
         )
-        return row is not None and row[0] == self.owner and row[1] > now_ms()
+        return row is not None and row[0] == self.owner and row[1] > clock.now_ms()
 
     def holder(self) -> str | None:
         row = (
@@ -117,7 +118,7 @@ class _Lease:
             .execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,))
             .fetchone()
         )
-        return row[0] if row is not None and row[1] > now_ms() else None
+        return row[0] if row is not None and row[1] > clock.now_ms() else None
 
 
 class SqliteLatch(Latch):

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Database:

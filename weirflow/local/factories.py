@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import CoordinationUtils, JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
@@ -19,35 +19,35 @@ from weirflow.local.metadata import SqliteMetadataStore
 from weirflow.local.streams import LocalSystemAdmin, LocalSystemConsumer, LocalSystemProducer, SqliteStreamStore
 
 
-def job_database_path(config: Any) -> Path:
+def job_database_path(config: ConfigView) -> Path:
     return config.state_dir() / f"{config.get('job.name')}-{config.get('job.id')}.db"
 
 
-def stream_database_path(config: Any, system_name: str) -> Path:
+def stream_database_path(config: ConfigView, system_name: str) -> Path:
     key = f"systems.{system_name}.path"
     if config.get(key):
         return config.path(key)
     return config.state_dir() / f"{system_name}.streams.db"
 
 
-def _busy(config: Any) -> int:
+def _busy(config: ConfigView) -> int:
     return int(config.get("local.db.busy.timeout.ms"))
 
 
 class LocalJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: Any, owner: str) -> CoordinationUtils:
+    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils:
         return SqliteCoordinationUtils(
             job_database_path(config), owner, config.get("job.coordinator.lease.duration.ms"), _busy(config)
         )
 
 
 class LocalCheckpointManagerFactory(CheckpointManagerFactory):
-    def get_checkpoint_manager(self, config: Any) -> CheckpointManager:
+    def get_checkpoint_manager(self, config: ConfigView) -> CheckpointManager:
         return SqliteCheckpointManager(job_database_path(config), _busy(config))
 
 
 class LocalMetadataStoreFactory(MetadataStoreFactory):
-    def get_metadata_store(self, config: Any) -> MetadataStore:
+    def get_metadata_store(self, config: ConfigView) -> MetadataStore:
         return SqliteMetadataStore(job_database_path(config), _busy(config))
 
 
@@ -55,11 +55,11 @@ class LocalSystemFactory(SystemFactory):
     """Admin, consumer and producer of one local system share nothing but the file: each opens its own
     connections, so they can be used from different threads and closed independently."""
 
-    def get_admin(self, system_name: str, config: Any) -> SystemAdmin:
+    def get_admin(self, system_name: str, config: ConfigView) -> SystemAdmin:
         return LocalSystemAdmin(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))
 
-    def get_consumer(self, system_name: str, config: Any) -> SystemConsumer:
+    def get_consumer(self, system_name: str, config: ConfigView) -> SystemConsumer:
         return LocalSystemConsumer(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))
 
-    def get_producer(self, system_name: str, config: Any) -> SystemProducer:
+    def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer:
         return LocalSystemProducer(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))

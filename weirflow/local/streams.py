@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from weirflow import clock
 from weirflow.errors import StreamNotFoundError
 from weirflow.interfaces.system import (
     IncomingRecord,
@@ -26,7 +27,7 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow.local.database import Database, now_ms
+from weirflow.local.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS streams (
@@ -97,7 +98,7 @@ class LocalSystemAdmin(SystemAdmin):
                         f"not {spec.partitions}"
                     )
                 return False
-            conn.execute("INSERT INTO streams VALUES (?, ?, ?)", (spec.stream, spec.partitions, now_ms()))
+            conn.execute("INSERT INTO streams VALUES (?, ?, ?)", (spec.stream, spec.partitions, clock.now_ms()))
             return True
 
     def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
@@ -188,7 +189,7 @@ class LocalSystemProducer(SystemProducer):
             return
         counts = {stream: self._store.partitions(stream) for stream in {r.stream for r in records}}
         placed = [(r, self._partition(r, counts[r.stream])) for r in records]
-        timestamp = now_ms()
+        timestamp = clock.now_ms()
         with self._store.db.transaction() as conn:
             next_offsets: dict[tuple[str, int], int] = {}
             rows = []

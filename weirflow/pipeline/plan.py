@@ -14,7 +14,8 @@ They are created through the system's `SystemAdmin` when missing. Their messages
 control framing of `weirflow.control`.
 
 **Dead letters.** Each input stream ``<id>`` has a dead-letter stream ``<physical>.dlq`` on the same system,
-with as many partitions, created when missing.
+with as many partitions, created when missing. Both names come from `weirflow.systems` (`stream_ref`,
+`dead_letter_stream`), the one home of stream naming.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
-from weirflow.systems import StreamRef, Systems
+from weirflow.systems import StreamRef, Systems, dead_letter_stream, stream_id_of, stream_ref
 from weirflow.user_code import load_callable
 
 
@@ -60,10 +61,6 @@ class Stage:
 def stage_name(stream_id: str) -> str:
     """A stage is named after its first input, with every character outside [A-Za-z0-9_] as ``_``."""
     return re.sub(r"[^A-Za-z0-9_]", "_", stream_id)
-
-
-def dlq_physical(physical: str) -> str:
-    return f"{physical}.dlq"
 
 
 class PipelinePlan:
@@ -111,11 +108,13 @@ class PipelinePlan:
     # --- streams ----------------------------------------------------------------------------------------
     def ref(self, stream_id: str) -> StreamRef:
         if self.is_intermediate(stream_id):
-            configured = self.config.get(f"streams.{stream_id}.physical.name")
-            system = self.config.get("job.intermediate.system") or self.config.get("job.default.system")
-            physical = configured or f"{self.config.get('job.name')}-{self.config.get('job.id')}-{stream_id}"
-            return StreamRef(stream_id, system, physical)
+            return stream_ref(self.config, stream_id, intermediate=True)
         return self.systems.resolve(stream_id)
+
+    def stream_id_of(self, system: str, physical: str) -> str:
+        """The id of the stage input called ``physical`` on ``system`` (intermediate streams included)."""
+        refs = (self.ref(stream_id) for stage in self.stages for stream_id in stage.input_ids)
+        return stream_id_of(refs, system, physical)
 
     def partition_count(self, stream_id: str) -> int:
         if stream_id not in self._partitions:
@@ -141,7 +140,7 @@ class PipelinePlan:
                 ref = self.ref(stream_id)
                 admin = self.systems.admin(ref.system)
                 self._create_if_configured(stream_id)
-                admin.create_stream(StreamSpec(dlq_physical(ref.physical), self.partition_count(stream_id)))
+                admin.create_stream(StreamSpec(dead_letter_stream(ref.physical), self.partition_count(stream_id)))
         count = None
         for stream_id in self.app.intermediates:
             ref = self.ref(stream_id)

@@ -532,12 +532,7 @@ class SparkTaskRunner(TaskRunner):
         return self.checkpoint_root / task_name
 
     def stream_id_of(self, ssp: SystemStreamPartition) -> str:
-        for stage in self.plan.stages:
-            for stream_id in stage.input_ids:
-                ref = self.plan.ref(stream_id)
-                if (ref.system, ref.physical) == (ssp.system, ssp.stream):
-                    return stream_id
-        return ssp.stream
+        return self.plan.stream_id_of(ssp.system, ssp.stream)
 
     def wake(self) -> None:
         self._wake.set()

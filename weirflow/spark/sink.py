@@ -34,6 +34,7 @@ from weirflow.interfaces.system import OutgoingRecord
 from weirflow.spark import workergc
 from weirflow.spark.packing import pack
 from weirflow.spark.source import systems_for
+from weirflow.systems import dead_letter_stream
 
 log = logging.getLogger("weirflow.spark")
 
@@ -123,7 +124,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 reason = f"row too large for stream '{physical}' even alone (limit {limit} bytes)"
                 row = json.dumps(piece.to_pylist()[0], default=str).encode()
                 records.append(OutgoingRecord(
-                    stream=f"{physical}.dlq",
+                    stream=dead_letter_stream(physical),
                     value=json.dumps({"error": reason, "stream": physical,
                                       "head_base64": base64.b64encode(row[:1024]).decode()}).encode(),
                     partition=partition,
@@ -142,7 +143,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             refused = {id(r) for r in exc.records}
             letters = [
                 OutgoingRecord(
-                    stream=f"{record.stream}.dlq",
+                    stream=dead_letter_stream(record.stream),
                     value=json.dumps(
                         {
                             "error": reason,

@@ -448,10 +448,11 @@ class _BatchReader:
         if not self._dead:
             return
         from weirflow.interfaces.system import OutgoingRecord
+        from weirflow.systems import dead_letter_stream
 
+        stream = dead_letter_stream(self.spec.physical)
         records = [
-            OutgoingRecord(stream=f"{self.spec.physical}.dlq", value=json.dumps(letter).encode(), key=key,
-                           partition=ssp.partition)
+            OutgoingRecord(stream=stream, value=json.dumps(letter).encode(), key=key, partition=ssp.partition)
             for letter, key in self._dead
         ]
         systems_for(self.spec.snapshot).producer(self.spec.system).send(records)

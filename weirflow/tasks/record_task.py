@@ -1,10 +1,10 @@
-"""The record runner: runs each task as a thread that reads its SSPs and calls `task.class` per record.
+"""The record runner: runs each task as a thread that reads its SSPs and calls `task.function` per record.
 
 It is the data plane for jobs without Spark (coordination demos, simple relays) and the reference for what
 any runner must do: start from the task's checkpoint, write outputs before advancing offsets (at-least-once),
 checkpoint through the fence, and stop cleanly before the lock is released.
 
-The task function (``task.class: module:callable``; the config file's directory is importable) gets one dict
+The task function (``task.function: module:callable``; the config file's directory is importable) gets one dict
 per record::
 
     {"stream": "page-views", "partition": 3, "offset": "41", "key": "u7" | None,
@@ -42,8 +42,8 @@ _IDLE_WAIT_S = 0.05
 
 
 def load_record_function(config: Any) -> RecordFunction:
-    """Import `task.class`, with the config file's directory importable; errors name the key and file."""
-    return load_callable(config, "task.class")
+    """Import `task.function`, with the config file's directory importable; errors name the key and file."""
+    return load_callable(config, "task.function")
 
 
 def _encode(value: Any) -> bytes:
@@ -200,7 +200,7 @@ class RecordTaskRunner(TaskRunner):
             for out in self.fn(message) or ():
                 if "stream" not in out or "value" not in out:
                     raise ConfigError(
-                        f"task.class returned {out!r}; each outgoing dict needs 'stream' and 'value'"
+                        f"task.function returned {out!r}; each outgoing dict needs 'stream' and 'value'"
                     )
                 ref = self.systems.resolve(out["stream"])
                 key = out.get("key")

@@ -1,0 +1,86 @@
+"""The project's own backends, built through the same hook as anyone's (`weirflow.testing.FactoryBackend`):
+their registered factories and a job config, as the runtime builds them.
+
+* ``local`` — the embedded default: one SQLite database per job under the test's directory, and the local
+  system's log beside it. 600 ms leases.
+* ``azure`` — the Azure suite on the storage account of the session (Azurite, or a real account through
+  ``WEIRFLOW_TEST_AZURE_STORAGE``): blob leases, Table latches and registry, blob metadata, Table
+  checkpoints. Blob leases last at least 15 s, so leases are 15 s.
+* ``eventhub`` — the Event Hubs system on the emulator. Event hubs are infrastructure, so the test plays the
+  part of Bicep: `declare_stream` adds the hub to the emulator, then the admin checks it.
+
+They are importable (not defined in a conftest) because the cross-process contracts pickle them into
+spawned processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weirflow.interfaces.system import SystemAdmin
+from weirflow.testing import FactoryBackend
+
+LOCAL_LEASE_MS = 600
+AZURE_LEASE_MS = 15_000
+
+
+def local_backend(state_dir: Path) -> FactoryBackend:
+    from weirflow.local.factories import (
+        LocalCheckpointManagerFactory,
+        LocalJobCoordinatorFactory,
+        LocalMetadataStoreFactory,
+        LocalSystemFactory,
+    )
+
+    return FactoryBackend(
+        {"job.state.dir": str(state_dir)},
+        coordinator=LocalJobCoordinatorFactory(),
+        checkpoints=LocalCheckpointManagerFactory(),
+        metadata=LocalMetadataStoreFactory(),
+        systems=LocalSystemFactory(),
+        system_name="local",
+        lease_ms=LOCAL_LEASE_MS,
+    )
+
+
+def azure_backend(connection_string: str) -> FactoryBackend:
+    from weirflow_azure.checkpoint.factories import TableCheckpointManagerFactory
+    from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory, AzureMetadataStoreFactory
+
+    return FactoryBackend(
+        {"azure.storage.connection.string": connection_string},
+        coordinator=AzureJobCoordinatorFactory(),
+        checkpoints=TableCheckpointManagerFactory(),
+        metadata=AzureMetadataStoreFactory(),
+        lease_ms=AZURE_LEASE_MS,
+    )
+
+
+@dataclass
+class EventHubsOnEmulator(FactoryBackend):
+    """The ``eventhub`` system on an `EventHubsEmulator`. The emulator stays in the test's process: a spawned
+    process gets the connection string only, and declares nothing."""
+
+    emulator: Any = field(default=None, repr=False)
+
+    def declare_stream(self, admin: SystemAdmin, stream: str, partitions: int) -> None:
+        assert self.emulator is not None, "only the test's own process declares hubs"
+        self.emulator.add_hub(stream, partitions)
+        super().declare_stream(admin, stream, partitions)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "emulator": None}
+
+
+def eventhub_backend(emulator: Any) -> EventHubsOnEmulator:
+    from weirflow_azure.eventhubs.factory import EventHubSystemFactory
+
+    return EventHubsOnEmulator(
+        {"systems.eh.factory": "eventhub", "systems.eh.connection.string": emulator.connection_string()},
+        systems=EventHubSystemFactory(),
+        system_name="eh",
+        creates_streams=False,
+        emulator=emulator,
+    )

@@ -1,0 +1,99 @@
+"""Lock contract: mutual exclusion, re-entrancy, release, expiry takeover and the fence, across processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from weirflow.local.launcher import wait_until
+from weirflow.testing.backend import Backend
+from weirflow.testing.contracts._base import (
+    PROCESS_LEASE_MS,
+    CoordinationContract,
+    new_job_name,
+    require_processes,
+)
+
+
+def _contend(backend: Backend, job: str, owner: str, seconds: float, queue) -> None:
+    """In a spawned process: take and release the lock ``contended`` for ``seconds``; report when held."""
+    lock = backend.coordination(job, owner, max(PROCESS_LEASE_MS, backend.lease_ms)).lock("contended")
+    intervals = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if lock.try_acquire():
+            start = time.time()
+            assert lock.is_held()
+            time.sleep(0.005)
+            stop = time.time()
+            lock.release()
+            intervals.append((start, stop))
+    queue.put((owner, intervals))
+
+
+class LockContract(CoordinationContract):
+    """`weirflow.interfaces.coordination.Lock`, through ``Backend.coordination``; the last test spawns four
+    processes that build their primitives from the (pickled) backend."""
+
+    def test_only_one_owner_holds_a_lock(self, coordination) -> None:
+        a, b = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+        assert a.try_acquire()
+        assert not b.try_acquire()
+        assert a.is_held() and not b.is_held()
+
+    def test_acquiring_again_as_the_same_owner_succeeds(self, coordination) -> None:
+        lock = coordination("a").lock("task-1")
+        assert lock.try_acquire()
+        assert lock.try_acquire()
+        assert lock.is_held()
+
+    def test_locks_with_different_names_are_independent(self, coordination) -> None:
+        assert coordination("a").lock("task-1").try_acquire()
+        assert coordination("b").lock("task-2").try_acquire()
+
+    def test_locks_of_different_jobs_are_independent(
+        self, weirflow_backend: Backend, coordination, lease_ms
+    ) -> None:
+        assert coordination("a").lock("task-1").try_acquire()
+        other_job = weirflow_backend.coordination(new_job_name(), "b", lease_ms)
+        try:
+            assert other_job.lock("task-1").try_acquire()
+        finally:
+            other_job.close()
+
+    def test_release_frees_the_lock_and_only_the_owner_can_release(self, coordination) -> None:
+        a, b = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+        assert a.try_acquire()
+        b.release()  # not b's: nothing happens
+        assert a.is_held()
+        a.release()
+        a.release()  # idempotent
+        assert not a.is_held()
+        assert b.try_acquire()
+
+    def test_an_expired_lock_is_taken_over_and_the_old_owner_is_fenced(self, coordination, lease_ms) -> None:
+        old, new = coordination("a").lock("task-1"), coordination("b").lock("task-1")
+        assert old.try_acquire()
+        wait_until(new.try_acquire, lease_ms / 1000 + 10, "b to take the expired lock", interval_s=0.05)
+        assert not old.is_held()
+        assert not old.renew()
+        assert new.is_held()
+        assert new.renew()
+
+    def test_no_two_processes_hold_a_lock_at_once(self, weirflow_backend: Backend, job_name: str) -> None:
+        require_processes(weirflow_backend)
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [
+            ctx.Process(target=_contend, args=(weirflow_backend, job_name, f"p{i}", 1.5, queue)) for i in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        results = [queue.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+        held = sorted((start, stop, owner) for owner, intervals in results for start, stop in intervals)
+        assert len({owner for _, _, owner in held}) >= 2, "the test needs real contention"
+        for (_, end_a, owner_a), (start_b, _, owner_b) in zip(held, held[1:], strict=False):
+            assert end_a <= start_b, f"{owner_a} and {owner_b} held the lock at once"

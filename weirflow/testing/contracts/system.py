@@ -1,0 +1,168 @@
+"""System contract (admin, consumer, producer): streams, exact offsets, key routing, concurrent producers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from weirflow.errors import StreamNotFoundError
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.testing.backend import Backend, SystemClients
+from weirflow.testing.contracts._base import Contract, require_processes
+
+
+@dataclass
+class SystemUnderTest:
+    """`SystemClients` and the backend's way to make a stream exist (``declare``)."""
+
+    clients: SystemClients
+    backend: Backend
+
+    @property
+    def name(self) -> str:
+        return self.clients.name
+
+    @property
+    def admin(self):
+        return self.clients.admin
+
+    @property
+    def consumer(self):
+        return self.clients.consumer
+
+    @property
+    def producer(self):
+        return self.clients.producer
+
+    @property
+    def creates_streams(self) -> bool:
+        return self.backend.creates_streams
+
+    def declare(self, stream: str, partitions: int) -> None:
+        self.backend.declare_stream(self.admin, stream, partitions)
+
+
+def _produce(backend: Backend, writer: int) -> None:
+    """In a spawned process: 1,000 records to partition 0 of ``shared``, in batches of 100."""
+    clients = backend.system()
+    try:
+        for batch in range(10):
+            clients.producer.send(
+                [OutgoingRecord("shared", f"{writer}-{batch * 100 + i}".encode(), partition=0) for i in range(100)]
+            )
+    finally:
+        clients.close()
+
+
+class SystemContract(Contract):
+    """`weirflow.interfaces.system` (`SystemAdmin`, `SystemConsumer`, `SystemProducer`), through
+    ``Backend.system`` and ``Backend.declare_stream``. ``Backend.system()`` must return a system holding no
+    streams yet (so define ``weirflow_backend`` with function scope); the concurrent-producers test spawns
+    three processes that call ``system()`` on the (pickled) backend and must reach the same system."""
+
+    @pytest.fixture
+    def system(self, weirflow_backend: Backend) -> Iterator[SystemUnderTest]:
+        sut = SystemUnderTest(weirflow_backend.system(), weirflow_backend)
+        yield sut
+        sut.clients.close()
+
+    def test_create_stream_is_idempotent_and_rejects_another_partition_count(self, system) -> None:
+        if not system.creates_streams:
+            system.declare("views", 4)
+            existing = system.admin.create_stream(StreamSpec("views", 4))
+            assert existing is False, "an existing stream is only checked"
+            with pytest.raises(ValueError, match="views"):
+                system.admin.create_stream(StreamSpec("views", 8))
+            return  # a missing stream: test_a_missing_stream_is_an_error_naming_it
+        assert system.admin.create_stream(StreamSpec("views", 4)) is True
+        assert system.admin.create_stream(StreamSpec("views", 4)) is False
+        with pytest.raises(ValueError, match="views"):
+            system.admin.create_stream(StreamSpec("views", 8))
+        assert system.admin.partition_count("views") == 4
+        assert system.admin.list_streams() == {"views": 4}
+
+    def test_a_missing_stream_is_an_error_naming_it(self, system) -> None:
+        with pytest.raises(StreamNotFoundError, match="nowhere"):
+            system.admin.partition_count("nowhere")
+        with pytest.raises(StreamNotFoundError, match="nowhere"):
+            system.producer.send([OutgoingRecord("nowhere", b"x")])
+
+    def test_records_read_back_with_exact_offsets_in_order_within_bounds(self, system) -> None:
+        system.declare("views", 2)
+        system.producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=1) for i in range(10)])
+        ssp = SystemStreamPartition(system.name, "views", 1)
+        meta = system.admin.partition_metadata("views")
+        everything = system.consumer.read(ssp, meta[1].oldest, 100)
+        assert [r.value for r in everything] == [f"v{i}".encode() for i in range(10)]
+        assert all(r.next_offset == nxt.offset for r, nxt in zip(everything, everything[1:], strict=False))
+        assert everything[-1].next_offset == meta[1].upcoming
+        assert meta[1].newest == everything[-1].offset
+
+        middle = system.consumer.read(ssp, everything[3].offset, 4)
+        assert [r.value for r in middle] == [b"v3", b"v4", b"v5", b"v6"]
+        bounded = system.consumer.read(ssp, everything[3].offset, 100, end=everything[5].offset)
+        assert [r.value for r in bounded] == [b"v3", b"v4"]
+        assert system.consumer.read(ssp, meta[1].upcoming, 100) == []
+
+    def test_an_empty_partition_has_no_newest_offset(self, system) -> None:
+        system.declare("views", 2)
+        meta = system.admin.partition_metadata("views")
+        assert set(meta) == {0, 1}
+        assert meta[0].newest is None and meta[0].oldest == meta[0].upcoming
+
+    def test_a_key_always_lands_on_the_same_partition(self, system) -> None:
+        system.declare("views", 8)
+        system.producer.send(
+            [OutgoingRecord("views", str(i).encode(), key=f"user-{i % 5}".encode()) for i in range(100)]
+        )
+        partitions_by_key: dict[bytes, set[int]] = {}
+        for partition, meta in system.admin.partition_metadata("views").items():
+            ssp = SystemStreamPartition(system.name, "views", partition)
+            for record in system.consumer.read(ssp, meta.oldest, 1000):
+                partitions_by_key.setdefault(record.key, set()).add(partition)
+        assert len(partitions_by_key) == 5
+        assert all(len(p) == 1 for p in partitions_by_key.values())
+
+    def test_concurrent_producer_processes_never_reuse_or_skip_an_offset(self, weirflow_backend, system) -> None:
+        require_processes(weirflow_backend)
+        system.declare("shared", 1)
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_produce, args=(weirflow_backend, w)) for w in range(3)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=120)
+            assert proc.exitcode == 0
+        ssp = SystemStreamPartition(system.name, "shared", 0)
+        records = system.consumer.read(ssp, system.admin.partition_metadata("shared")[0].oldest, 10_000)
+        assert len(records) == 3000
+        assert len({r.offset for r in records}) == 3000, "an offset was reused"
+        assert all(r.next_offset == nxt.offset for r, nxt in zip(records, records[1:], strict=False)), (
+            "an offset gap"
+        )
+        assert sorted(r.value for r in records) == sorted(
+            f"{w}-{i}".encode() for w in range(3) for i in range(1000)
+        )
+
+    def test_a_start_time_maps_to_the_first_record_stamped_at_or_after_it(self, system) -> None:
+        system.declare("timed", 2)
+        system.producer.send([OutgoingRecord("timed", f"a{i}".encode(), partition=1) for i in range(5)])
+        ssp = SystemStreamPartition(system.name, "timed", 1)
+        first = system.consumer.read(ssp, system.admin.partition_metadata("timed")[1].oldest, 100)
+        cutoff = first[-1].timestamp_ms + 1
+        while time.time() * 1000 <= cutoff:  # the next records must be stamped after the cutoff
+            time.sleep(0.001)
+        system.producer.send([OutgoingRecord("timed", f"b{i}".encode(), partition=1) for i in range(3)])
+        meta = system.admin.partition_metadata("timed")
+
+        at = system.admin.offset_for_time("timed", 1, cutoff)
+        assert [r.value for r in system.consumer.read(ssp, at, 100)] == [b"b0", b"b1", b"b2"]
+        from_a2 = system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, first[2].timestamp_ms), 100)
+        assert [r.value for r in from_a2][-6:] == [b"a2", b"a3", b"a4", b"b0", b"b1", b"b2"]
+        assert system.admin.offset_for_time("timed", 1, 0) == meta[1].oldest
+        assert system.admin.offset_for_time("timed", 1, cutoff + 3_600_000) == meta[1].upcoming
+        assert system.admin.offset_for_time("timed", 0, 0) == meta[0].upcoming, "an empty partition"
