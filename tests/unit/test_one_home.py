@@ -117,7 +117,7 @@ def _config(tmp_path: Path) -> Config:
 
 def test_the_leader_status_and_the_registry_agree_on_who_is_alive(tmp_path: Path) -> None:
     """One row per state (STOPPING included: the leader drops it, so status must not show it live) and a
-    silent RUNNING one; the leader's published membership, `weirflow status` and `ProcessorRegistry.live`
+    silent RUNNING one; the leader's published membership, `weirflow status` and `is_live` over the registry's rows
     must name the same processors."""
     config = _config(tmp_path)
     now = clock.now_ms()
@@ -132,7 +132,8 @@ def test_the_leader_status_and_the_registry_agree_on_who_is_alive(tmp_path: Path
         duties = LeaderDuties("writer", ctx.coordination, ctx.metadata, lambda: tasks, TIMINGS, clock=lambda: now)
         assert duties.tick() is not None
         by_leader = set(read_job_model(ctx.metadata)[0].processors)
-        by_registry = {p.processor_id for p in registry.live(now, TIMINGS.liveness_timeout_ms)}
+        timeout = TIMINGS.liveness_timeout_ms
+        by_registry = {p.processor_id for p in registry.processors() if is_live(p, now, timeout)}
     finally:
         ctx.close()
     by_status = {p["processor_id"] for p in status_document(config)["processors"] if p["live"]}

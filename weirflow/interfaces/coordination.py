@@ -173,13 +173,6 @@ class ProcessorRegistry(ABC):
     @abstractmethod
     def unregister(self, processor_id: str) -> None: ...
 
-    def live(self, now_ms: int, liveness_timeout_ms: int) -> list[ProcessorInfo]:
-        """The rows `weirflow.coordination.state.is_live` counts as live. The rule is imported when called:
-        it is the protocol's, and this module imports nothing else of weirflow."""
-        from weirflow.coordination.state import is_live
-
-        return [p for p in self.processors() if is_live(p, now_ms, liveness_timeout_ms)]
-
 
 class CoordinationUtils(ABC):
     """The primitives of one job (`job.name` + `job.id`) for one owner (the processor id).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from weirflow.coordination.state import is_live
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.testing.contracts._base import CoordinationContract
 
@@ -40,4 +41,5 @@ class ProcessorRegistryContract(CoordinationContract):
         registry.heartbeat(info("silent", 1_000))
         registry.heartbeat(info("stopped", 10_000, state="STOPPED"))
         registry.heartbeat(info("failed", 10_000, state="FAILED"))
-        assert [p.processor_id for p in registry.live(now_ms=12_000, liveness_timeout_ms=5_000)] == ["fresh"]
+        rows = registry.processors()
+        assert [p.processor_id for p in rows if is_live(p, now_ms=12_000, liveness_timeout_ms=5_000)] == ["fresh"]
