@@ -130,6 +130,27 @@ KEYS: tuple[ConfigKey, ...] = (
         "must expire first) before it reports the task as failed to start.",
         _C,
     ),
+    ConfigKey(
+        "job.coordinator.lease.renew.margin.ms",
+        "duration_ms",
+        None,
+        "Self-fencing margin. A processor keeps a local monotonic deadline per held lease (the moment the "
+        "last confirmed renewal was *sent* + the lease duration); when `deadline - margin` passes without a "
+        "confirmed renewal it stops the task at once, writing nothing more (a leader stops leading), before "
+        "another processor can take the lease. Default: a third of `job.coordinator.lease.duration.ms`. "
+        "Must be positive and shorter than lease duration minus renew interval, and longer than one storage "
+        "call may take.",
+        _C,
+    ),
+    ConfigKey(
+        "job.coordinator.finished.check.interval.ms",
+        "duration_ms",
+        1000,
+        "How often the leader checks whether every task of a bounded job has finished (one checkpoint read "
+        "per unfinished task, at most); it then writes the `job-finished` metadata document, which every "
+        "processor reads with one small get per poll before it stops.",
+        _C,
+    ),
     # --- Tasks and checkpoints ----------------------------------------------------------------------------
     ConfigKey(
         "app.pipeline",
@@ -206,6 +227,15 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("task.commit.ms", "duration_ms", 1000, "How often a running task checkpoints its offsets.", _T),
     ConfigKey("task.poll.max.records", "int", 500, "Most records a record task reads per SSP per poll.", _T),
+    ConfigKey(
+        "task.stop.timeout.ms",
+        "duration_ms",
+        30000,
+        "How long a processor waits for a task to stop and write its final checkpoint (a rebalance, a "
+        "shutdown). A task still stopping after this is abandoned (stopped without writing anything more; "
+        "it resumes from its last checkpoint elsewhere) and the processor reports it as its `error`.",
+        _T,
+    ),
     # --- Systems and streams ------------------------------------------------------------------------------
     ConfigKey(
         "systems.<name>.factory",

@@ -4,15 +4,26 @@ Three loops, each a thread with one job, so that none can starve another:
 
 * **follower** (the caller's thread, `run`): watches the job model; on version v it stops the tasks it lost
   and releases their locks, joins the latch of v, waits for the leader to complete it, then takes the lock
-  of each gained task and starts it. Tasks it keeps run on undisturbed (sticky rebalance).
+  of each gained task and starts it. Tasks it keeps run on undisturbed (sticky rebalance). Each step is
+  resumable: a storage error part-way (joining the latch, reading its state, taking a lock) is retried on the
+  next round from where it stopped, so a gained task is never left unstarted.
 * **leader**: tries to win the leadership lease every poll; while leading, renews it and runs
-  `LeaderDuties.tick`; on a failed renew it steps down at once.
-* **keeper**: writes the heartbeat row and renews the task locks; a lock that cannot be renewed stops its
-  task at once (the fence: the task's next checkpoint would be refused anyway).
+  `LeaderDuties.tick`; on a failed renew it steps down at once, and it also steps down (self-fence) when no
+  renewal was confirmed by ``deadline - margin`` (see `weirflow.coordination.keeper`); every write of its
+  duties checks that deadline first (`weirflow.coordination.leader_fence`).
+* **keeper**: writes the heartbeat row and renews the task locks, each on its own (`LeaseKeeper`); a lock
+  that is lost, or whose renewal is not confirmed by ``deadline - margin``, has its task abandoned at once
+  (`TaskRunner.abandon_tasks`: no further output or checkpoint), before another processor can take it. The
+  keeper runs until the very end of a shutdown, so the locks of tasks being stopped stay renewed.
 
 An exception in any loop is logged with its traceback, stored as the processor's ``error`` (visible in
 `weirflow status`) and retried on the next round; if errors go on for `_FATAL_AFTER_LEASES` lease durations
-the processor moves to FAILED and `run` returns non-zero. Nothing is swallowed.
+the processor moves to FAILED and `run` returns non-zero. Nothing is swallowed. A task stop that takes longer
+than `task.stop.timeout.ms` is abandoned and reported.
+
+**Shutdown** (`stop`, SIGTERM): the processor turns STOPPING, stops all its tasks in parallel while the keeper
+keeps renewing their locks, so each writes its final checkpoint under a valid lock, then releases each lock
+and leaves. Its registry row lists the tasks whose locks it still holds until they are released.
 """
 
 from __future__ import annotations
@@ -21,16 +32,22 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from weirflow import clock
+from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
 from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
+from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.leader import LeaderDuties
+from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.interfaces.coordination import LatchState, Lock, ProcessorInfo
+from weirflow.errors import LockLostError
+from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
 from weirflow.job_context import JobContext
 from weirflow.job_model import JobModel, TaskModel
 from weirflow.tasks.runner import TaskRunner
@@ -63,6 +80,44 @@ class _LoopErrors:
         return now - self.since_ms
 
 
+class _Leadership:
+    """The leader loop's tenure: duties while leading, and the monotonic deadline of the leadership lease."""
+
+    def __init__(self) -> None:
+        self.duties: LeaderDuties | None = None
+        self.finished: FinishedWatch | None = None
+        self.deadline = 0.0  # monotonic s: sent time of the last confirming request + lease
+        self.last_sent = 0.0
+
+    def confirm(self, sent_at: float, lease_s: float) -> None:
+        self.deadline = sent_at + lease_s
+        self.last_sent = sent_at
+
+    def step_down(self) -> None:
+        self.duties = None
+        self.finished = None
+
+
+def _run_bounded(fn: Callable[[], None], timeout_s: float, name: str) -> bool:
+    """Run ``fn`` in a thread; True when it returned within ``timeout_s`` (its exception is re-raised)."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    finished = done.wait(timeout_s)
+    if failure:
+        raise failure[0]
+    return finished
+
+
 class StreamProcessor:
     """Runs one processor of a job until `stop` is called (or a persistent error).
 
@@ -86,17 +141,25 @@ class StreamProcessor:
         self.finished = False
         self._state = ProcessorState.NEW
         self._state_lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # ends the follower and leader loops
+        self._keeper_stop = threading.Event()  # ends the keeper, last of all
         self.error = ""
         self._fatal = False
         self._model = JobModel.empty()
         self._working_version = -1
-        self._locks: dict[str, Lock] = {}
-        self._locks_guard = threading.Lock()
+        self._awaiting_latch = False  # joined (or joining) the latch of the working version, not yet complete
+        self._latch_joined = False
+        self._latch_complete = False  # the working version's latch completed: its tasks may run
+        self._keeper = LeaseKeeper(self.timings)  # the task locks held, by task name
         self._pending: dict[str, int] = {}  # gained task -> earliest next start attempt (ms); follower only
-        self._lost: set[str] = set()  # tasks whose lock the keeper found lost; the follower retries them
+        self._lost: set[str] = set()  # tasks the keeper abandoned (lock lost); the follower retries them
+        self._lost_guard = threading.Lock()
         self._started_ms = clock.now_ms()
         self._heartbeat_now = threading.Event()
+        self._heartbeat_future: Future[None] | None = None
+        self._heartbeat_again = False
+        self._last_heartbeat = float("-inf")
+        self._next_finished_read = 0.0
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
 
@@ -114,6 +177,7 @@ class StreamProcessor:
         self.ctx = JobContext.open(self.config, self.processor_id)
         self.runner = self._runner_factory(self.ctx)
         self.runner.on_started = self._heartbeat_now.set
+        self.runner.lease_valid = self._keeper.valid
         planner = self._planner_factory(self.ctx)
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
@@ -121,16 +185,14 @@ class StreamProcessor:
         self._started_ms = clock.now_ms()
         self._write_heartbeat()
         log.info("processor %s started", self.processor_id)
-        threads = [
-            threading.Thread(target=self._leader_loop, args=(planner,), name="leader", daemon=True),
-            threading.Thread(target=self._keeper_loop, name="keeper", daemon=True),
-        ]
-        for thread in threads:
-            thread.start()
+        leader = threading.Thread(target=self._leader_loop, args=(planner,), name="leader", daemon=True)
+        keeper = threading.Thread(target=self._keeper_loop, name="keeper", daemon=True)
+        leader.start()
+        keeper.start()
         try:
             self._follower_loop()
         finally:
-            self._shutdown(threads)
+            self._shutdown(leader, keeper)
         return 1 if self._fatal else 0
 
     # --- state ----------------------------------------------------------------------------------------
@@ -145,13 +207,16 @@ class StreamProcessor:
 
     def _info(self) -> ProcessorInfo:
         assert self.runner is not None
+        tasks = self.runner.running() - self.runner.starting()
+        if self._state is ProcessorState.STOPPING:
+            tasks |= self._keeper.names()  # still holds their locks: not to be moved yet
         return ProcessorInfo(
             processor_id=self.processor_id,
             host=socket.gethostname(),
             pid=os.getpid(),
             state=self._state.value,
             job_model_version=self._working_version,
-            tasks=sorted(self.runner.running() - self.runner.starting()),
+            tasks=sorted(tasks),
             heartbeat_ms=clock.now_ms(),
             started_ms=self._started_ms,
             error=self.error,
@@ -182,41 +247,56 @@ class StreamProcessor:
 
     # --- follower -------------------------------------------------------------------------------------
     def _follower_loop(self) -> None:
-        assert self.ctx is not None
         errors = _LoopErrors()
         while not self._stop.is_set():
             try:
-                model, _ = read_job_model(self.ctx.metadata)
-                if model.version > self._working_version:
-                    self._rebalance(model)
-                self._start_pending(model)
-                self._reap_failed_tasks()
-                if self._job_finished(model):
-                    log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
-                    self.finished = True
-                    self._stop.set()
-                    break
+                self._follower_round()
                 self._recovered(errors, "follower")
             except Exception as exc:
                 self._loop_error("follower", errors, exc)
+            if self.finished:
+                break
             self._wait(self.timings.poll_interval_ms)
 
-    def _job_finished(self, model: JobModel) -> bool:
-        """Every task of the model checkpointed ``finished`` (bounded inputs consumed, end-of-stream sent)."""
+    def _follower_round(self) -> None:
         assert self.ctx is not None
-        if not model.tasks or model.version != self._working_version:
+        model, _ = read_job_model(self.ctx.metadata)
+        if model.version > self._working_version:
+            self._begin_rebalance(model)
+        if self._awaiting_latch:
+            self._await_latch()
+        self._start_pending(model)
+        if (
+            self._latch_complete
+            and self._state is ProcessorState.IN_REBALANCE
+            and model.version == self._working_version
+        ):
+            self._set_state(ProcessorState.RUNNING)  # a rebalance resumed after an error
+        self._reap_failed_tasks()
+        if self._job_finished(model):
+            log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
+            self.finished = True
+            self._stop.set()
+
+    def _job_finished(self, model: JobModel) -> bool:
+        """Whether the leader recorded every task of the model as finished (`weirflow.coordination.job_finished`):
+        one small read at most every `job.coordinator.finished.check.interval.ms`, never a checkpoint scan."""
+        assert self.ctx is not None
+        if not model.tasks or model.version != self._working_version or self._awaiting_latch:
             return False
-        checkpoints = self.ctx.checkpoints.read_all()
-        return all(
-            name in checkpoints and dict(checkpoints[name].control).get("finished") for name in model.tasks
-        )
+        now = time.monotonic()
+        if now < self._next_finished_read:
+            return False
+        self._next_finished_read = now + self.timings.finished_check_interval_ms / 1000
+        return read_job_finished(self.ctx.metadata, model)
 
     def _newer_model_published(self, version: int) -> bool:
         assert self.ctx is not None
         return read_job_model(self.ctx.metadata)[0].version > version
 
-    def _rebalance(self, model: JobModel) -> None:
-        assert self.ctx is not None and self.runner is not None
+    def _begin_rebalance(self, model: JobModel) -> None:
+        """Model v arrived: stop the tasks moved away, then wait on v's latch (`_await_latch`)."""
+        assert self.runner is not None
         if self._state in (ProcessorState.STARTED, ProcessorState.RUNNING):
             self._set_state(ProcessorState.IN_REBALANCE)
         mine = set(model.tasks_of(self.processor_id))
@@ -225,21 +305,35 @@ class StreamProcessor:
         self._pending = {t: p for t, p in self._pending.items() if t in mine}
         self._model = model
         self._working_version = model.version
+        self._latch_joined = False
+        self._latch_complete = False
+        self._awaiting_latch = True
+
+    def _await_latch(self) -> None:
+        """Join the working version's latch (once), wait for it to complete, then take and start the gained
+        tasks. Raises on a storage error; the next round resumes here (joining is idempotent)."""
+        assert self.ctx is not None and self.runner is not None
+        model = self._model
         latch = self.ctx.coordination.latch(latch_name(model.version))
-        latch.join(self.processor_id)
-        self._heartbeat_now.set()
+        if not self._latch_joined:
+            latch.join(self.processor_id)
+            self._latch_joined = True
+            self._heartbeat_now.set()
         while not self._stop.is_set():
             state = latch.state()
             if state is LatchState.COMPLETE:
                 break
             if state is LatchState.TIMED_OUT or self._newer_model_published(model.version):
                 log.info("job model v%d superseded before its latch completed", model.version)
+                self._awaiting_latch = False
                 return
             self._wait(self.timings.poll_interval_ms)
         if self._stop.is_set():
             return
+        self._awaiting_latch = False
+        self._latch_complete = True
         now = clock.now_ms()
-        for task in sorted(mine - self.runner.running()):
+        for task in sorted(set(model.tasks_of(self.processor_id)) - self.runner.running()):
             self._pending.setdefault(task, now)
         self._start_pending(model, deadline_ms=now + self.timings.lock_timeout_ms)
         self._set_state(ProcessorState.RUNNING)
@@ -248,7 +342,7 @@ class StreamProcessor:
         """Take the lock of each pending task and start it. With a deadline, keep trying until every task
         started, the deadline passed, a newer model appeared or stop was requested."""
         assert self.ctx is not None and self.runner is not None
-        if model.version != self._working_version:
+        if model.version != self._working_version or self._awaiting_latch:
             return
         while self._pending and not self._stop.is_set():
             now = clock.now_ms()
@@ -256,9 +350,9 @@ class StreamProcessor:
                 if self._pending[task] > now:
                     continue
                 lock = self.ctx.coordination.lock(task_lock_name(task))
+                sent_at = self._keeper.now()  # before the request: the lease's local deadline counts from here
                 if lock.try_acquire():
-                    with self._locks_guard:
-                        self._locks[task] = lock
+                    self._keeper.add(task, lock, sent_at)
                     self.runner.start_task(model.tasks[task], lock)
                     del self._pending[task]
                     log.info("started task %s (v%d)", task, model.version)
@@ -273,36 +367,49 @@ class StreamProcessor:
                 return
             self._wait(self.timings.poll_interval_ms)
 
-    def _stop_task(self, task: str, reason: str) -> None:
-        self._stop_tasks([task], reason)
-
     def _stop_tasks(self, tasks: list[str], reason: str) -> None:
-        """Stop ``tasks`` (each writes its final checkpoint), then release their locks."""
+        """Stop ``tasks`` in parallel (each writes its final checkpoint) while the keeper renews their locks,
+        then release the locks. A stop that fails or outlasts `task.stop.timeout.ms` is abandoned (nothing more
+        is written) and reported; the locks are released either way."""
         assert self.runner is not None
         if not tasks:
             return
-        self.runner.stop_tasks(tasks)
+        runner = self.runner
+        timeout_ms = self.timings.task_stop_timeout_ms
+        try:
+            stopped = _run_bounded(lambda: runner.stop_tasks(tasks), timeout_ms / 1000, "stop-tasks")
+            problem = "" if stopped else f"did not stop within task.stop.timeout.ms ({timeout_ms} ms)"
+        except Exception as exc:
+            problem = f"failed to stop ({type(exc).__name__}: {exc})"
+            log.error("stopping %s failed", ", ".join(tasks), exc_info=exc)
+        if problem:
+            runner.abandon_tasks(tasks)
+            self.error = f"tasks {', '.join(tasks)} {problem}; abandoned (they resume from their last checkpoint)"
+            log.error(self.error)
         for task in tasks:
-            with self._locks_guard:
-                lock = self._locks.pop(task, None)
-            if lock is not None:
-                lock.release()
+            self._release(task)
             log.info("stopped task %s (%s)", task, reason)
         self._heartbeat_now.set()
 
+    def _release(self, task: str) -> None:
+        lock = self._keeper.remove(task)
+        if lock is None:
+            return
+        try:
+            lock.release()
+        except Exception as exc:  # the lease expires on its own; nothing of the task runs any more
+            log.error("could not release the lock of task %s (it expires by itself): %s", task, exc)
+
     def _reap_failed_tasks(self) -> None:
         assert self.runner is not None
-        with self._locks_guard:
+        with self._lost_guard:
             lost, self._lost = self._lost, set()
         for task in lost:
             if task in self._model.tasks_of(self.processor_id):
                 self._pending[task] = clock.now_ms() + self.timings.poll_interval_ms
         for task, error in self.runner.failures().items():
             self.runner.forget(task)
-            with self._locks_guard:
-                lock = self._locks.pop(task, None)
-            if lock is not None:
-                lock.release()
+            self._release(task)
             self.error = f"task {task}: {error}"
             if task in self._model.tasks_of(self.processor_id):
                 self._pending[task] = clock.now_ms() + _TASK_RETRY_MS
@@ -312,87 +419,160 @@ class StreamProcessor:
     def _leader_loop(self, planner: Callable[[], dict[str, TaskModel]]) -> None:
         assert self.ctx is not None
         elector = self.ctx.coordination.leader_elector()
-        duties: LeaderDuties | None = None
-        last_renew = 0.0
+        tenure = _Leadership()
         errors = _LoopErrors()
         while not self._stop.is_set():
             try:
-                now = clock.now_ms()
-                if duties is None:
-                    if elector.try_become_leader():
-                        log.info("became leader")
-                        last_renew = now
-                        duties = LeaderDuties(
-                            self.processor_id, self.ctx.coordination, self.ctx.metadata, planner, self.timings
-                        )
-                elif now - last_renew >= self.timings.renew_interval_ms:
-                    if elector.renew():
-                        last_renew = now
-                    else:
-                        log.warning("lost leadership (lease renewal failed); stepping down")
-                        duties = None
-                if duties is not None:
-                    duties.tick()
+                self._leader_round(elector, tenure, planner)
                 self._recovered(errors, "leader")
+            except LockLostError as exc:  # a leader write refused by the self-fence (`leader_fence`)
+                log.error("stepping down as leader: %s", exc)
+                tenure.step_down()
             except Exception as exc:
                 self._loop_error("leader", errors, exc)
+                self._fence_leadership(tenure)
             self._wait(self.timings.poll_interval_ms)
         try:
             elector.resign()
         except Exception as exc:
             log.error("could not resign leadership: %s", exc)
 
+    def _leader_round(
+        self, elector: LeaderElector, tenure: _Leadership, planner: Callable[[], dict[str, TaskModel]]
+    ) -> None:
+        assert self.ctx is not None
+        lease_s = self.timings.lease_ms / 1000
+        if tenure.duties is None:
+            sent_at = time.monotonic()
+            if elector.try_become_leader():
+                log.info("became leader")
+                tenure.confirm(sent_at, lease_s)
+                margin_s = self.timings.renew_margin_ms / 1000
+                fence = LeaderFence(self.processor_id, lambda: tenure.deadline - margin_s)
+                metadata = FencedMetadataStore(self.ctx.metadata, fence)
+                coordination = FencedCoordination(self.ctx.coordination, fence)
+                tenure.duties = LeaderDuties(self.processor_id, coordination, metadata, planner, self.timings)
+                tenure.finished = FinishedWatch(
+                    self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms
+                )
+        elif time.monotonic() - tenure.last_sent >= self.timings.renew_interval_ms / 1000:
+            self._fence_leadership(tenure)  # a renewal may take long: never act on a lease past its margin
+            sent_at = time.monotonic()
+            if elector.renew():
+                tenure.confirm(sent_at, lease_s)
+            elif tenure.duties is not None:
+                log.warning("lost leadership (lease renewal failed); stepping down")
+                tenure.step_down()
+        self._fence_leadership(tenure)
+        if tenure.duties is not None:
+            tenure.duties.tick()
+        if tenure.finished is not None and self._model.version == self._working_version:
+            tenure.finished.check(self._model)
+
+    def _fence_leadership(self, tenure: _Leadership) -> None:
+        """Step down when the leadership lease was not confirmed by ``deadline - margin``."""
+        if tenure.duties is None:
+            return
+        if time.monotonic() >= tenure.deadline - self.timings.renew_margin_ms / 1000:
+            log.error(
+                "leadership lease not renewed within lease - margin (%d ms); stepping down before it can expire",
+                self.timings.lease_ms - self.timings.renew_margin_ms,
+            )
+            tenure.step_down()
+
     # --- keeper ---------------------------------------------------------------------------------------
     def _keeper_loop(self) -> None:
-        last_heartbeat = last_renew = clock.now_ms()
         errors = _LoopErrors()
-        tick_s = min(self.timings.poll_interval_ms, self.timings.heartbeat_interval_ms) / 1000
-        while not self._stop.is_set():
+        tick_ms = min(
+            self.timings.poll_interval_ms, self.timings.heartbeat_interval_ms, self.timings.renew_margin_ms // 4
+        )
+        tick_s = max(0.05, tick_ms / 1000)
+        while not self._keeper_stop.is_set():
             self._heartbeat_now.wait(tick_s)
-            if self._stop.is_set():
+            if self._keeper_stop.is_set():
                 break
             try:
-                now = clock.now_ms()
-                if now - last_renew >= self.timings.renew_interval_ms:
-                    self._renew_locks()
-                    last_renew = now
-                if self._heartbeat_now.is_set() or now - last_heartbeat >= self.timings.heartbeat_interval_ms:
-                    self._heartbeat_now.clear()
-                    self._write_heartbeat()
-                    last_heartbeat = now
-                self._recovered(errors, "keeper")
+                problem = self._keep_leases()
+                problem = self._keep_heartbeat() or problem
+                if problem is None:
+                    self._recovered(errors, "keeper")
+                else:
+                    self._loop_error("keeper", errors, problem)
             except Exception as exc:
                 self._loop_error("keeper", errors, exc)
 
-    def _renew_locks(self) -> None:
-        with self._locks_guard:
-            held = dict(self._locks)
-        for task, lock in held.items():
-            if not lock.renew():
-                log.error("lost the lock of task %s; stopping it before it writes anything", task)
-                self.error = f"lost the lock of task {task}"
-                self._stop_task(task, reason="lock lost")
-                with self._locks_guard:
-                    self._lost.add(task)
+    def _keep_leases(self) -> BaseException | None:
+        """One keeper round over the task locks; returns a renewal error of this round, if any."""
+        result = self._keeper.tick()
+        for task, exc in result.errors:
+            log.warning("renewing the lock of task %s failed (retrying): %s", task, exc)
+        if result.lost:
+            self._fence(result.lost, "its lock is no longer ours")
+        if result.expiring:
+            self._fence(
+                result.expiring,
+                f"its lock's renewal was not confirmed within lease - margin "
+                f"({self.timings.lease_ms - self.timings.renew_margin_ms} ms)",
+            )
+        return result.errors[0][1] if result.errors else None
+
+    def _fence(self, tasks: list[str], why: str) -> None:
+        """Abandon ``tasks`` at once: they write nothing more here; the follower tries to take them again."""
+        assert self.runner is not None
+        self.runner.abandon_tasks(tasks)
+        for task in tasks:
+            log.error("lost the lock of task %s: %s; abandoned it, writing nothing more", task, why)
+        self.error = f"lost the lock of {', '.join(sorted(tasks))}: {why}"
+        with self._lost_guard:
+            self._lost.update(tasks)
+        self._heartbeat_now.set()
+
+    def _keep_heartbeat(self) -> BaseException | None:
+        """Write the registry row on the keeper's pool (never blocking the fence); returns the error of the
+        previous write, if it failed."""
+        error: BaseException | None = None
+        future = self._heartbeat_future
+        if future is not None and future.done():
+            self._heartbeat_future = None
+            error = future.exception()
+        now = time.monotonic()
+        due = (
+            self._heartbeat_now.is_set()
+            or self._heartbeat_again
+            or (now - self._last_heartbeat) * 1000 >= self.timings.heartbeat_interval_ms
+        )
+        self._heartbeat_now.clear()
+        if due and self._heartbeat_future is None:
+            self._heartbeat_again = False
+            self._last_heartbeat = now
+            self._heartbeat_future = self._keeper.submit(self._write_heartbeat)
+        elif due:
+            self._heartbeat_again = True  # one is under way: write again once it is done
+        return error
 
     # --- shutdown -------------------------------------------------------------------------------------
-    def _shutdown(self, threads: list[threading.Thread]) -> None:
+    def _shutdown(self, leader: threading.Thread, keeper: threading.Thread) -> None:
+        """Stop every task in parallel while the keeper still renews their locks, release the locks, then stop
+        the keeper and write the final row."""
         assert self.ctx is not None and self.runner is not None
         if self._state is not ProcessorState.FAILED:
             self._set_state(ProcessorState.STOPPING)
         self._stop.set()
         self._heartbeat_now.set()
-        for thread in threads:
-            thread.join()
+        leader.join()
         try:
-            self._stop_tasks(sorted(self.runner.running()), reason="processor stopping")
+            self._stop_tasks(sorted(self.runner.running() | self._keeper.names()), reason="processor stopping")
             self.runner.close()
-            with self._locks_guard:
-                leftover = list(self._locks.values())
-                self._locks.clear()
-            for lock in leftover:
-                lock.release()
+            for lock in self._keeper.remove_all():
+                try:
+                    lock.release()
+                except Exception as exc:
+                    log.error("could not release lock %s (it expires by itself): %s", lock.name, exc)
         finally:
+            self._keeper_stop.set()
+            self._heartbeat_now.set()
+            keeper.join()
+            self._keeper.close(timeout_s=self.timings.lease_ms / 1000)
             self._state = ProcessorState.STOPPED if not self._fatal else ProcessorState.FAILED
             try:
                 self._write_heartbeat()

@@ -12,6 +12,23 @@ per record::
 
 and returns an iterable of outgoing dicts ``{"stream": <stream id>, "value": str | bytes | dict | list,
 "key": str | bytes | None, "partition": int | None}`` (dicts and lists are sent as JSON).
+
+Inside the function, `current_task()` tells which task calls it: its name, the processor running it
+(``processor_id``, and ``instance``, this run of it) and the ``epoch`` of the task's lock (the fencing token of
+this tenure: greater for every later holder), e.g. to tag outputs for auditing::
+
+    from weirflow.tasks.record_task import current_task
+
+    def relay(record):
+        task = current_task()
+        return [{"stream": "out", "value": {"v": record["value"], "by": task.processor_id, "epoch": task.epoch}}]
+
+**Abandoning.** When the processor can no longer prove it holds a task's lock (`TaskRunner.abandon_tasks`),
+the task stops at once: no send and no checkpoint write begins after that call returns (a send already under
+way is waited for, briefly; a checkpoint write under way is left to the store's fence), and no final
+checkpoint is written; the task resumes from its last checkpoint wherever it runs next. Before every send
+and checkpoint the task also asks the processor's own lease deadline (`TaskRunner.lease_valid`), so a process
+waking from a pause past its lease abandons the task before it writes.
 """
 
 from __future__ import annotations
@@ -21,9 +38,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from weirflow.errors import ConfigError, LockLostError
+from weirflow.errors import ConfigError, LockLostError, WeirflowError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
@@ -39,6 +57,30 @@ log = logging.getLogger("weirflow.tasks")
 RecordFunction = Callable[[dict[str, Any]], Iterable[dict[str, Any]]]
 
 _IDLE_WAIT_S = 0.05
+# How long `abandon_tasks` waits for sends already under way (all of them together) before it returns anyway.
+_ABANDON_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """The task calling a record function (`current_task`)."""
+
+    name: str
+    processor_id: str
+    instance: str
+    epoch: int
+
+
+_current = threading.local()
+
+
+def current_task() -> TaskContext | None:
+    """The task whose thread is calling (from inside `task.function`), or None outside a record task."""
+    return getattr(_current, "task", None)
+
+
+class _Abandoned(WeirflowError):
+    """The task was abandoned: leave its loop without writing anything more."""
 
 
 def load_record_function(config: Any) -> RecordFunction:
@@ -62,11 +104,54 @@ class _TaskThread:
         self.error: str | None = None
         self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
         self.thread = threading.Thread(target=self._run, args=(runner,), name=f"task-{task.name}", daemon=True)
+        self._abandoned = False
+        self._gate = threading.Lock()  # held by each send; every send and checkpoint checks the flags under it
+        self._lease_valid = runner.lease_valid
+
+    def guarded(self, action: Callable[[], Any], *, hold: bool = True) -> None:
+        """Run ``action`` unless the task was abandoned (then `_Abandoned`). A send holds the gate while it
+        runs (``hold``), so `abandon` waits for it; a checkpoint write only checks it before it begins (the
+        store fences a late one by the lock's epoch, and a write stuck on an unreachable store must not
+        delay the fence)."""
+        with self._gate:
+            if not self._abandoned and self._lease_valid is not None and not self._lease_valid(self.task.name):
+                log.error("task %s: its lock is not confirmed any more; abandoning it", self.task.name)
+                self._abandoned = True
+                self.stop_event.set()
+            if self._abandoned:
+                raise _Abandoned
+            if hold:
+                action()
+                return
+        action()
+
+    def abandon(self) -> None:
+        """Forbid any further send or checkpoint write; `wait_for_send` then waits for a send under way."""
+        self._abandoned = True
+        self.stop_event.set()
+
+    def wait_for_send(self, timeout_s: float) -> None:
+        if self._gate.acquire(timeout=max(0.0, timeout_s)):
+            self._gate.release()
+        else:
+            log.warning("task %s: a send under way did not finish within %.1f s of abandoning the task",
+                        self.task.name, _ABANDON_WAIT_S)  # fmt: skip
 
     def _run(self, runner: RecordTaskRunner) -> None:
+        _current.task = TaskContext(
+            self.task.name,
+            self.lock.owner,
+            getattr(self.lock, "instance", ""),
+            getattr(self.lock, "epoch", 0),
+        )
         try:
             runner.run_task(self)
+        except _Abandoned:
+            log.warning("task %s abandoned: stopped without writing anything more", self.task.name)
         except LockLostError as exc:
+            if self._abandoned:  # a checkpoint write begun before the task was abandoned, refused: as it should
+                log.warning("task %s abandoned; its last checkpoint write was refused: %s", self.task.name, exc)
+                return
             self.error = str(exc)
             log.error("task %s stopped: %s", self.task.name, exc)
         except Exception as exc:  # surfaced through failures(); the processor reports it
@@ -94,6 +179,7 @@ class RecordTaskRunner(TaskRunner):
         self.max_records = max_records
         self._tasks: dict[str, _TaskThread] = {}
         self._failed: dict[str, str] = {}
+        self._stopping: dict[str, _TaskThread] = {}  # popped from _tasks, stop under way
         self._guard = threading.Lock()
 
     @classmethod
@@ -119,12 +205,39 @@ class RecordTaskRunner(TaskRunner):
         handle.thread.start()
 
     def stop_task(self, task_name: str) -> None:
+        self.stop_tasks([task_name])
+
+    def stop_tasks(self, task_names: Iterable[str]) -> None:
+        """Signal every task first, then wait for each: they stop (and checkpoint) in parallel. While they
+        stop they can still be abandoned (`abandon_tasks`, a stop that outlasts `task.stop.timeout.ms`)."""
         with self._guard:
-            handle = self._tasks.pop(task_name, None)
-        if handle is None:
-            return
-        handle.stop_event.set()
-        handle.thread.join()
+            handles = [h for h in (self._tasks.pop(n, None) for n in task_names) if h is not None]
+            for handle in handles:
+                self._stopping[handle.task.name] = handle
+        try:
+            for handle in handles:
+                handle.stop_event.set()
+            for handle in handles:
+                handle.thread.join()
+        finally:
+            with self._guard:
+                for handle in handles:
+                    if self._stopping.get(handle.task.name) is handle:
+                        del self._stopping[handle.task.name]
+
+    def abandon_tasks(self, task_names: Iterable[str]) -> None:
+        """Stop at once, writing nothing more: running tasks and tasks whose stop is still under way."""
+        with self._guard:
+            handles = []
+            for name in task_names:
+                handle = self._tasks.pop(name, None) or self._stopping.get(name)
+                if handle is not None:
+                    handles.append(handle)
+        for handle in handles:
+            handle.abandon()
+        deadline = time.monotonic() + _ABANDON_WAIT_S  # one short wait for all of them, not one each
+        for handle in handles:
+            handle.wait_for_send(deadline - time.monotonic())
 
     def running(self) -> set[str]:
         with self._guard:
@@ -168,17 +281,17 @@ class RecordTaskRunner(TaskRunner):
                 if not records:
                     continue
                 outgoing = self._process(ssp, records)
-                self._send(outgoing)
+                handle.guarded(lambda out=outgoing: self._send(out))
                 offsets[ssp] = records[-1].next_offset
                 progressed = dirty = True
             if dirty and (time.monotonic() - last_commit) * 1000 >= self.commit_ms:
-                handle.writer.write(Checkpoint(offsets=dict(offsets)))
+                handle.guarded(lambda: handle.writer.write(Checkpoint(offsets=dict(offsets))), hold=False)
                 dirty = False
                 last_commit = time.monotonic()
             if not progressed:
                 handle.stop_event.wait(_IDLE_WAIT_S)
         if dirty:
-            handle.writer.write(Checkpoint(offsets=dict(offsets)))
+            handle.guarded(lambda: handle.writer.write(Checkpoint(offsets=dict(offsets))), hold=False)
         log.info("task %s stopped at %s", task.name, {str(k): v for k, v in offsets.items()})
 
     def _process(self, ssp: SystemStreamPartition, records: list[Any]) -> dict[str, list[OutgoingRecord]]:

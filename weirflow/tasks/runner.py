@@ -8,7 +8,12 @@ Contract:
   in the background. Every checkpoint the task writes goes through `FencedCheckpointWriter` with this lock.
 * ``stop_task(name)`` returns only when the task has stopped and written its final checkpoint (or failed
   to): after it returns, nothing more is written for the task, so the caller may release the lock.
-  ``stop_tasks(names)`` does the same for several at once.
+  ``stop_tasks(names)`` does the same for several at once, stopping them in parallel.
+* ``abandon_tasks(names)`` is the self-fence (the lock's renewal was not confirmed in time, or a stop got
+  stuck): stop the tasks *now* and write nothing more for them — no output, no checkpoint, no waiting for a
+  graceful stop. When it returns, no further output or checkpoint of those tasks begins; they resume from
+  their last checkpoint wherever they run next. The default falls back to ``stop_tasks`` (which may write a
+  final checkpoint: still fenced by the lock's epoch); a runner overrides it to be prompt.
 * ``running()`` lists tasks started (or being started) and not yet stopped or failed; ``starting()`` the ones
   whose start is still under way.
 * ``failures()`` maps task name -> error text for tasks that died (lock lost, bad input, ...); the processor
@@ -28,6 +33,11 @@ class TaskRunner(ABC):
     #: Called (from any thread) when a task started in the background begins running, so the processor
     #: reports it at once instead of at its next heartbeat. Set by the processor; None: nobody listens.
     on_started: Callable[[], None] | None = None
+    #: Set by the processor: whether the task's lock is still confirmed by the processor's own monotonic
+    #: deadline (`weirflow.coordination.keeper`). A runner asks it right before each output write and each
+    #: checkpoint, and abandons the task when it answers False: that catches a process that was paused (GC,
+    #: SIGSTOP) past its lease and wakes up before the keeper has fenced the task. None: nobody answers.
+    lease_valid: Callable[[str], bool] | None = None
 
     @abstractmethod
     def start_task(self, task: TaskModel, lock: Lock) -> None: ...
@@ -40,6 +50,11 @@ class TaskRunner(ABC):
         overrides it to drop all of them first, so none of them is still started while the others stop."""
         for name in task_names:
             self.stop_task(name)
+
+    def abandon_tasks(self, task_names: Iterable[str]) -> None:
+        """Stop several tasks at once without writing anything more for them (see the module docstring).
+        Called from the processor's lease keeper; must return promptly."""
+        self.stop_tasks(task_names)
 
     @abstractmethod
     def running(self) -> set[str]: ...

@@ -1,0 +1,198 @@
+"""`LeaseKeeper`: local monotonic deadlines per held lease, independent renewals, and the self-fence."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from weirflow.coordination.keeper import LeaseKeeper
+from weirflow.coordination.timings import CoordinationTimings
+from weirflow.interfaces.coordination import Lock
+from weirflow.local.launcher import wait_until
+
+TIMINGS = CoordinationTimings(
+    lease_ms=15000,
+    renew_interval_ms=5000,
+    heartbeat_interval_ms=3000,
+    liveness_timeout_ms=10000,
+    debounce_ms=2000,
+    latch_timeout_ms=15000,
+    poll_interval_ms=500,
+    lock_timeout_ms=60000,
+    renew_margin_ms=5000,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeLock(Lock):
+    """A lock whose renewals answer ``answer`` (True, False, or an exception), optionally after ``gate``."""
+
+    def __init__(self, name: str, answer: object = True, gate: threading.Event | None = None) -> None:
+        self.name = name
+        self.owner = "p1"
+        self.answer = answer
+        self.gate = gate
+        self.renewals = 0
+
+    def try_acquire(self) -> bool:
+        return True
+
+    def renew(self) -> bool:
+        self.renewals += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return bool(self.answer)
+
+    def release(self) -> None:
+        pass
+
+    def is_held(self) -> bool:
+        return True
+
+
+def settle(keeper: LeaseKeeper, locks: list[FakeLock], renewals: int) -> None:
+    """Wait until the pool ran ``renewals`` renewals in all (the fake clock does not move meanwhile)."""
+    wait_until(lambda: sum(lock.renewals for lock in locks) >= renewals, 5, f"{renewals} renewals")
+    time.sleep(0.05)  # let the futures complete after renew() returned
+
+
+def test_a_confirmed_renewal_moves_the_deadline_to_its_send_time_plus_the_lease() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    lock = FakeLock("a")
+    keeper.add("a", lock, sent_at=clock.t)
+    assert keeper.deadline("a") == clock.t + 15
+    clock.t += 5  # renewal due
+    assert keeper.tick().expiring == []
+    settle(keeper, [lock], 1)
+    assert keeper.tick().expiring == []
+    assert keeper.deadline("a") == 1005 + 15
+    keeper.close()
+
+
+def test_a_lease_whose_renewal_is_not_confirmed_by_deadline_minus_margin_is_given_up() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    hang = threading.Event()
+    lock = FakeLock("a", gate=hang)  # the store does not answer
+    keeper.add("a", lock, sent_at=clock.t)
+    clock.t += 5
+    keeper.tick()  # sends the renewal, which hangs
+    clock.t += 4.9  # deadline - margin = +10 s
+    assert keeper.tick().expiring == []
+    clock.t += 0.1
+    result = keeper.tick()
+    assert result.expiring == ["a"]
+    assert keeper.names() == set()
+    hang.set()  # the late answer is ignored: the lease stays given up
+    time.sleep(0.05)
+    assert keeper.tick().expiring == [] and keeper.names() == set()
+    keeper.close()
+
+
+def test_one_hanging_or_failing_renewal_does_not_delay_the_others() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    hang = threading.Event()
+    hanging = FakeLock("hangs", gate=hang)
+    failing = FakeLock("fails", answer=OSError("storage away"))
+    healthy = FakeLock("ok")
+    for lock in (hanging, failing, healthy):
+        keeper.add(lock.name, lock, sent_at=clock.t)
+    clock.t += 5
+    keeper.tick()
+    settle(keeper, [failing, healthy], 2)
+    result = keeper.tick()
+    assert [name for name, _ in result.errors] == ["fails"]
+    assert keeper.deadline("ok") == 1005 + 15
+    # the failing one is retried soon (not a renew interval later); the healthy one keeps its schedule
+    clock.t += TIMINGS.renew_retry_ms() / 1000
+    keeper.tick()
+    wait_until(lambda: failing.renewals >= 2, 5, "the failed renewal retried")
+    assert healthy.renewals == 1 and hanging.renewals == 1
+    # past deadline - margin: the two unconfirmed ones are given up, the healthy one is not
+    clock.t = 1010.0
+    result = keeper.tick()
+    assert sorted(result.expiring) == ["fails", "hangs"]
+    assert keeper.names() == {"ok"}
+    hang.set()
+    keeper.close()
+
+
+def test_a_renewal_refused_by_the_store_reports_the_lease_lost() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    lock = FakeLock("a", answer=False)
+    keeper.add("a", lock, sent_at=clock.t)
+    clock.t += 5
+    keeper.tick()
+    settle(keeper, [lock], 1)
+    assert keeper.tick().lost == ["a"]
+    assert keeper.names() == set()
+    keeper.close()
+
+
+@pytest.mark.parametrize(
+    ("values", "key", "message"),
+    [
+        ({"job.coordinator.lease.renew.margin.ms": 0}, "job.coordinator.lease.renew.margin.ms", "positive"),
+        ({"job.coordinator.lease.renew.margin.ms": 10000}, "job.coordinator.lease.renew.margin.ms", "shorter"),
+        (
+            {"job.coordinator.lease.duration.ms": 6000, "job.coordinator.lease.renew.interval.ms": 5000},
+            "job.coordinator.lease.renew.interval.ms",
+            "margin",
+        ),
+    ],
+)
+def test_a_margin_that_cannot_work_is_a_config_error_naming_the_key(
+    tmp_path, values: dict, key: str, message: str
+) -> None:
+    from weirflow.config import load_config
+    from weirflow.errors import ConfigError
+
+    path = tmp_path / "job.yaml"
+    path.write_text("job.name: t\n" + "".join(f"{k}: {v}\n" for k, v in values.items()))
+    with pytest.raises(ConfigError, match=key) as info:
+        CoordinationTimings.from_config(load_config(path))
+    assert message in str(info.value)
+
+
+def test_the_default_margin_is_a_third_of_the_lease(tmp_path) -> None:
+    from weirflow.config import load_config
+
+    path = tmp_path / "job.yaml"
+    path.write_text("job.name: t\n")
+    assert CoordinationTimings.from_config(load_config(path)).renew_margin_ms == 5000
+
+
+def test_a_leader_past_its_deadline_minus_margin_writes_nothing_as_leader(tmp_path) -> None:
+    from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
+    from weirflow.errors import LockLostError
+    from weirflow.local.coordination import SqliteCoordinationUtils
+    from weirflow.local.metadata import SqliteMetadataStore
+
+    clock = FakeClock()
+    fence = LeaderFence("p1", valid_until=lambda: 1010.0, clock=clock)
+    metadata = FencedMetadataStore(SqliteMetadataStore(tmp_path / "job.db"), fence)
+    coordination = FencedCoordination(SqliteCoordinationUtils(tmp_path / "job.db", "p1", lease_ms=3000), fence)
+    metadata.put("job-model", {"version": 1})
+    coordination.latch("jobmodel-1").complete()
+    clock.t = 1010.0
+    with pytest.raises(LockLostError, match="leader"):
+        metadata.put("job-model", {"version": 2})
+    with pytest.raises(LockLostError):
+        coordination.latch("jobmodel-2").time_out()
+    with pytest.raises(LockLostError):
+        coordination.processor_registry().unregister("p2")
+    assert metadata.get("job-model").value == {"version": 1}  # reads pass

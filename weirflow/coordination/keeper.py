@@ -1,0 +1,161 @@
+"""`LeaseKeeper`: renews the leases a processor holds, each on its own, and says when one must be given up.
+
+**The self-fence.** Every held lease has a local deadline on the monotonic clock (`time.monotonic`, never the
+wall clock): the moment the request that last *confirmed* it (the acquisition, or a renewal that returned
+True) was sent, plus the lease duration. The store extended the lease no earlier than it received that
+request, so the lease cannot expire before this deadline (clock *rates* agree; no clocks are compared). When
+``deadline - margin`` (`job.coordinator.lease.renew.margin.ms`) passes without a newer confirmation, `tick`
+reports the lease as *expiring*: the processor abandons the task at once (`TaskRunner.abandon_tasks`: no
+further output or checkpoint), so it has stopped before anyone else can take the lease. A renewal answered
+False (the lease is someone else's) reports it as *lost*, to the same effect.
+
+**Independence.** Renewals run on a small thread pool, at most one in flight per lease, each with its own
+error handling: a renewal that hangs or fails delays neither the other leases nor the heartbeat (which the
+processor also runs on this pool through `submit`). A failed renewal is retried after
+`CoordinationTimings.renew_retry_ms`; a result that arrives after its lease was given up is ignored.
+
+The keeper never calls the store from `tick` itself, so the fence is checked on time however slow the store is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from weirflow.coordination.timings import CoordinationTimings
+from weirflow.interfaces.coordination import Lock
+
+_WORKERS = 16
+
+
+@dataclass
+class _Held:
+    lock: Lock
+    deadline: float  # monotonic s: when the lease may expire at the earliest, as far as we know
+    next_at: float  # monotonic s: when to send the next renewal
+    in_flight: Future[tuple[float, bool]] | None = None
+
+
+@dataclass
+class KeeperRound:
+    """What one `LeaseKeeper.tick` found. Names in ``lost`` and ``expiring`` are no longer kept."""
+
+    lost: list[str] = field(default_factory=list)  # a renewal said the lease is not ours
+    expiring: list[str] = field(default_factory=list)  # not confirmed by deadline - margin
+    errors: list[tuple[str, BaseException]] = field(default_factory=list)  # renewals that raised (retried)
+
+
+class LeaseKeeper:
+    """Keeps the deadlines of held leases and renews them on a pool. Thread-safe."""
+
+    def __init__(self, timings: CoordinationTimings, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lease_s = timings.lease_ms / 1000
+        self._margin_s = timings.renew_margin_ms / 1000
+        self._renew_s = timings.renew_interval_ms / 1000
+        self._retry_s = timings.renew_retry_ms() / 1000
+        self._clock = clock
+        self._held: dict[str, _Held] = {}
+        self._guard = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="lease-keeper")
+        self._calls: set[Future[Any]] = set()  # submitted and not done: waited for by `close`
+        self._calls_guard = threading.Lock()  # `submit` runs under `_guard` from `tick`
+
+    def now(self) -> float:
+        return self._clock()
+
+    # --- what is held ---------------------------------------------------------------------------------
+    def add(self, name: str, lock: Lock, sent_at: float) -> None:
+        """Keep ``lock``, acquired by a request sent at monotonic time ``sent_at`` (read *before* the call)."""
+        with self._guard:
+            self._held[name] = _Held(lock, deadline=sent_at + self._lease_s, next_at=sent_at + self._renew_s)
+
+    def remove(self, name: str) -> Lock | None:
+        """Stop keeping ``name``; returns its lock (to release), or None when it was not kept."""
+        with self._guard:
+            held = self._held.pop(name, None)
+        return held.lock if held is not None else None
+
+    def names(self) -> set[str]:
+        with self._guard:
+            return set(self._held)
+
+    def remove_all(self) -> list[Lock]:
+        with self._guard:
+            held, self._held = self._held, {}
+        return [h.lock for h in held.values()]
+
+    def valid(self, name: str) -> bool:
+        """Whether ``name`` is kept and its deadline - margin has not passed (no store call: the fence a task
+        checks before each write)."""
+        with self._guard:
+            held = self._held.get(name)
+            return held is not None and self._clock() < held.deadline - self._margin_s
+
+    def deadline(self, name: str) -> float | None:
+        with self._guard:
+            held = self._held.get(name)
+            return held.deadline if held is not None else None
+
+    # --- one round ------------------------------------------------------------------------------------
+    def tick(self) -> KeeperRound:
+        """Collect finished renewals, report leases lost or past ``deadline - margin`` (and stop keeping them),
+        and send the renewals that are due. Never waits for the store."""
+        result = KeeperRound()
+        now = self._clock()
+        with self._guard:
+            for name, held in list(self._held.items()):
+                if held.in_flight is not None and held.in_flight.done():
+                    if not self._collect(name, held, now, result):
+                        del self._held[name]
+                        continue
+                if now >= held.deadline - self._margin_s:
+                    result.expiring.append(name)
+                    del self._held[name]
+                elif held.in_flight is None and now >= held.next_at:
+                    held.in_flight = self.submit(lambda lock=held.lock: self._renew(lock))
+        return result
+
+    def _collect(self, name: str, held: _Held, now: float, result: KeeperRound) -> bool:
+        """Apply a finished renewal; False when the lease turned out lost."""
+        future, held.in_flight = held.in_flight, None
+        assert future is not None
+        try:
+            sent_at, ok = future.result()
+        except Exception as exc:
+            result.errors.append((name, exc))
+            held.next_at = now + self._retry_s
+            return True
+        if not ok:
+            result.lost.append(name)
+            return False
+        held.deadline = max(held.deadline, sent_at + self._lease_s)
+        held.next_at = sent_at + self._renew_s
+        return True
+
+    def _renew(self, lock: Lock) -> tuple[float, bool]:
+        sent_at = self._clock()
+        return sent_at, bool(lock.renew())
+
+    # --- the pool, shared with the heartbeat ----------------------------------------------------------
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future = self._pool.submit(fn)
+        with self._calls_guard:
+            self._calls.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._calls_guard:
+            self._calls.discard(future)
+
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Drop queued calls and wait up to ``timeout_s`` for those under way (the caller closes the store's
+        connections next), but no longer: a call hung on an unreachable store must not hold shutdown."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._calls_guard:
+            calls = set(self._calls)
+        wait(calls, timeout=timeout_s)
