@@ -28,17 +28,19 @@ log = logging.getLogger("weirflow.azure")
 class AzureCoordinationUtils(CoordinationUtils):
     """The primitives of one job on one storage account, for one owner."""
 
-    def __init__(self, storage: Storage, owner: str, lease_ms: int) -> None:
+    def __init__(self, storage: Storage, owner: str, lease_ms: int, instance: str = "") -> None:
         lease_seconds(lease_ms)  # fail now, not at the first lease
         self.storage = storage
         self.owner = owner
+        self.instance = instance
         self.lease_ms = lease_ms
 
     def leader_elector(self) -> LeaderElector:
-        return LeaseLeaderElector(BlobLease(self.storage, LEADER_BLOB, self.owner, self.lease_ms))
+        return LeaseLeaderElector(BlobLease(self.storage, LEADER_BLOB, self.owner, self.lease_ms, self.instance))
 
     def lock(self, name: str) -> Lock:
-        return LeaseLock(name, BlobLease(self.storage, f"{LOCK_PREFIX}{name}", self.owner, self.lease_ms))
+        lease = BlobLease(self.storage, f"{LOCK_PREFIX}{name}", self.owner, self.lease_ms, self.instance)
+        return LeaseLock(name, lease)
 
     def latch(self, name: str) -> Latch:
         return TableLatch(self.storage, name)
@@ -60,8 +62,24 @@ def _lease_ms(config: ConfigView) -> int:
     return lease_ms
 
 
+def _check_deadline(config: ConfigView, storage: Storage) -> None:
+    """A storage call must end, retries included, before the self-fence acts on a renewal that did not come
+    (docs/coordination.md, "The self-fence")."""
+    from weirflow.coordination.timings import CoordinationTimings
+
+    margin_ms = CoordinationTimings.from_config(config).renew_margin_ms
+    deadline_ms = round(storage.settings.retry_deadline_s * 1000)
+    if deadline_ms >= margin_ms:
+        raise config.error(
+            "azure.retry.deadline.ms",
+            f"{deadline_ms} ms is not shorter than job.coordinator.lease.renew.margin.ms ({margin_ms} ms): a "
+            "lease renewal could still be retrying when the processor must fence itself; lower it (with "
+            "azure.storage.request.timeout.ms) or raise the margin",
+        )
+
+
 class AzureJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils:
+    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils:
         storage = Storage.from_config(config)
         log.info(
             "azure coordination: container %s, tables %s{processors,latches} on %s",
@@ -69,7 +87,9 @@ class AzureJobCoordinatorFactory(JobCoordinatorFactory):
             storage.settings.table_prefix,
             storage.settings.account or "the connection string's account",
         )
-        return AzureCoordinationUtils(storage, owner, _lease_ms(config))
+        lease_ms = _lease_ms(config)
+        _check_deadline(config, storage)
+        return AzureCoordinationUtils(storage, owner, lease_ms, instance)
 
 
 class AzureMetadataStoreFactory(MetadataStoreFactory):

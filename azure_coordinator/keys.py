@@ -53,8 +53,18 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "azure.storage.request.timeout.ms",
         "duration_ms",
-        10000,
-        "Connect and read timeout of one storage request (a timed-out request is retried).",
+        3000,
+        "Connect and read timeout of one storage request (a timed-out request is retried within "
+        "`azure.retry.deadline.ms`, which must not be shorter).",
+        SECTION,
+    ),
+    ConfigKey(
+        "azure.retry.deadline.ms",
+        "duration_ms",
+        4000,
+        "Longest time one storage call may take, retries included; then it fails naming the endpoint. It must be "
+        "shorter than `job.coordinator.lease.renew.margin.ms`, so that a lease renewal answers, or fails, while "
+        "the processor can still fence itself in time.",
         SECTION,
     ),
     ConfigKey(

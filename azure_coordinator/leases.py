@@ -5,10 +5,12 @@ Blob Storage itself guarantees that at most one lease id holds it, and expires a
 within its duration. Blob leases last 15 to 60 whole seconds, so ``job.coordinator.lease.duration.ms`` must
 lie in that range with this coordinator.
 
-The lease id is derived from the owner (a UUID5 of container, blob and owner): any object of the same owner
-recognises the lease as its own, so acquiring again is re-entrant and a restarted processor with a fixed
-``processor.id`` finds its lease rather than waiting it out. The owner's name is also written to the blob's
-metadata, which is how `current_leader` answers without knowing anyone's lease id.
+The lease id is derived from the holder (a UUID5 of container, blob, owner and instance): any object of the
+same holder recognises the lease as its own, so acquiring again is re-entrant; another run of a processor
+with the same ``processor.id`` has another instance, hence another lease id, and cannot take or renew the
+lease before it expires. The holder and the tenure's **epoch** (the fencing token, `Lock.epoch`) are written
+to the blob's metadata under the lease, which is how `current_leader` answers without knowing anyone's lease
+id, and how the next holder finds the epoch to exceed.
 
 Loss is detected on every call that presents the lease id: a renew, or the fence ``is_held``, which reads the
 blob's properties *under the lease* — Blob Storage answers 412 unless the lease is active and ours.
@@ -45,14 +47,17 @@ class BlobLease:
     """One blob, one owner's lease id: the `weirflow.coordination.leases.Lease` behind the leader election and
     task locks (`LeaseLeaderElector`, `LeaseLock`)."""
 
-    def __init__(self, storage: Storage, blob_name: str, owner: str, lease_ms: int) -> None:
+    def __init__(self, storage: Storage, blob_name: str, owner: str, lease_ms: int, instance: str = "") -> None:
         self._storage = storage
         self.blob_name = blob_name
         self.owner = owner
+        self.instance = instance
         self.duration_s = lease_seconds(lease_ms)
+        holder = f"{owner}#{instance}" if instance else owner
         self.lease_id = str(
-            uuid.uuid5(uuid.NAMESPACE_URL, f"weirflow:{storage.settings.container}/{blob_name}:{owner}")
+            uuid.uuid5(uuid.NAMESPACE_URL, f"weirflow:{storage.settings.container}/{blob_name}:{holder}")
         )
+        self.epoch = 0
         self._blob_client: Any = None
 
     @property
@@ -80,10 +85,23 @@ class BlobLease:
                 if exc.status_code in _LOST:
                     return False
                 raise
-            self._blob.set_blob_metadata({"owner": self.owner}, lease=self.lease_id)
+            self._take_epoch()
             return True
 
         return bool(self._call("acquire lease on", attempt))
+
+    def _take_epoch(self) -> None:
+        """Under the lease just acquired: keep the epoch if the blob's metadata says this holder already had
+        it (a re-entrant acquire), else write the next one. Only the lease holder can write the metadata."""
+        metadata = self._blob.get_blob_properties(lease=self.lease_id).metadata or {}
+        stored = int(metadata.get("epoch") or 0)
+        if metadata.get("owner") == self.owner and metadata.get("instance", "") == self.instance and stored:
+            self.epoch = stored
+            return
+        self.epoch = stored + 1
+        self._blob.set_blob_metadata(
+            {"owner": self.owner, "instance": self.instance, "epoch": str(self.epoch)}, lease=self.lease_id
+        )
 
     def renew(self) -> bool:
         def attempt() -> bool:

@@ -1,7 +1,6 @@
 """`ProcessorRegistry` on Table Storage: table ``<prefix>processors``, PartitionKey ``processors``, RowKey the
 processor id; one column per `ProcessorInfo` field (``tasks`` as a JSON list). A heartbeat replaces the whole
-row, so a stale field never survives. Liveness is decided by readers from ``heartbeat_ms`` (see
-`ProcessorRegistry.live`), which assumes the processors' clocks agree to well under the liveness timeout.
+row, so a stale field never survives. Liveness is decided by readers (`weirflow.coordination.state.is_live`).
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ def _from_entity(entity: Any) -> ProcessorInfo:
         heartbeat_ms=int(entity.get("heartbeat_ms", 0)),
         started_ms=int(entity.get("started_ms", 0)),
         error=entity.get("error", ""),
+        instance=entity.get("instance", ""),
     )
 
 

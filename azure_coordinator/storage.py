@@ -17,8 +17,11 @@ Auth, in order: ``azure.storage.connection.string``; else ``azure.storage.accoun
 
 Retries: the SDK's own retry policy is switched off so that one policy, ours, governs every call. Transient
 failures (connection errors, timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter,
-``azure.retry.attempts`` times at most; when they keep failing, `ServiceUnavailableError` names the
-endpoint and the resource. Any other error surfaces at once as `AzureStorageError` naming the resource.
+``azure.retry.attempts`` times at most and never past ``azure.retry.deadline.ms`` in all (no new attempt
+starts when a request timing out could overrun it), so that a lease renewal answers, or fails, while the
+processor can still fence itself (docs/coordination.md, "The self-fence"); when they keep failing,
+`ServiceUnavailableError` names the endpoint and the resource. Any other error surfaces at once as
+`AzureStorageError` naming the resource.
 """
 
 from __future__ import annotations
@@ -39,7 +42,15 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential,
+    wait_random,
+)
 
 from weirflow.errors import ServiceUnavailableError, WeirflowError
 from weirflow.interfaces.config import ConfigView
@@ -107,7 +118,8 @@ class StorageSettings:
     connection_string: str | None = None
     account: str | None = None
     endpoint_suffix: str = "core.windows.net"
-    request_timeout_s: float = 10.0
+    request_timeout_s: float = 3.0
+    retry_deadline_s: float = 4.0
     retry_attempts: int = 5
     retry_initial_s: float = 0.2
     retry_max_s: float = 5.0
@@ -145,6 +157,13 @@ class StorageSettings:
         attempts = int(config.get("azure.retry.attempts"))
         if attempts < 1:
             raise config.error("azure.retry.attempts", "must be at least 1")
+        deadline_ms = int(config.get("azure.retry.deadline.ms"))
+        if deadline_ms < int(config.get("azure.storage.request.timeout.ms")):
+            raise config.error(
+                "azure.retry.deadline.ms",
+                f"{deadline_ms} ms is shorter than one request may take (azure.storage.request.timeout.ms); "
+                "raise it or lower the request timeout",
+            )
         return cls(
             container=container,
             table_prefix=prefix,
@@ -152,6 +171,7 @@ class StorageSettings:
             account=account or None,
             endpoint_suffix=suffix,
             request_timeout_s=config.get("azure.storage.request.timeout.ms") / 1000,
+            retry_deadline_s=deadline_ms / 1000,
             retry_attempts=attempts,
             retry_initial_s=config.get("azure.retry.initial.backoff.ms") / 1000,
             retry_max_s=config.get("azure.retry.max.backoff.ms") / 1000,
@@ -250,7 +270,9 @@ class Storage:
         say) and returns; transient ones are retried; the rest are raised naming ``resource``."""
         s = self.settings
         retrying = Retrying(
-            stop=stop_after_attempt(s.retry_attempts),
+            # no attempt starts (backoff included) when one timing out could end past the deadline
+            stop=stop_after_attempt(s.retry_attempts)
+            | stop_before_delay(max(0.0, s.retry_deadline_s - s.request_timeout_s)),
             wait=wait_exponential(multiplier=s.retry_initial_s, max=s.retry_max_s)
             + wait_random(0, s.retry_initial_s),
             retry=retry_if_exception(is_transient),
@@ -270,7 +292,8 @@ class Storage:
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             raise ServiceUnavailableError(
-                f"{operation} {resource} on {endpoint} still failed after {s.retry_attempts} attempts: "
+                f"{operation} {resource} on {endpoint} still failed after {exc.last_attempt.attempt_number} "
+                f"attempts ({s.retry_deadline_s:.1f} s at most): "
                 f"{_short(cause)}. Is the storage account reachable (and Azurite running, in development)?"
             ) from cause
         except HttpResponseError as exc:

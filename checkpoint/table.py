@@ -4,14 +4,17 @@ Table ``<prefix>checkpoints`` (see `weirflow_azure.coordinator.storage` for the 
 
 * one row per SSP — RowKey ``ssp:<system.stream.partition>``, columns ``system``, ``stream``,
   ``partition`` (int) and ``offset`` (the next offset to read, as the system's string);
+* the fence row — RowKey ``~fence``, column ``epoch``: the greatest lock epoch written (the fencing token);
+  every write is conditional on it, in its first transaction (`TableCheckpointManager._fence_operation`);
 * the control row — RowKey ``~control``, column ``control`` (JSON), split over ``control_1`` ... when it
   outgrows one string property (32K characters), with ``chunks`` counting the parts.
 
 A write upserts its rows in entity-group transactions of at most 100 rows (Table Storage's limit; all rows
-of a task share its PartitionKey, which transactions require). A checkpoint of up to 99 SSPs plus control is
-therefore atomic. A wider one is written in several transactions, SSP rows first and the control row last:
-a reader racing the write sees, for some SSPs, the previous offsets — an older, equally valid checkpoint
-(inputs are replayed, never skipped) — and never control state ahead of the offsets it belongs to.
+of a task share its PartitionKey, which transactions require). A checkpoint of up to 98 SSPs plus control
+(plus the fence row) is therefore atomic. A wider one is written in several transactions, the fence row
+and the first SSP rows first, the control row last: a reader racing the write sees, for some SSPs, the
+previous offsets — an older, equally valid checkpoint (inputs are replayed, never skipped) — and never
+control state ahead of the offsets it belongs to.
 
 Keys are escaped (`escape_key`) because Table keys may not contain ``/ \\ # ?``.
 
@@ -25,8 +28,11 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from azure.data.tables import UpdateMode
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
 
+from weirflow.errors import FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
@@ -39,6 +45,8 @@ log = logging.getLogger("weirflow.checkpoint")
 TABLE_SUFFIX = "checkpoints"
 SSP_PREFIX = "ssp:"
 CONTROL_ROW = "~control"
+FENCE_ROW = "~fence"
+_IF_MATCH = MatchConditions.IfNotModified
 MAX_BATCH = 100
 CHUNK_CHARS = 30_000  # a string property holds 64 KiB of UTF-16: 32K characters
 
@@ -68,6 +76,17 @@ def _control_row(partition_key: str, control: Any) -> dict[str, Any]:
 def _control_of(row: Any) -> Any:
     chunks = int(row.get("chunks") or 1)
     return json.loads(row["control"] + "".join(row[f"control_{i}"] for i in range(1, chunks)))
+
+
+def _transact(table: Any, operations: list[Any], fence: tuple[str, dict[str, Any], dict[str, Any]] | None) -> None:
+    """Submit one transaction; a failed fence condition (another holder wrote since it was read) refuses it."""
+    try:
+        table.submit_transaction(operations)
+    except TableTransactionError as exc:
+        if fence is not None and exc.status_code in (409, 412):
+            entity = fence[1]
+            raise FencedOffError(unescape_key(entity["PartitionKey"]), int(entity["epoch"]), -1) from exc
+        raise
 
 
 class TableCheckpointManager(CheckpointManager):
@@ -105,6 +124,7 @@ class TableCheckpointManager(CheckpointManager):
             self._storage.table_named(self._eventhubs_table)
 
     def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
+        """The fence row first (conditional on what was read), then the rows: one transaction when they fit."""
         pk = escape_key(task_name)
         rows: list[dict[str, Any]] = [
             {
@@ -119,16 +139,53 @@ class TableCheckpointManager(CheckpointManager):
         ]
         if checkpoint.control:
             rows.append(_control_row(pk, checkpoint.control))
-        self._submit(self.table_name, rows, f"{self.table_name}/{task_name}")
+        fence = self._fence_operation(task_name, pk, checkpoint.epoch)
+        self._submit(self.table_name, rows, f"{self.table_name}/{task_name}", first=fence)
         if self._eventhubs:
             sdk_rows = sorted(sdk_checkpoint_rows(checkpoint, self._eventhubs), key=lambda r: r["PartitionKey"])
             self._submit(self._eventhubs_table, sdk_rows, f"{self.eventhubs_table_name} (Event Hubs layout)")
 
-    def _submit(self, table_name: str, rows: list[dict[str, Any]], resource: str) -> None:
+    def _fence_operation(self, task_name: str, pk: str, epoch: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """The transaction operation that makes a write conditional on the task's fencing token: the fence row
+        (``~fence``, column ``epoch``) is read; a greater stored epoch refuses the write at once; otherwise the
+        row is written back with this epoch *if it is unchanged since the read* (If-Match on its ETag, or create
+        when absent), in the same transaction as the first rows — so a later holder's write in between makes
+        this one fail as a whole (`FencedOffError`)."""
+        table = self._storage.table(TABLE_SUFFIX)
+
+        def read() -> Any:
+            try:
+                return table.get_entity(pk, FENCE_ROW)
+            except ResourceNotFoundError:
+                return None
+
+        row = self._call("read checkpoint fence from", f"{self.table_name}/{task_name}", read)
+        stored = int(row["epoch"]) if row is not None else 0
+        if epoch < stored:
+            raise FencedOffError(task_name, epoch, stored)
+        entity = {"PartitionKey": pk, "RowKey": FENCE_ROW, "epoch": str(max(epoch, stored))}
+        if row is None:
+            return ("create", entity, {})
+        etag = row.metadata["etag"]
+        return ("update", entity, {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": _IF_MATCH})
+
+    def _submit(
+        self,
+        table_name: str,
+        rows: list[dict[str, Any]],
+        resource: str,
+        first: tuple[str, dict[str, Any], dict[str, Any]] | None = None,
+    ) -> None:
         table = self._storage.table_named(table_name)
-        for batch in batches(rows):
-            operations = [("upsert", row, {"mode": UpdateMode.REPLACE}) for row in batch]
-            self._call("write checkpoint to", resource, lambda ops=operations: table.submit_transaction(ops))
+        groups = list(batches(rows, MAX_BATCH - 1)) if first is not None else list(batches(rows))
+        for index, batch in enumerate(groups or [[]]):
+            operations: list[Any] = [("upsert", row, {"mode": UpdateMode.REPLACE}) for row in batch]
+            if index == 0 and first is not None:
+                operations.insert(0, first)
+            if not operations:
+                continue
+            fenced = first if index == 0 else None
+            self._call("write checkpoint to", resource, lambda ops=operations, f=fenced: _transact(table, ops, f))
 
     def _rows(self, task_name: str | None) -> list[Any]:
         table = self._storage.table(TABLE_SUFFIX)
@@ -144,6 +201,7 @@ class TableCheckpointManager(CheckpointManager):
     def _assemble(rows: Iterable[Any]) -> dict[str, Checkpoint]:
         offsets: dict[str, dict[SystemStreamPartition, str]] = {}
         controls: dict[str, Any] = {}
+        epochs: dict[str, int] = {}
         for row in rows:
             task = unescape_key(row["PartitionKey"])
             key = row["RowKey"]
@@ -152,10 +210,14 @@ class TableCheckpointManager(CheckpointManager):
                 offsets.setdefault(task, {})[ssp] = row["offset"]
             elif key == CONTROL_ROW:
                 controls[task] = _control_of(row)
+            elif key == FENCE_ROW:
+                epochs[task] = int(row["epoch"])
             # anything else (the SDK layout sharing this table) is not ours
         return {
-            task: Checkpoint(offsets=offsets.get(task, {}), control=controls.get(task, {}))
-            for task in sorted(offsets.keys() | controls.keys())
+            task: Checkpoint(
+                offsets=offsets.get(task, {}), control=controls.get(task, {}), epoch=epochs.get(task, 0)
+            )
+            for task in sorted(offsets.keys() | controls.keys() | epochs.keys())
         }
 
     def read_last_checkpoint(self, task_name: str) -> Checkpoint | None:

@@ -53,6 +53,28 @@ class LockLostError(WeirflowError):
         super().__init__(f"lock '{lock_name}' is no longer held by '{owner}'; the task must stop")
 
 
+class FencedOffError(LockLostError):
+    """A checkpoint write carried an older fencing token (lock epoch) than the one the store holds for the
+    task: a later holder of the task's lock has written since, so this write was refused and changed nothing."""
+
+    def __init__(self, task_name: str, epoch: int, stored: int) -> None:
+        self.task_name = task_name
+        self.epoch = epoch
+        self.stored = stored
+        WeirflowError.__init__(
+            self,
+            f"checkpoint of task '{task_name}' refused: written with lock epoch {epoch}, but a later holder "
+            + (f"(epoch {stored}) " if stored >= 0 else "")
+            + "has written since; this processor lost the task and must stop it",
+        )
+        self.lock_name = f"task-{task_name}"
+        self.owner = ""
+
+
+class DuplicateProcessorError(WeirflowError):
+    """Another live process runs with the same processor id; two of them would fight over one identity."""
+
+
 class StreamNotFoundError(WeirflowError):
     """A stream does not exist on its system."""
 

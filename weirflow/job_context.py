@@ -30,7 +30,7 @@ class JobContext:
     attachments: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, config: Any, owner: str) -> JobContext:
+    def open(cls, config: Any, owner: str, instance: str = "") -> JobContext:
         """Resolve every factory first (a wrong value fails here, before anything is created), then open."""
         validate_factories(config)
         coordinator = coordinator_factory(config)
@@ -43,7 +43,7 @@ class JobContext:
         return cls(
             config=config,
             owner=owner,
-            coordination=coordinator.get_coordination_utils(config, owner),
+            coordination=coordinator.get_coordination_utils(config, owner, instance=instance),
             metadata=metadata,
             checkpoints=checkpoints,
             systems=Systems(config),

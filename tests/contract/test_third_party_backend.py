@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from weirflow.errors import EtagMismatchError, StreamNotFoundError
+from weirflow.errors import EtagMismatchError, FencedOffError, StreamNotFoundError
 from weirflow.interfaces import (
     Checkpoint,
     CheckpointManager,
@@ -60,7 +60,8 @@ from weirflow.testing import (
 # --- the "plugin": everything of one job in one object ----------------------------------------------------
 @dataclass
 class JobState:
-    leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (owner, monotonic expiry)
+    leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (holder, monotonic expiry)
+    epochs: dict[str, int] = field(default_factory=dict)  # name -> the last epoch given out
     latches: dict[str, tuple[LatchState, set[str]]] = field(default_factory=dict)
     processors: dict[str, ProcessorInfo] = field(default_factory=dict)
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
@@ -72,9 +73,12 @@ class JobState:
         return owner if expires > time.monotonic() else None
 
     def take(self, name: str, owner: str, lease_ms: int, renew_only: bool = False) -> bool:
+        """``owner`` is the holder: the processor id and its instance."""
         holder = self.holder(name)
         if holder != owner and (renew_only or holder is not None):
             return False
+        if holder != owner:
+            self.epochs[name] = self.epochs.get(name, 0) + 1
         self.leases[name] = (owner, time.monotonic() + lease_ms / 1000)
         return True
 
@@ -84,26 +88,33 @@ class JobState:
 
 
 class MemoryLock(Lock):
-    def __init__(self, job: JobState, name: str, owner: str, lease_ms: int, lease: str | None = None) -> None:
-        self.job, self.name, self.owner, self.lease_ms = job, name, owner, lease_ms
+    def __init__(
+        self, job: JobState, name: str, owner: str, lease_ms: int, lease: str | None = None, instance: str = ""
+    ) -> None:
+        self.job, self.name, self.owner, self.lease_ms, self.instance = job, name, owner, lease_ms, instance
         self.lease = lease or f"locks/{name}"
+        self.holder = f"{owner}#{instance}"
+        self.epoch = 0
 
     def try_acquire(self) -> bool:
-        return self.job.take(self.lease, self.owner, self.lease_ms)
+        taken = self.job.take(self.lease, self.holder, self.lease_ms)
+        if taken:
+            self.epoch = self.job.epochs[self.lease]
+        return taken
 
     def renew(self) -> bool:
-        return self.job.take(self.lease, self.owner, self.lease_ms, renew_only=True)
+        return self.job.take(self.lease, self.holder, self.lease_ms, renew_only=True)
 
     def release(self) -> None:
-        self.job.release(self.lease, self.owner)
+        self.job.release(self.lease, self.holder)
 
     def is_held(self) -> bool:
-        return self.job.holder(self.lease) == self.owner
+        return self.job.holder(self.lease) == self.holder
 
 
 class MemoryLeaderElector(LeaderElector):
-    def __init__(self, job: JobState, owner: str, lease_ms: int) -> None:
-        self.lease = MemoryLock(job, "leader", owner, lease_ms, lease="leader")
+    def __init__(self, job: JobState, owner: str, lease_ms: int, instance: str = "") -> None:
+        self.lease = MemoryLock(job, "leader", owner, lease_ms, lease="leader", instance=instance)
         self._leader = False
 
     def try_become_leader(self) -> bool:
@@ -123,7 +134,8 @@ class MemoryLeaderElector(LeaderElector):
         return self._leader
 
     def current_leader(self) -> str | None:
-        return self.lease.job.holder(self.lease.lease)
+        holder = self.lease.job.holder(self.lease.lease)
+        return holder.split("#")[0] if holder else None
 
 
 class MemoryLatch(Latch):
@@ -167,14 +179,14 @@ class MemoryProcessorRegistry(ProcessorRegistry):
 
 
 class MemoryCoordinationUtils(CoordinationUtils):
-    def __init__(self, job: JobState, owner: str, lease_ms: int) -> None:
-        self.job, self.owner, self.lease_ms = job, owner, lease_ms
+    def __init__(self, job: JobState, owner: str, lease_ms: int, instance: str = "") -> None:
+        self.job, self.owner, self.lease_ms, self.instance = job, owner, lease_ms, instance
 
     def leader_elector(self) -> LeaderElector:
-        return MemoryLeaderElector(self.job, self.owner, self.lease_ms)
+        return MemoryLeaderElector(self.job, self.owner, self.lease_ms, self.instance)
 
     def lock(self, name: str) -> Lock:
-        return MemoryLock(self.job, name, self.owner, self.lease_ms)
+        return MemoryLock(self.job, name, self.owner, self.lease_ms, instance=self.instance)
 
     def latch(self, name: str) -> Latch:
         return MemoryLatch(self.job, name)
@@ -189,8 +201,12 @@ class MemoryCheckpointManager(CheckpointManager):
 
     def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
         stored = self.job.checkpoints.get(task_name, Checkpoint({}))
+        if checkpoint.epoch < stored.epoch:  # the fence, atomic here because nothing else runs in between
+            raise FencedOffError(task_name, checkpoint.epoch, stored.epoch)
         self.job.checkpoints[task_name] = Checkpoint(
-            {**stored.offsets, **checkpoint.offsets}, dict(checkpoint.control or stored.control)
+            {**stored.offsets, **checkpoint.offsets},
+            dict(checkpoint.control or stored.control),
+            epoch=max(checkpoint.epoch, stored.epoch),
         )
 
     def read_last_checkpoint(self, task_name: str) -> Checkpoint | None:
@@ -308,8 +324,8 @@ class MemoryBackend(Backend):
         self.jobs: defaultdict[str, JobState] = defaultdict(JobState)
         self.streams: Streams = {}
 
-    def coordination(self, job: str, owner: str, lease_ms: int) -> CoordinationUtils:
-        return MemoryCoordinationUtils(self.jobs[job], owner, lease_ms)
+    def coordination(self, job: str, owner: str, lease_ms: int, instance: str = "") -> CoordinationUtils:
+        return MemoryCoordinationUtils(self.jobs[job], owner, lease_ms, instance)
 
     def checkpoint_manager(self, job: str) -> CheckpointManager:
         return MemoryCheckpointManager(self.jobs[job])

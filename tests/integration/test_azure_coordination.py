@@ -51,6 +51,7 @@ def checkpoint_offsets(job: Job) -> dict[str, dict[str, int]]:
         return {
             task: {ssp.key(): int(offset) for ssp, offset in checkpoint.offsets.items()}
             for task, checkpoint in manager.read_all().items()
+            if checkpoint.offsets  # a task claimed by its holder (epoch only) has no offsets yet
         }
     finally:
         manager.stop()

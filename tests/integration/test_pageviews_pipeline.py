@@ -118,3 +118,47 @@ def test_a_processor_killed_mid_run_and_restarted_loses_no_window(job: PageViews
     exact = sum(got[w] == n for w, n in expected.items())
     measure(f"killed at {done_at_kill}/{EVENTS} events; {exact}/{len(expected)} windows exact after restart "
             "(others over-counted by replays, at-least-once)")
+
+
+def test_a_processor_paused_past_its_lease_writes_nothing_for_the_tasks_it_lost(
+    job: PageViewsJob, measure
+) -> None:
+    """SIGSTOP freezes the processor's Python process, not its Spark JVM or Python workers, which go on running
+    the task queries: the sink's fence (weirflow.spark.fence) must stop them writing once the locks moved. Every
+    window then appears exactly once in the output (a window written twice is a write after the fence), the
+    counts equal pandas, and the job finishes on both processors."""
+    import os
+    import signal
+
+    expected = job.generate(EVENTS * 2)
+    running, paused = job.start("p0"), job.start("p1")
+    wait_until(lambda: results.consumed(job.config) >= EVENTS * 0.2, FINISH_S, "20% of the input processed",
+               interval_s=0.2)  # fmt: skip
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        paused_at = results.consumed(job.config)
+        # the lease is 5 s: p0 takes the tasks over meanwhile, and p1's Spark keeps running its queries
+        wait_until(lambda: results.consumed(job.config) >= min(EVENTS * 2, paused_at + EVENTS * 0.3), FINISH_S,
+                   "p0 to move on with the paused processor's tasks", interval_s=0.5)  # fmt: skip
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    job.wait_finished([running, paused])
+    writes: dict[results.Window, int] = {}
+    systems = Systems(job.config)
+    try:
+        consumer = systems.consumer("local")
+        for partition in range(2):
+            offset = "0"
+            ssp = SystemStreamPartition("local", "page-counts", partition)
+            while batch := consumer.read(ssp, offset, 10_000):
+                for record in batch:
+                    row = json.loads(record.value)
+                    window = (row["page"], row["window_start"][:16])
+                    writes[window] = writes.get(window, 0) + 1
+                offset = batch[-1].next_offset
+    finally:
+        systems.close()
+    twice = sorted(w for w, n in writes.items() if n > 1)
+    assert results.read_counts(job.config) == expected
+    assert not twice, f"{len(twice)} of {len(writes)} windows written more than once, e.g. {twice[:3]}"
+    measure(f"p1 SIGSTOPped at {paused_at}/{EVENTS * 2} events: {len(writes)} windows, each written once")

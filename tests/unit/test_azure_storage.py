@@ -134,6 +134,50 @@ def test_unreachable_storage_fails_after_bounded_retries_naming_the_endpoint(cap
     assert sum("retrying" in r.message for r in caplog.records) == 2
 
 
+def test_a_call_to_a_blackholed_endpoint_gives_up_within_its_deadline_naming_the_endpoint(measure) -> None:
+    """The endpoint accepts connections and never answers (a network blackhole): the call stops retrying
+    when another attempt could overrun ``azure.retry.deadline.ms``, instead of running its 5 attempts."""
+    import socket
+    import time
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        port = server.getsockname()[1]
+        connection = f"{ACCOUNT}BlobEndpoint=http://127.0.0.1:{port}/a;TableEndpoint=http://127.0.0.1:{port}/a;"
+        storage = Storage.from_config(
+            config(**{"azure.storage.connection.string": connection, "azure.retry.initial.backoff.ms": 10,
+                      "azure.storage.request.timeout.ms": 500, "azure.retry.deadline.ms": 1200})  # fmt: skip
+        )
+        calls = []
+
+        def operation() -> None:
+            calls.append(1)
+            storage.blob_service.get_container_client("c0c").get_container_properties()
+
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailableError) as err:
+            storage.call("renew lease on", "c0c/leases/leader", storage.blob_endpoint, operation)
+        took = time.monotonic() - started
+    assert storage.blob_endpoint in str(err.value) and "1.2 s at most" in str(err.value)
+    assert len(calls) == 2, f"{len(calls)} attempts: each takes the 0.5 s request timeout, the third would overrun"
+    measure(f"blackholed call gave up after {len(calls)} attempts in {took:.2f} s (deadline 1.2 s)")
+
+
+def test_the_retry_deadline_must_fit_the_request_timeout_and_the_renew_margin() -> None:
+    with pytest.raises(ConfigError, match="azure.retry.deadline.ms"):
+        StorageSettings.from_config(
+            config(**{"azure.storage.account": "acme", "azure.retry.deadline.ms": 2000,
+                      "azure.storage.request.timeout.ms": 3000})  # fmt: skip
+        )
+    with pytest.raises(ConfigError, match="job.coordinator.lease.renew.margin.ms"):
+        AzureJobCoordinatorFactory().get_coordination_utils(
+            config(**{"azure.storage.account": "acme", "azure.retry.deadline.ms": 6000,
+                      "job.coordinator.lease.renew.margin.ms": 5000}),  # fmt: skip
+            "p1",
+        )
+
+
 def test_permanent_errors_surface_at_once_naming_the_resource() -> None:
     storage = unreachable()
     calls = []

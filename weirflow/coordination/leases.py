@@ -15,9 +15,12 @@ class Lease(Protocol):
     """One named, time-bounded lease seen by one owner."""
 
     owner: str
+    instance: str
+    epoch: int  # the fencing token of our tenure, set by a successful acquire (see `Lock.epoch`)
 
     def acquire(self) -> bool:
-        """Take it if free or expired, or extend it if ours; whether we hold it now."""
+        """Take it if free or expired, or extend it if ours; whether we hold it now. A new tenure gets an
+        epoch greater than every earlier tenure's; an acquire by the holder that has it keeps its epoch."""
 
     def renew(self) -> bool:
         """Extend it; False when it is no longer ours."""
@@ -61,7 +64,12 @@ class LeaseLock(Lock):
     def __init__(self, name: str, lease: Lease) -> None:
         self.name = name
         self.owner = lease.owner
+        self.instance = lease.instance
         self._lease = lease
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return self._lease.epoch
 
     def try_acquire(self) -> bool:
         return self._lease.acquire()

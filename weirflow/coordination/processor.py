@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from weirflow import clock
+from weirflow.coordination.identity import Announcement, ensure_sole_instance
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
 from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
 from weirflow.coordination.keeper import LeaseKeeper
@@ -135,6 +136,8 @@ class StreamProcessor:
     ) -> None:
         self.config = config
         self.processor_id = processor_id or config.get("processor.id") or default_processor_id()
+        # this run of the processor: leases are held by (processor id, instance); weirflow.coordination.identity
+        self.instance_id = uuid.uuid4().hex[:12]
         self.timings = CoordinationTimings.from_config(config)
         self._runner_factory = runner_factory or _default_runner
         self._planner_factory = planner_factory or _default_planner
@@ -174,8 +177,22 @@ class StreamProcessor:
 
     def run(self) -> int:
         """Run until stopped. Returns 0 after a clean stop, 1 after a persistent error (FAILED)."""
-        self.ctx = JobContext.open(self.config, self.processor_id)
-        self.runner = self._runner_factory(self.ctx)
+        self.ctx = JobContext.open(self.config, self.processor_id, self.instance_id)
+        registry = self.ctx.coordination.processor_registry()
+        try:
+            ensure_sole_instance(registry, self.processor_id, self.instance_id, self.timings)
+        except Exception:
+            self.ctx.close()
+            raise
+        starting = ProcessorInfo(
+            self.processor_id, socket.gethostname(), os.getpid(), ProcessorState.NEW.value,
+            started_ms=clock.now_ms(), instance=self.instance_id,
+        )  # fmt: skip
+        announcement = Announcement(registry, starting, self.timings).start()
+        try:
+            self.runner = self._runner_factory(self.ctx)
+        finally:
+            announcement.stop()
         self.runner.on_started = self._heartbeat_now.set
         self.runner.lease_valid = self._keeper.valid
         planner = self._planner_factory(self.ctx)
@@ -220,6 +237,7 @@ class StreamProcessor:
             heartbeat_ms=clock.now_ms(),
             started_ms=self._started_ms,
             error=self.error,
+            instance=self.instance_id,
         )
 
     def _write_heartbeat(self) -> None:

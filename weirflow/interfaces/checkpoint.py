@@ -12,6 +12,8 @@ and resumes exactly there. Record shape (the same in every backend)::
   ``offset`` and ``sequence_number``), for stores that also write a system's native checkpoint layout so
   that tools outside weirflow can resume where a job stopped. Write-only: weirflow resumes from ``offsets``,
   and a backend need not read ``positions`` back.
+* ``epoch`` — the **fencing token** of the writer: the epoch of the task's lock it held
+  (`weirflow.interfaces.coordination.Lock.epoch`); 0 for an unfenced write (tools, tests).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Checkpoint:
     offsets: Mapping[SystemStreamPartition, str]
     control: Mapping[str, Any] = field(default_factory=dict)
     positions: Mapping[SystemStreamPartition, Mapping[str, str]] = field(default_factory=dict)
+    epoch: int = 0
 
 
 class CheckpointManager(ABC):
@@ -40,8 +43,12 @@ class CheckpointManager(ABC):
       their stored offsets) and replaces ``control`` when it is non-empty. It is atomic per call: a reader
       sees all of a write or none of it.
     * ``read_last_checkpoint`` returns None for a task never checkpointed.
-    * Safe to call from several processes; the *fence* (only the task's lock holder writes) is the caller's
-      job, through `weirflow.fencing.FencedCheckpointWriter`.
+    * Safe to call from several processes. **The fence is atomic with the write**: the store keeps the
+      greatest ``epoch`` written per task, and a write with a smaller one raises `FencedOffError` and changes
+      nothing, decided in the same transaction or conditional write that stores it — so a late write of a
+      task's former lock holder can neither move offsets backwards nor revert ``finished``. Reads return the
+      stored epoch. Callers write through `weirflow.fencing.FencedCheckpointWriter`, which stamps the lock's
+      epoch and *claims* the task when it starts.
     * Raise on failure: a write that returns normally is durable.
     """
 

@@ -64,12 +64,22 @@ class Lock(ABC):
     """A named lease held by one owner: one per task, taken before a task starts and checked as a fence
     before every checkpoint write.
 
-    ``try_acquire`` is non-blocking and re-entrant for the same owner. ``is_held`` asks the backend (it is
+    ``try_acquire`` is non-blocking and re-entrant for the same holder. ``is_held`` asks the backend (it is
     the fence: a paused process that lost its lease must learn it here before writing anything).
+
+    The holder is the pair (``owner``, ``instance``): the processor id and the id of this run of it, so two
+    processes started with one processor id are two holders and never both hold a lease.
+
+    ``epoch`` is the **fencing token** of the current tenure, set by a successful ``try_acquire``: strictly
+    greater than the epoch of every earlier tenure of this lock name, whoever held it; an acquire by the
+    holder that already has it keeps it; 0 before the first acquire. Checkpoint writes carry it
+    (`weirflow.interfaces.checkpoint.Checkpoint.epoch`), so a store refuses a late write of an older holder.
     """
 
     name: str
     owner: str
+    instance: str = ""
+    epoch: int = 0
 
     @abstractmethod
     def try_acquire(self) -> bool: ...
@@ -132,6 +142,8 @@ class ProcessorInfo:
     * ``heartbeat_ms`` — epoch ms of the last heartbeat, by the processor's clock
     * ``started_ms`` — epoch ms it registered
     * ``error`` — last error in a background thread, or ""
+    * ``instance`` — the id of this run of the processor (a process started with the same ``processor_id``
+      has another one), or ""
     """
 
     processor_id: str
@@ -144,6 +156,7 @@ class ProcessorInfo:
     heartbeat_ms: int = 0
     started_ms: int = 0
     error: str = ""
+    instance: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,7 +213,8 @@ class CoordinationUtils(ABC):
 class JobCoordinatorFactory(ABC):
     """Named by `job.coordinator.factory` (aliases ``local``, ``azure``); constructed with no arguments.
 
-    ``owner`` is the processor id, or a read-only observer name (``weirflow status``)."""
+    ``owner`` is the processor id, or a read-only observer name (``weirflow status``); ``instance`` the id of
+    this run of the processor: leases are held by the pair (see `Lock`)."""
 
     @abstractmethod
-    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils: ...
+    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils: ...

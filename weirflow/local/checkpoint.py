@@ -1,10 +1,13 @@
-"""`CheckpointManager` on SQLite: one row per task and SSP, plus the task's control-state JSON."""
+"""`CheckpointManager` on SQLite: one row per task and SSP, the task's control-state JSON, and its fencing token
+(``checkpoint_epochs``: the greatest lock epoch written; a write with a smaller one is refused in the same
+transaction, see `weirflow.interfaces.checkpoint.CheckpointManager`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from weirflow.errors import FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.database import Database
@@ -13,6 +16,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (task TEXT NOT NULL, ssp TEXT NOT NULL, next_offset TEXT NOT NULL,
     PRIMARY KEY (task, ssp));
 CREATE TABLE IF NOT EXISTS checkpoint_control (task TEXT PRIMARY KEY, control TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoint_epochs (task TEXT PRIMARY KEY, epoch INTEGER NOT NULL);
 """
 
 
@@ -21,7 +25,18 @@ class SqliteCheckpointManager(CheckpointManager):
         self._db = Database(db_path, SCHEMA, busy_timeout_ms)
 
     def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
+        """One ``BEGIN IMMEDIATE`` transaction: the fencing-token check, then the rows."""
         with self._db.transaction() as conn:
+            row = conn.execute("SELECT epoch FROM checkpoint_epochs WHERE task = ?", (task_name,)).fetchone()
+            stored = int(row[0]) if row else 0
+            if checkpoint.epoch < stored:
+                raise FencedOffError(task_name, checkpoint.epoch, stored)
+            if checkpoint.epoch > stored:
+                conn.execute(
+                    "INSERT INTO checkpoint_epochs (task, epoch) VALUES (?, ?) "
+                    "ON CONFLICT(task) DO UPDATE SET epoch = excluded.epoch",
+                    (task_name, checkpoint.epoch),
+                )
             conn.executemany(
                 "INSERT INTO checkpoints (task, ssp, next_offset) VALUES (?, ?, ?) "
                 "ON CONFLICT(task, ssp) DO UPDATE SET next_offset = excluded.next_offset",
@@ -44,9 +59,15 @@ class SqliteCheckpointManager(CheckpointManager):
             name: json.loads(control)
             for name, control in conn.execute(f"SELECT task, control FROM checkpoint_control {where}", args)
         }
+        epochs = {
+            name: int(epoch)
+            for name, epoch in conn.execute(f"SELECT task, epoch FROM checkpoint_epochs {where}", args)
+        }
         return {
-            name: Checkpoint(offsets=offsets.get(name, {}), control=controls.get(name, {}))
-            for name in sorted(offsets.keys() | controls.keys())
+            name: Checkpoint(
+                offsets=offsets.get(name, {}), control=controls.get(name, {}), epoch=epochs.get(name, 0)
+            )
+            for name in sorted(offsets.keys() | controls.keys() | epochs.keys())
         }
 
     def read_last_checkpoint(self, task_name: str) -> Checkpoint | None:

@@ -2,7 +2,9 @@
 
 Tables (in the job database):
 
-* ``leases(name PK, owner, expires_ms)`` — the leader lease is ``leader``; task locks are ``lock/<name>``.
+* ``leases(name PK, owner, expires_ms, instance, epoch)`` — the leader lease is ``leader``; task locks are
+  ``lock/<name>``; the holder is (owner, instance); ``epoch`` is the tenure's fencing token.
+* ``lease_epochs(name PK, epoch)`` — the last epoch given out per lease name, kept across releases.
 * ``lease_history(name, owner, acquired_ms, ended_ms, end_reason)`` — every tenure of every lease, closed
   with reason ``released`` or ``expired`` (``ended_ms`` = the lease's expiry when a new owner took over an
   expired lease). Tests use it to prove that no lock was ever held by two owners at once.
@@ -33,7 +35,9 @@ from weirflow.interfaces.coordination import (
 from weirflow.local.database import Database
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL,
+    instance TEXT NOT NULL DEFAULT '', epoch INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS lease_epochs (name TEXT PRIMARY KEY, epoch INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS lease_history (
     name TEXT NOT NULL, owner TEXT NOT NULL, acquired_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT);
 CREATE INDEX IF NOT EXISTS lease_history_open ON lease_history (name, owner, ended_ms);
@@ -54,34 +58,54 @@ def _close_history(conn: sqlite3.Connection, name: str, owner: str, ended_ms: in
 
 
 class _Lease:
-    """A named lease row; the shared mechanics of the leader lease and task locks."""
+    """A named lease row; the shared mechanics of the leader lease and task locks.
 
-    def __init__(self, db: Database, name: str, owner: str, lease_ms: int) -> None:
+    The holder is (``owner``, ``instance``). ``lease_epochs`` keeps each name's last epoch across releases,
+    so a new tenure's epoch is always greater than every earlier one's."""
+
+    def __init__(self, db: Database, name: str, owner: str, lease_ms: int, instance: str = "") -> None:
         self._db = db
         self.lease_name = name
         self.owner = owner
+        self.instance = instance
         self.lease_ms = lease_ms
+        self.epoch = 0
+
+    def _ours(self, row: Any) -> bool:
+        return row is not None and row[0] == self.owner and row[2] == self.instance
 
     def acquire(self) -> bool:
         now = clock.now_ms()
         with self._db.transaction() as conn:
             row = conn.execute(
-                "SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,)
+                "SELECT owner, expires_ms, instance, epoch FROM leases WHERE name = ?", (self.lease_name,)
             ).fetchone()
-            if row is not None and row[0] != self.owner and row[1] > now:
+            if row is not None and not self._ours(row) and row[1] > now:
                 return False
-            if row is None or row[0] != self.owner or row[1] <= now:
+            if self._ours(row) and row[1] > now:
+                epoch = int(row[3])  # re-entrant: the same tenure goes on
+            else:
                 if row is not None:
                     _close_history(conn, self.lease_name, row[0], min(row[1], now), "expired")
                 conn.execute(
                     "INSERT INTO lease_history (name, owner, acquired_ms) VALUES (?, ?, ?)",
                     (self.lease_name, self.owner, now),
                 )
+                conn.execute(
+                    "INSERT INTO lease_epochs (name, epoch) VALUES (?, 1) "
+                    "ON CONFLICT(name) DO UPDATE SET epoch = epoch + 1",
+                    (self.lease_name,),
+                )
+                epoch = int(
+                    conn.execute("SELECT epoch FROM lease_epochs WHERE name = ?", (self.lease_name,)).fetchone()[0]
+                )
             conn.execute(
-                "INSERT INTO leases (name, owner, expires_ms) VALUES (?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, expires_ms = excluded.expires_ms",
-                (self.lease_name, self.owner, now + self.lease_ms),
+                "INSERT INTO leases (name, owner, expires_ms, instance, epoch) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET owner = excluded.owner, expires_ms = excluded.expires_ms, "
+                "instance = excluded.instance, epoch = excluded.epoch",
+                (self.lease_name, self.owner, now + self.lease_ms, self.instance, epoch),
             )
+            self.epoch = epoch
             return True
 
     def renew(self) -> bool:
@@ -89,8 +113,9 @@ class _Lease:
         now = clock.now_ms()
         with self._db.transaction() as conn:
             cursor = conn.execute(
-                "UPDATE leases SET expires_ms = ? WHERE name = ? AND owner = ? AND expires_ms > ?",
-                (now + self.lease_ms, self.lease_name, self.owner, now),
+                "UPDATE leases SET expires_ms = ? "
+                "WHERE name = ? AND owner = ? AND instance = ? AND expires_ms > ?",
+                (now + self.lease_ms, self.lease_name, self.owner, self.instance, now),
             )
             return cursor.rowcount == 1
 
@@ -98,8 +123,8 @@ class _Lease:
         now = clock.now_ms()
         with self._db.transaction() as conn:
             cursor = conn.execute(
-                "DELETE FROM leases WHERE name = ? AND owner = ? AND expires_ms > ?",
-                (self.lease_name, self.owner, now),
+                "DELETE FROM leases WHERE name = ? AND owner = ? AND instance = ? AND expires_ms > ?",
+                (self.lease_name, self.owner, self.instance, now),
             )
             if cursor.rowcount:
                 _close_history(conn, self.lease_name, self.owner, now, "released")
@@ -107,10 +132,10 @@ class _Lease:
     def held(self) -> bool:
         row = (
             self._db.connection()
-            .execute("SELECT owner, expires_ms FROM leases WHERE name = ?", (self.lease_name,))
+            .execute("SELECT owner, expires_ms, instance FROM leases WHERE name = ?", (self.lease_name,))
             .fetchone()
         )
-        return row is not None and row[0] == self.owner and row[1] > clock.now_ms()
+        return self._ours(row) and row[1] > clock.now_ms()
 
     def holder(self) -> str | None:
         row = (
@@ -119,6 +144,16 @@ class _Lease:
             .fetchone()
         )
         return row[0] if row is not None and row[1] > clock.now_ms() else None
+
+
+def _upgrade_leases(db: Database) -> None:
+    """A job database made before leases had holders' instances and epochs gets the two columns."""
+    with db.transaction() as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(leases)")}
+        if "instance" not in columns:
+            conn.execute("ALTER TABLE leases ADD COLUMN instance TEXT NOT NULL DEFAULT ''")
+        if "epoch" not in columns:
+            conn.execute("ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
 
 class SqliteLatch(Latch):
@@ -184,16 +219,20 @@ class SqliteProcessorRegistry(ProcessorRegistry):
 class SqliteCoordinationUtils(CoordinationUtils):
     """All primitives of one job in its SQLite database, for one owner."""
 
-    def __init__(self, db_path: Path, owner: str, lease_ms: int, busy_timeout_ms: int = 10000) -> None:
+    def __init__(
+        self, db_path: Path, owner: str, lease_ms: int, busy_timeout_ms: int = 10000, instance: str = ""
+    ) -> None:
         self.owner = owner
+        self.instance = instance
         self.lease_ms = lease_ms
         self._db = Database(db_path, SCHEMA, busy_timeout_ms)
+        _upgrade_leases(self._db)
 
     def leader_elector(self) -> LeaderElector:
-        return LeaseLeaderElector(_Lease(self._db, LEADER_LEASE, self.owner, self.lease_ms))
+        return LeaseLeaderElector(_Lease(self._db, LEADER_LEASE, self.owner, self.lease_ms, self.instance))
 
     def lock(self, name: str) -> Lock:
-        return LeaseLock(name, _Lease(self._db, f"lock/{name}", self.owner, self.lease_ms))
+        return LeaseLock(name, _Lease(self._db, f"lock/{name}", self.owner, self.lease_ms, self.instance))
 
     def latch(self, name: str) -> Latch:
         return SqliteLatch(self._db, name)

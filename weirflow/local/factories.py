@@ -35,9 +35,13 @@ def _busy(config: ConfigView) -> int:
 
 
 class LocalJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: ConfigView, owner: str) -> CoordinationUtils:
+    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils:
         return SqliteCoordinationUtils(
-            job_database_path(config), owner, config.get("job.coordinator.lease.duration.ms"), _busy(config)
+            job_database_path(config),
+            owner,
+            config.get("job.coordinator.lease.duration.ms"),
+            _busy(config),
+            instance=instance,
         )
 
 

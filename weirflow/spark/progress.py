@@ -45,6 +45,7 @@ class ProgressView:
         self.stateOperators = data.get("stateOperators") or []
         self.observedMetrics = data.get("observedMetrics") or {}
         self.sources = [SourceView(s) for s in data.get("sources") or []]
+        self.started_ms = parse_spark_time(data.get("timestamp"))  # when the batch's trigger fired
 
 
 class SourceView:

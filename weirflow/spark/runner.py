@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from weirflow import clock
 from weirflow.control import (
     FLUSHED_WATERMARK_MS,
     MAX_TIMESTAMP_MS,
@@ -58,6 +59,7 @@ from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark import fence
 from weirflow.spark.progress import ProgressFeed, ProgressView, parse_spark_time
 from weirflow.spark.query import QueryScope, StageBuilder, observation_name
 from weirflow.start_position import start_offset
@@ -172,6 +174,7 @@ class StageQuery:
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
             .option("sinks", json.dumps(sinks))
+            .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
@@ -301,6 +304,12 @@ class StageQuery:
         positions: _Positions,
     ) -> bool:
         """Send the task's control messages, then write its checkpoint; False (task failed) when that fails."""
+        valid = self.runner.lease_valid
+        if valid is not None and not valid(t.name):  # paused past the lease: nothing more for this task
+            t.error = "its lock was not confirmed in time (the processor was paused or cut off)"
+            log.error("task %s: %s; writing nothing more", t.name, t.error)
+            self.runner.wake()
+            return False
         try:
             if finishing:
                 self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
@@ -310,6 +319,11 @@ class StageQuery:
                 t.control.sent_watermark = out
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
+            # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
+            log.info(
+                "wrote task=%s batch=%d epoch=%d processor=%s start_ms=%d end_ms=%d",
+                t.name, report.batchId, t.writer.epoch, t.lock.owner, report.started_ms or 0, clock.now_ms(),
+            )  # fmt: skip
             return True
         except LockLostError as exc:
             t.error = str(exc)
@@ -575,6 +589,13 @@ class SparkTaskRunner(TaskRunner):
             log.info("task %s already finished", task.name)
             return
         state = TaskState(self, task, lock, checkpoint)
+        try:  # this holder's epoch in the store first: no former holder's write lands after it
+            state.writer.claim(checkpoint)
+        except Exception as exc:
+            with self._guard:
+                self._failed[task.name] = f"could not claim its checkpoint: {type(exc).__name__}: {exc}"
+            log.error("task %s: could not claim its checkpoint: %s", task.name, exc)
+            return
         with self._guard:
             self._tasks[task.name] = state
             self._failed.pop(task.name, None)
@@ -606,6 +627,21 @@ class SparkTaskRunner(TaskRunner):
         else:
             for query in queries:
                 self._retire(query, keep=True)
+
+    def abandon_tasks(self, task_names: Iterable[str]) -> None:
+        """The self-fence: the tasks write nothing more (their progress reports are ignored from now, so no
+        checkpoint; the sink's own fence refuses their batches once the lock is gone) and their queries are
+        stopped on a thread of their own, so this returns at once instead of waiting for Spark to end a batch.
+        A stateless stage's other tasks restart without them."""
+        with self._guard:
+            states = [s for s in (self._tasks.pop(n, None) for n in task_names) if s is not None]
+            for state in states:
+                self._pending.discard(state.name)
+                state.error = "abandoned: its lock was not confirmed in time"
+            found = [q for q in (self._query_of.pop(s.name, None) for s in states) if q is not None]
+        for query in {id(q): q for q in found}.values():
+            log.warning("%s: abandoned (lock not confirmed in time); stopping its query", query.name)
+            threading.Thread(target=self._retire, args=(query, True), name="query-abandon", daemon=True).start()
 
     def running(self) -> set[str]:
         with self._guard:

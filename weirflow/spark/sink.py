@@ -32,6 +32,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from weirflow.errors import RecordTooLargeError
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.spark import workergc
+from weirflow.spark.fence import LockRef
+from weirflow.spark.fence import check as check_fence
+from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
 from weirflow.spark.source import systems_for
 from weirflow.systems import dead_letter_stream
@@ -64,23 +67,30 @@ class WeirflowSink(DataSource):
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> WeirflowStreamWriter:
         workergc.before_task()
-        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]))
+        fence = decode_fence(self.options.get("fence"))
+        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence)
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
-    """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``."""
+    """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``, once the fence
+    (`weirflow.spark.fence`) confirmed that the query's processor still holds every lock in ``fence``."""
 
-    def __init__(self, snapshot: str, sinks: list[dict[str, Any]]) -> None:
+    def __init__(self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None) -> None:
         self.snapshot = snapshot
         self.sinks = sinks
+        self.fence = fence or []
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
         workergc.before_task()
         systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
+        fenced = False
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
+            if not fenced:  # before the first record of this partition is sent
+                check_fence(self.snapshot, self.fence)
+                fenced = True
             if "__sink" in batch.schema.names:
                 which = batch.column("__sink")
                 parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]

@@ -256,8 +256,12 @@ class RecordTaskRunner(TaskRunner):
             self._failed.pop(task_name, None)
 
     # --- the task loop --------------------------------------------------------------------------------
-    def _start_offsets(self, task: TaskModel) -> dict[SystemStreamPartition, str]:
+    def _start_offsets(self, handle: _TaskThread) -> dict[SystemStreamPartition, str]:
+        """Where the task resumes; the checkpoint it read is claimed with this holder's epoch first, so that
+        no former holder's write can land after it (`FencedCheckpointWriter.claim`)."""
+        task = handle.task
         checkpoint = self.checkpoints.read_last_checkpoint(task.name)
+        handle.guarded(lambda: handle.writer.claim(checkpoint), hold=False)
         stored = dict(checkpoint.offsets) if checkpoint else {}
         offsets: dict[SystemStreamPartition, str] = {}
         for ssp in task.ssps:
@@ -270,7 +274,7 @@ class RecordTaskRunner(TaskRunner):
 
     def run_task(self, handle: _TaskThread) -> None:
         task = handle.task
-        offsets = self._start_offsets(task)
+        offsets = self._start_offsets(handle)
         log.info("task %s started at %s", task.name, {str(k): v for k, v in offsets.items()})
         dirty = False
         last_commit = time.monotonic()

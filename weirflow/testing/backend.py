@@ -62,7 +62,8 @@ class Backend:
     processes: bool = True
     creates_streams: bool = True
 
-    def coordination(self, job: str, owner: str, lease_ms: int) -> CoordinationUtils:
+    def coordination(self, job: str, owner: str, lease_ms: int, instance: str = "") -> CoordinationUtils:
+        """The primitives of job ``job`` for the holder (``owner``, ``instance``)."""
         raise self._missing("coordination")
 
     def checkpoint_manager(self, job: str) -> CheckpointManager:
@@ -110,11 +111,11 @@ class FactoryBackend(Backend):
 
         return Config.from_dict({**self.config, "job.name": job, **overrides})
 
-    def coordination(self, job: str, owner: str, lease_ms: int) -> CoordinationUtils:
+    def coordination(self, job: str, owner: str, lease_ms: int, instance: str = "") -> CoordinationUtils:
         if self.coordinator is None:
             raise self._missing("coordination")
         config = self.job_config(job, **{"job.coordinator.lease.duration.ms": lease_ms})
-        return self.coordinator.get_coordination_utils(config, owner)
+        return self.coordinator.get_coordination_utils(config, owner, instance=instance)
 
     def checkpoint_manager(self, job: str) -> CheckpointManager:
         if self.checkpoints is None:

@@ -49,11 +49,12 @@ class CoordinationContract(Contract):
     @pytest.fixture
     def coordination(
         self, weirflow_backend: Backend, job_name: str, lease_ms: int
-    ) -> Iterator[Callable[[str], CoordinationUtils]]:
+    ) -> Iterator[Callable[..., CoordinationUtils]]:
+        """``coordination(owner, instance="")``: the primitives of the test's job for that holder."""
         opened: list[CoordinationUtils] = []
 
-        def make(owner: str) -> CoordinationUtils:
-            utils = weirflow_backend.coordination(job_name, owner, lease_ms)
+        def make(owner: str, instance: str = "") -> CoordinationUtils:
+            utils = weirflow_backend.coordination(job_name, owner, lease_ms, instance)
             opened.append(utils)
             return utils
 

@@ -80,6 +80,34 @@ class LockContract(CoordinationContract):
         assert new.is_held()
         assert new.renew()
 
+    def test_epochs_grow_with_every_tenure_and_an_acquire_by_the_holder_keeps_its_epoch(
+        self, coordination, lease_ms
+    ) -> None:
+        a, b = coordination("a", "run-1").lock("task-1"), coordination("b", "run-1").lock("task-1")
+        assert a.epoch == 0
+        assert a.try_acquire()
+        first = a.epoch
+        assert first > 0
+        assert a.try_acquire() and a.epoch == first, "an acquire by the holder goes on with its tenure"
+        again = coordination("a", "run-1").lock("task-1")
+        assert again.try_acquire() and again.epoch == first, "another object of the same holder, same tenure"
+        a.release()
+        assert b.try_acquire()
+        assert b.epoch > first
+        b.release()
+        assert a.try_acquire()
+        assert a.epoch > b.epoch, "a released lock taken back starts a new, greater tenure"
+
+    def test_the_same_owner_in_another_instance_is_another_holder(self, coordination) -> None:
+        first, second = coordination("p1", "run-1").lock("task-1"), coordination("p1", "run-2").lock("task-1")
+        assert first.try_acquire()
+        assert not second.try_acquire(), "a second process with the same processor id took a held lock"
+        assert not second.renew()
+        assert not second.is_held()
+        second.release()  # not its lease: nothing happens
+        assert first.is_held()
+        assert first.instance == "run-1" and second.instance == "run-2"
+
     def test_no_two_processes_hold_a_lock_at_once(self, weirflow_backend: Backend, job_name: str) -> None:
         require_processes(weirflow_backend)
         ctx = multiprocessing.get_context("spawn")

@@ -18,7 +18,8 @@ class ProcessorRegistryContract(CoordinationContract):
         registry = coordination("p1").processor_registry()
         registry.heartbeat(info("p1", 5000, state="IN_REBALANCE"))
         full = info(
-            "p1", 6000, job_model_version=3, tasks=["main-0", "main-2"], endpoint="http://h:8080", error="x"
+            "p1", 6000, job_model_version=3, tasks=["main-0", "main-2"], endpoint="http://h:8080", error="x",
+            instance="0f3a9c2e71d4",
         )
         registry.heartbeat(full)
         assert coordination("status").processor_registry().processors() == [full]

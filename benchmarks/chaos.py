@@ -1,0 +1,315 @@
+"""Chaos run: the pageviews job on the Azure backend while processors are SIGKILLed, counted against pandas.
+
+Three `weirflow run` processes of ``examples/pageviews/azure.yaml`` share the job: coordination and checkpoints in
+Azure Storage (Azurite, started here), every stream on Event Hubs (the project's emulator, started here, spoken
+to by the real SDK). Events are produced at a steady ``--rate`` for ``--duration`` seconds; every
+``--kill-every`` seconds a random processor is SIGKILLed and a new one started in its place (a fresh processor
+id, as a replaced container would have). Then the input stops and the job is drained:
+
+* the input is unbounded (``streams.page-views.bounded=false``: a bounded stream ends when a task catches up,
+  which a steady producer makes arbitrary), so once the last event is sent one *closing event* goes to every
+  partition of ``page-views``, an hour of event time after the last one, on the page ``/closing``. It moves
+  every task's watermark past every window of the real events, so they are all written; the closing event's
+  own window is left out of every figure;
+* the run then waits until every expected window is in ``page-counts`` and the output stopped changing for
+  ``--settle`` seconds (or ``--drain-timeout`` passed: what is missing is then reported, not hidden).
+
+The output is compared with pandas over every event sent. One JSON line last::
+
+    {"figure": "chaos", "unit": "windows", "value": <exact_windows>, "kills": .., "lost": ..,
+     "duplicate_outputs": .., "overlap_ms": .., "exact_windows": .., "windows": .., ...}
+
+* ``lost`` — events missing from the final counts (sum over windows of expected minus counted, when below);
+  must be 0;
+* ``duplicate_outputs`` — output records beyond the first for a window (replays after a kill rewrite a key);
+* ``overcounted_windows`` — windows whose final count is above pandas' (an event counted twice);
+* ``overlap_ms`` — total time two writers (processor, lock epoch) of one task had overlapping tenures, from
+  the ``wrote task=...`` lines each processor logs per committed batch (docs/pipelines.md); a tenure spans
+  its first batch's start to its last batch's end; must be 0 with fencing; null when no process logged them;
+* ``exact_windows`` / ``windows`` — windows whose final count equals pandas', of all pandas windows.
+
+``baseline`` is the reference itself (pandas over the same events, computed in this run).
+Usage: ``python benchmarks/chaos.py [--duration 180] [--rate 150] [--kill-every 20] [--processors 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
+EXAMPLE = ROOT / "examples" / "pageviews"
+sys.path.insert(0, str(EXAMPLE))
+CONFIG = EXAMPLE / "azure.yaml"
+
+import generate  # noqa: E402 - the example's event generator
+import results  # noqa: E402 - the example's pandas reference
+
+from weirflow.config import load_config  # noqa: E402
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition  # noqa: E402
+from weirflow.local.launcher import ProcessorProcess, start_processor  # noqa: E402
+from weirflow.systems import Systems  # noqa: E402
+
+PARTITIONS = 4
+CLOSING_PAGE = "/closing"
+WROTE = re.compile(
+    r"wrote task=(?P<task>\S+) batch=(?P<batch>\d+) epoch=(?P<epoch>\d+) processor=(?P<processor>\S+) "
+    r"start_ms=(?P<start>\d+) end_ms=(?P<end>\d+)"
+)
+
+
+def say(message: str) -> None:
+    print(f"# {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+class Producer(threading.Thread):
+    """Sends the example's events at a steady rate, in ten sends a second, keyed by user."""
+
+    def __init__(self, config: Any, rate: int, physical: str) -> None:
+        super().__init__(name="producer", daemon=True)
+        self.config = config
+        self.rate = rate
+        self.physical = physical
+        self.sent: list[dict[str, Any]] = []
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        systems = Systems(self.config)
+        try:
+            producer = systems.producer(systems.resolve("page-views").system)
+            events = generate.events(10**9, seed=11)
+            per_tick = max(1, self.rate // 10)
+            next_tick = time.monotonic()
+            while not self.stop_flag.is_set():
+                batch = [next(events) for _ in range(per_tick)]
+                producer.send(
+                    [OutgoingRecord(self.physical, json.dumps(e).encode(), key=e["user"].encode()) for e in batch]
+                )
+                self.sent.extend(batch)
+                next_tick += 0.1
+                time.sleep(max(0.0, next_tick - time.monotonic()))
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+        finally:
+            systems.close()
+
+
+def send_closing_events(config: Any, physical: str, after: str) -> None:
+    """One event per input partition, an hour of event time after ``after``: every real window closes."""
+    when = dt.datetime.fromisoformat(after.replace("Z", "+00:00")) + dt.timedelta(hours=1)
+    stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    systems = Systems(config)
+    try:
+        producer = systems.producer(systems.resolve("page-views").system)
+        event = {"user": "closing", "page": CLOSING_PAGE, "event_time": stamp}
+        producer.send(
+            [OutgoingRecord(physical, json.dumps(event).encode(), partition=p) for p in range(PARTITIONS)]
+        )
+    finally:
+        systems.close()
+
+
+def read_outputs(config: Any) -> tuple[dict[tuple[str, str], int], int]:
+    """(the latest count per window, how many output records there were), the closing window left out."""
+    systems = Systems(config)
+    try:
+        ref = systems.resolve("page-counts")
+        consumer = systems.consumer(ref.system)
+        latest: dict[tuple[str, str], int] = {}
+        records = 0
+        for partition in range(PARTITIONS):
+            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+            offset = "0"
+            while batch := consumer.read(ssp, offset, 10_000):
+                for record in batch:
+                    row = json.loads(record.value)
+                    if row["page"] == CLOSING_PAGE:
+                        continue
+                    latest[(row["page"], row["window_start"][:16])] = int(row["views"])
+                    records += 1
+                offset = batch[-1].next_offset
+        return latest, records
+    finally:
+        systems.close()
+
+
+def overlap_ms(logs: list[Path]) -> tuple[int | None, int]:
+    """Total time two writers (processor, epoch) of one task had overlapping tenures; and the batches seen."""
+    spans: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)
+    batches = 0
+    for path in logs:
+        for match in WROTE.finditer(path.read_text(errors="replace") if path.exists() else ""):
+            batches += 1
+            writer = (match["processor"], match["epoch"])
+            start, end = int(match["start"]), int(match["end"])
+            span = spans[match["task"]].setdefault(writer, [start, end])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+    if not batches:
+        return None, 0
+    total = 0
+    for writers in spans.values():
+        # sweep: time during which at least two writers' tenures are open
+        events = sorted([(s, 1) for s, _ in writers.values()] + [(e, -1) for _, e in writers.values()])
+        open_count, since = 0, 0
+        for at, step in events:
+            if open_count >= 2:
+                total += at - since
+            open_count += step
+            since = at
+    return total, batches
+
+
+class Fleet:
+    """The job's processes: ``slots`` of them, each replaced by a new processor id when killed."""
+
+    def __init__(self, overrides: list[str], logs: Path, slots: int) -> None:
+        self.overrides = overrides
+        self.logs = logs
+        self.generation = [0] * slots
+        self.procs: list[ProcessorProcess] = [self._start(slot) for slot in range(slots)]
+        self.all_logs = [p.log_path for p in self.procs]
+
+    def _start(self, slot: int) -> ProcessorProcess:
+        return start_processor(CONFIG, f"c{slot}-{self.generation[slot]}", self.overrides, log_dir=self.logs)
+
+    def kill_and_replace(self, rng: random.Random) -> str:
+        slot = rng.randrange(len(self.procs))
+        victim = self.procs[slot]
+        victim.kill()
+        self.generation[slot] += 1
+        self.procs[slot] = self._start(slot)
+        self.all_logs.append(self.procs[slot].log_path)
+        return victim.processor_id
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate(timeout_s=90)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from tests.azurite import Azurite
+    from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
+
+    job_id = uuid.uuid4().hex[:8]
+    azurite = Azurite(work / "azurite").start()
+    hubs = {"page-views": PARTITIONS, "page-views.dlq": PARTITIONS, "page-counts": PARTITIONS,
+            f"pageviews-{job_id}-views-by-page": PARTITIONS}  # fmt: skip
+    emulator = EventHubsEmulator(hubs).start()
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+    os.environ["EVENTHUBS_CONNECTION_STRING"] = emulator.connection_string()
+    overrides = [
+        f"job.state.dir={work / 'state'}",
+        f"job.id={job_id}",
+        "streams.page-views.bounded=false",
+        f"streams.page-views.partitions={PARTITIONS}",
+        f"streams.page-counts.partitions={PARTITIONS}",
+        f"spark.master=local[{args.cores}]",
+    ]
+    config = load_config(CONFIG, overrides)
+    physical = config.get("streams.page-views.physical.name") or "page-views"
+    rng = random.Random(args.seed)
+    fleet = Fleet(overrides, work / "logs", args.processors)
+    producer = Producer(config, args.rate, physical)
+    kills: list[str] = []
+    try:
+        say(f"{args.processors} processors started; producing {args.rate} events/s for {args.duration} s")
+        producer.start()
+        started = time.monotonic()
+        next_kill = started + args.kill_every
+        while time.monotonic() - started < args.duration:
+            time.sleep(0.5)
+            if producer.error is not None:
+                raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
+            if time.monotonic() >= next_kill:
+                kills.append(fleet.kill_and_replace(rng))
+                say(f"SIGKILLed {kills[-1]} (kill {len(kills)}); sent {len(producer.sent):,} events so far")
+                next_kill += args.kill_every
+        producer.stop_flag.set()
+        producer.join()
+        sent = list(producer.sent)
+        send_closing_events(config, physical, max(e["event_time"] for e in sent))
+        expected = results.expected_counts(sent)
+        say(f"input stopped at {len(sent):,} events ({len(expected):,} windows); draining")
+        got, records = drain(config, expected, args)
+    finally:
+        producer.stop_flag.set()
+        fleet.stop()
+        emulator.stop()
+        azurite.stop()
+    overlap, batches = overlap_ms(fleet.all_logs)
+    lost = sum(max(0, n - got.get(w, 0)) for w, n in expected.items())
+    exact = sum(got.get(w) == n for w, n in expected.items())
+    return {
+        "figure": "chaos",
+        "unit": "windows",
+        "value": exact,
+        "kills": len(kills),
+        "lost": lost,
+        "duplicate_outputs": records - len(got),
+        "overlap_ms": overlap,
+        "exact_windows": exact,
+        "windows": len(expected),
+        "missing_windows": sum(w not in got for w in expected),
+        "overcounted_windows": sum(got.get(w, 0) > n for w, n in expected.items()),
+        "output_records": records,
+        "batches_logged": batches,
+        "events": len(sent),
+        "duration_s": args.duration,
+        "rate": args.rate,
+        "kill_every_s": args.kill_every,
+        "processors": args.processors,
+        "backend": "azure (Azurite) + event hubs (emulator)",
+        "baseline": {"what": "pandas over every event sent", "windows": len(expected), "events": len(sent)},
+    }
+
+
+def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, int]:
+    """Wait until every expected window is written and the output has not changed for ``--settle`` s."""
+    deadline = time.monotonic() + args.drain_timeout
+    last, stable_since = None, time.monotonic()
+    while True:
+        got, records = read_outputs(config)
+        if (got, records) != last:
+            last, stable_since = (got, records), time.monotonic()
+        complete = all(w in got for w in expected)
+        if complete and time.monotonic() - stable_since >= args.settle:
+            return got, records
+        if time.monotonic() >= deadline:
+            say(f"drain timed out: {sum(w not in got for w in expected)} windows not written")
+            return got, records
+        say(f"{len(got):,}/{len(expected):,} windows written, {records:,} records")
+        time.sleep(5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=180)
+    parser.add_argument("--rate", type=int, default=150, help="events per second")
+    parser.add_argument("--kill-every", type=float, default=20)
+    parser.add_argument("--processors", type=int, default=3)
+    parser.add_argument("--cores", type=int, default=1, help="Spark cores per processor (local[N])")
+    parser.add_argument("--settle", type=float, default=20, help="seconds the output must stay unchanged")
+    parser.add_argument("--drain-timeout", type=float, default=420)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="weirflow-chaos-") as tmp:
+        line = run(args, Path(tmp))
+    print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The sink's fence (weirflow.spark.fence), on the embedded backend: a Spark worker writes a partition of a
+micro-batch only while the query's processor run still holds the task's lock. The writer is driven directly,
+as a Spark worker would call it, over a real SQLite job database and a real local stream."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from weirflow.config.loader import Config
+from weirflow.errors import LockLostError
+from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.local.coordination import SqliteCoordinationUtils
+from weirflow.local.factories import job_database_path
+from weirflow.spark import fence
+from weirflow.spark.sink import WeirflowStreamWriter
+from weirflow.systems import Systems
+
+LEASE_MS = 300
+
+
+def _config(tmp_path: Path) -> Config:
+    return Config.from_dict(
+        {"job.name": "fenced", "job.state.dir": str(tmp_path), "job.coordinator.lease.duration.ms": LEASE_MS,
+         "streams.out.partitions": 1}  # fmt: skip
+    )
+
+
+def _written(config: Config) -> int:
+    systems = Systems(config)
+    try:
+        return len(systems.consumer("local").read(SystemStreamPartition("local", "out", 0), "0", 1000))
+    finally:
+        systems.close()
+
+
+def test_a_worker_writes_only_while_the_query_s_processor_run_holds_the_lock(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    systems = Systems(config)
+    systems.admin("local").create_stream(StreamSpec("out", 1))
+    systems.close()
+    db = job_database_path(config)
+    holder = SqliteCoordinationUtils(db, "p1", LEASE_MS, instance="run-1")
+    successor = SqliteCoordinationUtils(db, "p2", LEASE_MS, instance="run-1")
+    try:
+        lock = holder.lock("task-main-0")
+        assert lock.try_acquire()
+        sinks = [{"stream": "out", "system": "local", "physical": "out"}]
+        writer = WeirflowStreamWriter(config.snapshot(), sinks, [fence.LockRef.of(lock)])
+        rows = pa.record_batch({"__key": pa.array([b"k"], pa.binary()), "__value": pa.array([b'{"n":1}'])})
+
+        writer.write(iter([rows]))
+        assert _written(config) == 1
+
+        # the processor is paused: its lease runs out and another processor takes the task
+        deadline = time.monotonic() + 10
+        while not successor.lock("task-main-0").try_acquire():
+            assert time.monotonic() < deadline, "the successor never got the lock"
+            time.sleep(0.05)
+        with pytest.raises(LockLostError):
+            writer.write(iter([rows]))
+        assert _written(config) == 1, "a batch was written after the lock moved"
+        # the same owner in another run of the process is another holder
+        other_run = SqliteCoordinationUtils(db, "p2", LEASE_MS, instance="run-2")
+        try:
+            ref = fence.LockRef.of(other_run.lock("task-main-0"))
+            stale = WeirflowStreamWriter(config.snapshot(), sinks, [ref])
+            with pytest.raises(LockLostError):
+                stale.write(iter([rows]))
+        finally:
+            other_run.close()
+        assert json.loads(fence.encode([fence.LockRef.of(lock)]))[0]["instance"] == "run-1"
+    finally:
+        holder.close()
+        successor.close()
