@@ -205,3 +205,70 @@ def test_a_stale_leader_cannot_overwrite_a_newer_model(world: World) -> None:
     # the old leader's view is stale only in memory; it re-reads and sees membership unchanged
     assert old.tick() is None
     assert world.model().version == 2
+
+
+class LostResponseStore:
+    """Our own MetadataStore, wrapped: the first job-model write is stored, then raises as if its response was
+    lost on the way back (the write's outcome is unknown to the leader)."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.dropped = False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def put(self, key, value, **conditions):
+        etag = self._inner.put(key, value, **conditions)
+        if not self.dropped:
+            self.dropped = True
+            raise ConnectionError("the connection was reset before the response arrived")
+        return etag
+
+
+def test_a_publish_whose_response_was_lost_still_gets_its_latch_completed(world: World) -> None:
+    world.metadata = LostResponseStore(world.metadata)
+    duties = world.duties()
+    world.beat("p1")
+    world.clock.now += TIMINGS.debounce_ms
+    with pytest.raises(ConnectionError):
+        duties.tick()
+    assert world.model().version == 1, "the write was stored although its response was lost"
+    world.join_latch(1, "p1")
+    world.clock.now += TIMINGS.poll_interval_ms
+    assert duties.tick() is None  # the stored model is the current one: nothing to publish again
+    assert world.coordination.latch(latch_name(1)).state() is LatchState.COMPLETE
+
+
+def test_a_model_published_by_a_deposed_leader_is_watched_by_the_current_one(world: World) -> None:
+    duties = world.duties()
+    settle(world, duties, "p1")
+    deposed = LeaderDuties("old", world.coordination, world.metadata, lambda: TASKS, TIMINGS, clock=world.clock)
+    world.beat("p2")
+    world.clock.now += TIMINGS.debounce_ms
+    assert deposed.tick().version == 2  # it raced the current leader and won the write
+    assert duties.tick() is None  # the current leader sees v2: same membership, nothing to publish
+    world.join_latch(2, "p1", "p2")
+    duties.tick()
+    assert world.coordination.latch(latch_name(2)).state() is LatchState.COMPLETE
+
+
+def test_a_leader_killed_between_a_latch_time_out_and_the_next_publish_is_followed_by_one_that_publishes(
+    world: World,
+) -> None:
+    first = world.duties()
+    settle(world, first, "p1")
+    world.beat("p2")
+    world.clock.now += TIMINGS.debounce_ms
+    assert first.tick().version == 2
+    world.join_latch(2, "p1")  # p2 never joins
+    world.clock.now += TIMINGS.latch_timeout_ms
+    world.beat("p1")
+    world.beat("p2")
+    world.coordination.latch(latch_name(2)).time_out()  # what `first` would do, then it is killed
+    successor = world.duties()
+    published = successor.tick()
+    assert published is not None and published.version == 3, "the timed-out v2 was left as the last word"
+    world.join_latch(3, "p1", "p2")
+    successor.tick()
+    assert world.coordination.latch(latch_name(3)).state() is LatchState.COMPLETE

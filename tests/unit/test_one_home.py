@@ -108,6 +108,14 @@ def test_live_means_heard_from_within_the_timeout_and_not_departed() -> None:
         assert not is_live(ProcessorInfo("p", "h", 1, state.value, heartbeat_ms=89_999), 100_000, 10_000)
 
 
+def test_a_stopping_processor_stays_a_member_until_it_handed_its_tasks_back() -> None:
+    handing_over = ProcessorInfo("p", "h", 1, "STOPPING", tasks=["main-0"], heartbeat_ms=95_000)
+    assert is_live(handing_over, 100_000, 10_000), "its tasks would move while it still holds their locks"
+    assert not is_live(ProcessorInfo("p", "h", 1, "STOPPING", heartbeat_ms=95_000), 100_000, 10_000)
+    silent = ProcessorInfo("p", "h", 1, "STOPPING", tasks=["main-0"], heartbeat_ms=80_000)
+    assert not is_live(silent, 100_000, 10_000), "a processor that died while stopping is gone"
+
+
 def _config(tmp_path: Path) -> Config:
     return Config.from_dict(
         {"job.name": "homes", "job.state.dir": str(tmp_path), "job.coordinator.liveness.timeout.ms": 10000},

@@ -51,7 +51,7 @@ class LeaderDuties:
         self._clock = clock if clock is not None else lambda: wall_clock.now_ms()
         self._watched_latch: int | None = None  # version whose latch we are waiting on
         self._latch_deadline_ms = 0
-        self._adopted = False  # checked the latch of the model we found on election
+        self._seen_version = -1  # the model version whose latch this leader has looked at
         self._republish = False  # a latch timed out: publish again even if membership is unchanged
 
     def tick(self) -> JobModel | None:
@@ -62,13 +62,7 @@ class LeaderDuties:
         self._collect_garbage(rows, now)
         live = sorted(p.processor_id for p in rows if is_live(p, now, self._timings.liveness_timeout_ms))
 
-        if not self._adopted:
-            self._adopted = True
-            if (
-                model.version > 0
-                and self._coordination.latch(latch_name(model.version)).state() is LatchState.OPEN
-            ):
-                self._watch_latch(model.version, now)
+        self._adopt(model, now)
         self._check_latch(model, now)
 
         if not live:
@@ -95,6 +89,25 @@ class LeaderDuties:
             elif row is not None:
                 changes.append(row.heartbeat_ms + self._timings.liveness_timeout_ms)
         return max(changes)
+
+    def _adopt(self, model: JobModel, now: int) -> None:
+        """Look once at the latch of every model version this leader did not publish itself — the one it found
+        on election, one a deposed leader published meanwhile, or its own whose publication raised although it
+        was stored (a lost response, then a conflict on retry): an open latch is watched (completed or timed
+        out), a timed-out one makes it publish again. Without this the latch would be orphaned: followers wait
+        on it, and nobody completes it or publishes the version that replaces it."""
+        if model.version <= 0 or model.version == self._seen_version:
+            return
+        self._seen_version = model.version
+        if self._watched_latch == model.version:
+            return
+        state = self._coordination.latch(latch_name(model.version)).state()
+        if state is LatchState.OPEN:
+            log.info("job model v%d: watching its open latch (published by %s)", model.version, model.leader)
+            self._watch_latch(model.version, now)
+        elif state is LatchState.TIMED_OUT:
+            log.warning("job model v%d: its latch timed out, no newer version exists; republishing", model.version)
+            self._republish = True
 
     def _watch_latch(self, version: int, now: int) -> None:
         self._watched_latch = version
@@ -135,6 +148,7 @@ class LeaderDuties:
             log.warning("job model changed while publishing v%d; another leader? re-reading", new.version)
             return None
         self._republish = False
+        self._seen_version = new.version
         self._watch_latch(new.version, now)
         moved = sum(1 for t in tasks if model.owner_of(t) not in (None, new.owner_of(t)))
         log.info(

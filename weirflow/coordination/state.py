@@ -5,9 +5,8 @@
 
 A state change that is not listed is a bug in the protocol and raises at once rather than hiding it.
 
-This module is also the one home of **who counts as alive** (`is_live`): the leader's membership, `weirflow
-status` and `ProcessorRegistry.live` all ask it, so a processor is never dropped by one and shown live by
-another.
+This module is also the one home of **who counts as alive** (`is_live`): the leader's membership and `weirflow
+status` both ask it, so a processor is never dropped by one and shown live by the other.
 """
 
 from __future__ import annotations
@@ -63,10 +62,17 @@ def has_departed(state: str | ProcessorState) -> bool:
 
 
 def is_live(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
-    """A processor is live when it was heard from within the liveness timeout and has not departed.
+    """A processor is live when it was heard from within the liveness timeout and has not departed — except
+    that a STOPPING processor whose row still lists tasks is live: it is handing them over (final checkpoints
+    under locks it still renews), and moving them now would only make their next owner wait for the locks.
+    Once its row lists none (it released them) or it went silent, it is gone.
 
-    The one definition of liveness: the leader counts members with it, `weirflow status` shows it and
-    `ProcessorRegistry.live` filters with it. The heartbeat is compared with the reader's clock, which
-    assumes processors' clocks agree to well under the liveness timeout.
+    The one definition of liveness: the leader counts members with it and `weirflow status` shows it. The
+    heartbeat is compared with the reader's clock, which assumes processors' clocks agree to well under the
+    liveness timeout.
     """
-    return now_ms - info.heartbeat_ms <= liveness_timeout_ms and not has_departed(info.state)
+    if now_ms - info.heartbeat_ms > liveness_timeout_ms:
+        return False
+    if info.state == ProcessorState.STOPPING.value and info.tasks:
+        return True
+    return not has_departed(info.state)

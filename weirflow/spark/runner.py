@@ -75,6 +75,7 @@ _MONITOR_S = 0.1
 _ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond its termination event
 _SETTLE_S = 0.05  # starts wait this long after the last change, so a rebalance restarts a stage's query once
 _START_THREADS = 4
+_MONITOR_GIVE_UP_S = 3.0  # a query whose health check fails this long fails its tasks
 _STATELESS_DIR = "_stateless"
 
 
@@ -162,7 +163,7 @@ class StageQuery:
             fresh = True
         else:
             location = runner.spark_checkpoint_dir(self.tasks[0].name)
-            fresh = not (location / "offsets").exists()
+            fresh = not (location / "offsets").exists() or self._stale(self.tasks[0], location)
             if fresh and location.exists():
                 shutil.rmtree(location)
             if not fresh:
@@ -189,6 +190,32 @@ class StageQuery:
             "new" if fresh else "existing",
             {k: v["o"] for k, v in starts.items()},
         )
+
+    def _stale(self, t: TaskState, location: Path) -> bool:
+        """Whether the task's Spark checkpoint is *behind* the checkpoint store (another processor ran the task
+        further meanwhile, from a Spark checkpoint of its own): the store wins, since resuming from Spark's
+        position would read again what was already processed and then move the store's offsets backwards.
+        Spark's checkpoint *ahead* of the store is normal (a processor killed between Spark's commit and its
+        own checkpoint) and is caught up with instead (`_catch_up`)."""
+        committed = _last_committed(location)
+        spark_at: dict[str, int] = {}
+        for source in committed[1] if committed else []:
+            for key, end in source["p"].items():
+                spark_at[key] = int(end["o"])
+        behind = [
+            ssp.key()
+            for ssp, offset in t.offsets.items()
+            if int(offset) > spark_at.get(ssp.key(), -1) and (committed or int(offset) > 0)
+        ]
+        if behind:
+            log.warning(
+                "task %s: its Spark checkpoint %s is behind the checkpoint store for %s (store %s, Spark %s); "
+                "discarding it and starting from the store's offsets (operator state in it is lost)",
+                t.name, location, ", ".join(behind[:4]), {k: str(t.offsets[SystemStreamPartition.parse(k)])
+                                                          for k in behind[:4]},
+                {k: spark_at.get(k) for k in behind[:4]},
+            )  # fmt: skip
+        return bool(behind)
 
     def _start_offset(self, t: TaskState, ssp: SystemStreamPartition) -> str:
         if ssp in t.offsets:
@@ -818,15 +845,37 @@ class SparkTaskRunner(TaskRunner):
                 log.exception("could not apply a progress report")
 
     def _monitor_loop(self) -> None:
-        """Stops the queries of finished tasks and turns dead queries and lost locks into task failures."""
+        """Stops the queries of finished tasks and turns dead queries and lost locks into task failures. An
+        error never ends the loop; a query whose health check keeps failing (a Py4J error asking Spark about
+        it, say) for `_MONITOR_GIVE_UP_S` fails its tasks with that error, so that they do not keep their
+        locks while nobody can tell whether they run."""
+        failing: dict[str, float] = {}  # query id -> monotonic time its checks began to fail
         while not self._closing.wait(_MONITOR_S):
             with self._guard:
                 queries = list(self._by_id.values())
             for query in queries:
                 try:
                     self._check(query)
-                except Exception:
+                    failing.pop(query.id, None)
+                except Exception as exc:
                     log.exception("%s: health check failed", query.name)
+                    since = failing.setdefault(query.id, time.monotonic())
+                    if time.monotonic() - since >= _MONITOR_GIVE_UP_S:
+                        failing.pop(query.id, None)
+                        self._give_up(query, f"its health check kept failing: {type(exc).__name__}: {exc}")
+
+    def _give_up(self, query: StageQuery, error: str) -> None:
+        """Fail every task of ``query`` still held here with ``error`` and stop the query."""
+        with self._guard:
+            for t in query.tasks:
+                if self._tasks.get(t.name) is t:
+                    del self._tasks[t.name]
+                    self._failed[t.name] = error
+                    log.error("task %s failed: %s", t.name, error)
+        try:
+            self._retire(query, keep=False)
+        except Exception:
+            log.exception("%s: could not stop the query", query.name)
 
     def _check(self, query: StageQuery) -> None:
         error = query.failure()

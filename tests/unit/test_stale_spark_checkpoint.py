@@ -1,0 +1,41 @@
+"""A task's Spark checkpoint behind the checkpoint store is discarded (the store wins); one ahead of it is kept
+for catching up (weirflow.spark.runner.StageQuery._stale). The Spark checkpoint is written in Spark's own
+offset-log layout (``offsets/<batch>``: a version line, the batch metadata, one JSON line per source)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.spark.runner import StageQuery
+
+SSP = SystemStreamPartition("local", "views-by-page", 1)
+
+
+def spark_checkpoint(root: Path, batch: int, end: int, committed: bool = True) -> Path:
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    source = {"s": "views-by-page", "p": {SSP.key(): {"o": str(end)}}, "w": -1}
+    metadata = json.dumps({"batchWatermarkMs": 0})
+    (root / "offsets" / str(batch)).write_text(f"v1\n{metadata}\n{json.dumps(source)}\n")
+    if committed:
+        (root / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    return root
+
+
+def task(offset: int) -> SimpleNamespace:
+    return SimpleNamespace(name="views-by-page-1", offsets={SSP: str(offset)})
+
+
+def test_a_spark_checkpoint_behind_the_store_is_stale_and_discarded_with_a_warning(tmp_path: Path, caplog) -> None:
+    location = spark_checkpoint(tmp_path / "t", batch=7, end=400)
+    assert StageQuery._stale(None, task(900), location)  # type: ignore[arg-type]
+    assert "behind the checkpoint store" in caplog.text and "views-by-page-1" in caplog.text
+
+
+def test_a_spark_checkpoint_level_with_or_ahead_of_the_store_is_kept(tmp_path: Path) -> None:
+    location = spark_checkpoint(tmp_path / "t", batch=7, end=400)
+    assert not StageQuery._stale(None, task(400), location)  # type: ignore[arg-type]
+    assert not StageQuery._stale(None, task(250), location)  # type: ignore[arg-type]  # caught up instead
