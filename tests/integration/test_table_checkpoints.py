@@ -71,10 +71,12 @@ def test_a_write_wider_than_one_transaction_is_split_and_read_back_whole(manager
     manager.write_checkpoint("main-0", Checkpoint(offsets, {"v": 1}))
     assert manager.read_last_checkpoint("main-0") == Checkpoint(offsets, {"v": 1})
     rows = table_rows(azure_storage, manager.table_name, "main-0")
-    assert len(rows) == 251
+    assert len(rows) == 252  # 250 offsets, the control row and the fence row
     control = next(r for r in rows if r["RowKey"] == "~control")
     assert control["control"] == '{"v": 1}'
-    # Table Storage refuses transactions over 100 rows (Azurite too), so the write above had to be split:
+    assert next(r for r in rows if r["RowKey"] == "~fence")["epoch"] == "0"
+    # Table Storage refuses transactions over 100 rows (Azurite too), so the write above had to be split (the
+    # first transaction holds the fence row and 99 rows):
     groups = list(batches({"PartitionKey": "main-0", "RowKey": str(i)} for i in range(251)))
     assert [len(g) for g in groups] == [MAX_BATCH, MAX_BATCH, 51]
 
