@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java node lint docs clean
+.PHONY: run test install java node faketime lint docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ node:
 	  echo "npm not found: installing Node.js with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 
+# libfaketime (Debian's faketime) runs processors with skewed clocks in the clock-skew tests; apt when missing.
+faketime:
+	@command -v faketime >/dev/null 2>&1 || { \
+	  echo "faketime not found: installing it with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; }
+
 $(NODE_STAMP): package.json package-lock.json | node
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(NODE_STAMP)
@@ -35,7 +41,7 @@ install: $(STAMP) java
 run: install
 	$(PY) examples/pageviews/demo.py
 
-test: install $(NODE_STAMP)
+test: install $(NODE_STAMP) faketime
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 lint: install

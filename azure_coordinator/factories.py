@@ -34,6 +34,8 @@ class AzureCoordinationUtils(CoordinationUtils):
         self.owner = owner
         self.instance = instance
         self.lease_ms = lease_ms
+        # one registry per process: it carries what it learned of the store's clock from its own writes
+        self._registry = TableProcessorRegistry(storage)
 
     def leader_elector(self) -> LeaderElector:
         return LeaseLeaderElector(BlobLease(self.storage, LEADER_BLOB, self.owner, self.lease_ms, self.instance))
@@ -46,7 +48,7 @@ class AzureCoordinationUtils(CoordinationUtils):
         return TableLatch(self.storage, name)
 
     def processor_registry(self) -> ProcessorRegistry:
-        return TableProcessorRegistry(self.storage)
+        return self._registry
 
     def close(self) -> None:
         self.storage.close()

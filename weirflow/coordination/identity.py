@@ -6,9 +6,10 @@ refuse to start at all, with an error that says what to do, instead of running b
 
 The registry row of the id decides, judged without comparing clocks: when it belongs to another instance
 and has not departed, the new run watches it for up to the liveness timeout. A live process keeps writing
-its heartbeat, so a row that changes means a live duplicate (`DuplicateProcessorError`); a row that stays
-unchanged for the liveness timeout is a predecessor that died (SIGKILL, a lost machine), and the new run
-takes over the id. A fixed ``processor.id`` restarted after a crash thus waits at most the liveness timeout.
+its heartbeat, so a row that changes (its ``beat``, a count of writes, not a time) means a live duplicate
+(`DuplicateProcessorError`); a row that stays unchanged for the liveness timeout is a predecessor that died
+(SIGKILL, a lost machine), and the new run takes over the id. A fixed ``processor.id`` restarted after a
+crash thus waits at most the liveness timeout.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ def ensure_sole_instance(
         if not _other_run(row, instance) or (row is not None and row.instance != first.instance):
             return  # it stopped, or was replaced by yet another run that will meet the same check
         assert row is not None
-        if (row.heartbeat_ms, row.state, row.job_model_version) != (
-            first.heartbeat_ms, first.state, first.job_model_version
-        ):
+        if (row.beat, row.state, row.job_model_version) != (first.beat, first.state, first.job_model_version):
             raise DuplicateProcessorError(
                 f"processor id '{processor_id}' is already running (pid {row.pid} on {row.host}, state "
                 f"{row.state}, instance {row.instance}); stop that process or start this one with another "
@@ -90,6 +89,7 @@ class Announcement:
 
     def _write(self) -> None:
         self._info.heartbeat_ms = clock.now_ms()
+        self._info.beat += 1
         self._registry.heartbeat(self._info)
 
     def _loop(self) -> None:

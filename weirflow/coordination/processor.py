@@ -28,6 +28,7 @@ and leaves. Its registry row lists the tasks whose locks it still holds until th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -162,6 +163,7 @@ class StreamProcessor:
         self._heartbeat_future: Future[None] | None = None
         self._heartbeat_again = False
         self._last_heartbeat = float("-inf")
+        self._beats = itertools.count(1_000_000)  # above the announcement's beats: the row's beat only grows
         self._next_finished_read = 0.0
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
@@ -238,6 +240,7 @@ class StreamProcessor:
             started_ms=self._started_ms,
             error=self.error,
             instance=self.instance_id,
+            beat=next(self._beats),
         )
 
     def _write_heartbeat(self) -> None:

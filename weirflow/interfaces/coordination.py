@@ -139,11 +139,15 @@ class ProcessorInfo:
     * ``job_model_version`` — the model it runs (-1 before the first)
     * ``tasks`` — task names it runs now
     * ``endpoint`` — advertised ``http://host:port`` or ""
-    * ``heartbeat_ms`` — epoch ms of the last heartbeat, by the processor's clock
-    * ``started_ms`` — epoch ms it registered
+    * ``heartbeat_ms`` — epoch ms of the last heartbeat. The writer sets its own clock; a registry whose store
+      has a clock (Table Storage) returns it **on the reader's clock, measured by the store's**: the reader's
+      now minus the age the store measured, so hosts whose clocks disagree still agree on who is alive
+    * ``started_ms`` — epoch ms it registered (joined the group), returned the same way
     * ``error`` — last error in a background thread, or ""
     * ``instance`` — the id of this run of the processor (a process started with the same ``processor_id``
       has another one), or ""
+    * ``beat`` — how many heartbeats this run wrote: it changes with every write, so a reader can tell a
+      writing process from a dead one without comparing anybody's clock
     """
 
     processor_id: str
@@ -157,6 +161,7 @@ class ProcessorInfo:
     started_ms: int = 0
     error: str = ""
     instance: str = ""
+    beat: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,12 +174,15 @@ class ProcessorInfo:
 
 class ProcessorRegistry(ABC):
     """Who is alive. Contract:
-    * ``heartbeat(info)`` upserts the row (``info.heartbeat_ms`` is set by the caller).
-    * ``processors()`` returns every row, live or not, sorted by processor id.
+    * ``heartbeat(info)`` upserts the row (``info.heartbeat_ms`` is set by the caller, on its clock).
+    * ``processors()`` returns every row, live or not, sorted by processor id, with ``heartbeat_ms`` and
+      ``started_ms`` on the reader's clock (`weirflow.clock.now_ms`). A backend whose store stamps writes
+      measures ages on that clock and converts (see `ProcessorInfo`); one that cannot returns the writer's
+      values, and then its processors' clocks must agree to well under the liveness timeout (the embedded
+      backend: one host, one clock).
     * ``unregister`` removes a row; idempotent.
     Liveness is decided by the reader, by the protocol's one rule (`weirflow.coordination.state.is_live`:
     heard from within the liveness timeout and not STOPPING, STOPPED or FAILED); a backend never decides it.
-    Clocks of processors are assumed in sync to well under the liveness timeout.
     """
 
     @abstractmethod

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -56,9 +56,14 @@ class ProcessorProcess:
 
 
 def start_processor(
-    config: Path, processor_id: str, overrides: Sequence[str] = (), log_dir: Path | None = None
+    config: Path,
+    processor_id: str,
+    overrides: Sequence[str] = (),
+    log_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ProcessorProcess:
-    """Start `weirflow run CONFIG --processor-id ID [--set ...]` with this interpreter."""
+    """Start `weirflow run CONFIG --processor-id ID [--set ...]` with this interpreter; ``env`` adds to (or
+    overrides) the inherited environment."""
     log_dir = log_dir or config.parent
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{processor_id}.log"
@@ -66,8 +71,9 @@ def start_processor(
     args = [sys.executable, "-m", "weirflow", "run", str(config), "--processor-id", processor_id]
     for item in overrides:
         args += ["--set", item]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    popen = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    popen = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    )
     return ProcessorProcess(processor_id, popen, log_path, log)
 
 
