@@ -20,7 +20,7 @@ from weirflow.spark import fence
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
 
-LEASE_MS = 300
+LEASE_MS = 1500  # not renewed here: long enough for a first write (which opens the output stream)
 
 
 def _config(tmp_path: Path) -> Config:
@@ -74,6 +74,41 @@ def test_a_worker_writes_only_while_the_query_s_processor_run_holds_the_lock(tmp
         finally:
             other_run.close()
         assert json.loads(fence.encode([fence.LockRef.of(lock)]))[0]["instance"] == "run-1"
+    finally:
+        holder.close()
+        successor.close()
+
+
+def test_a_partition_whose_rows_arrive_over_time_is_checked_before_every_send(tmp_path: Path) -> None:
+    """Spark hands a partition to the writer as a stream of Arrow batches; a slow transform upstream spreads
+    them over time. The lock can move between two of them: what follows is refused, what preceded stays."""
+    config = _config(tmp_path)
+    systems = Systems(config)
+    systems.admin("local").create_stream(StreamSpec("out", 1))
+    systems.close()
+    db = job_database_path(config)
+    holder = SqliteCoordinationUtils(db, "p1", LEASE_MS, instance="run-1")
+    successor = SqliteCoordinationUtils(db, "p2", LEASE_MS, instance="run-1")
+    try:
+        lock = holder.lock("task-main-0")
+        assert lock.try_acquire()
+        sinks = [{"stream": "out", "system": "local", "physical": "out"}]
+        writer = WeirflowStreamWriter(config.snapshot(), sinks, [fence.LockRef.of(lock)])
+
+        def batches():
+            for n in range(3):
+                if n == 1:  # between the first and the second batch the lease runs out and the task moves
+                    deadline = time.monotonic() + 10
+                    while not successor.lock("task-main-0").try_acquire():
+                        assert time.monotonic() < deadline, "the successor never got the lock"
+                        time.sleep(0.05)
+                yield pa.record_batch(
+                    {"__key": pa.array([b"k"], pa.binary()), "__value": pa.array([f'{{"n":{n}}}'.encode()])}
+                )
+
+        with pytest.raises(LockLostError):
+            writer.write(batches())
+        assert _written(config) == 1, "the partition went on writing after its lock moved"
     finally:
         holder.close()
         successor.close()

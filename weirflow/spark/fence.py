@@ -7,7 +7,11 @@ the lock of every task the query runs is still held by the processor run that st
 owner and instance; a holder keeps its epoch while it holds the lock), and refuses the batch with
 `LockLostError` when one is not: the batch fails, nothing of it was sent, and the query stops.
 
-One check per task per written partition: a handful of small reads per micro-batch, never per row.
+One check per task per Arrow batch sent (up to `spark.sql.execution.arrow.maxRecordsPerBatch` rows): a
+partition's rows can take long to arrive (a slow transform upstream), and the lock can move meanwhile, so a
+check at the partition's start would not cover its later sends. A small read per batch, never per row.
+Between a check and its send lie only the send itself; the next holder can take the lock only once the lease
+expired, and then still has to start its query before it writes.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class WeirflowSink(DataSource):
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
-    """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``, once the fence
+    """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``, each once the fence
     (`weirflow.spark.fence`) confirmed that the query's processor still holds every lock in ``fence``."""
 
     def __init__(self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None) -> None:
@@ -84,13 +84,9 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         workergc.before_task()
         systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
-        fenced = False
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
-            if not fenced:  # before the first record of this partition is sent
-                check_fence(self.snapshot, self.fence)
-                fenced = True
             if "__sink" in batch.schema.names:
                 which = batch.column("__sink")
                 parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]
@@ -110,6 +106,9 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                         for key, value in zip(keys, values, strict=True)
                     )
                 counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
+            # Before every send, not once per partition: a partition's rows arrive over time (a slow transform
+            # upstream), and the lock may move while they do. Checked last, right before the records go out.
+            check_fence(self.snapshot, self.fence)
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
         return WrittenCount(counts)

@@ -1,0 +1,280 @@
+"""Spark tasks obey the fence, proved by who wrote what when.
+
+The job copies `events` (8 partitions; event ``id`` lives in partition ``id % 8``, so its task is known) to
+`copied`, and tags every output with the process id of the processor whose Spark wrote it (a literal planned
+into that processor's query). The embedded log stamps each output with its write time, and the job database
+keeps every tenure of every task lock (`lease_history`). The property under test: **no processor writes an
+output for a task after another processor acquired that task's lock.**
+
+* SIGSTOP: a processor running Spark tasks is paused for longer than its lease. Its Python process stops; its
+  Spark JVM and Python workers do not, and go on running the task queries while events keep arriving. The
+  other processor takes the tasks over; the paused one's workers must write nothing more for them (the sink's
+  fence, `weirflow.spark.fence`), and once resumed the processor stops those queries itself.
+* SIGTERM: a processor with 4 busy Spark tasks (a slow transform: each micro-batch takes longer than the
+  lease) stops them while its locks are still renewed, writes every final checkpoint and releases each lock;
+  nothing written outside a tenure, no refused checkpoint, nothing lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from weirflow.cli import status_document
+from weirflow.config import load_config
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.local.coordination import SqliteCoordinationUtils
+from weirflow.local.factories import job_database_path
+from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.systems import Systems
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 8  # two processors run 4 tasks each
+LEASE_MS = 5000
+
+JOB_YAML = f"""
+job:
+  name: fenced-copy
+app:
+  pipeline: pipeline:pipeline
+streams:
+  events:
+    partitions: {PARTITIONS}
+    schema: "id bigint"
+  copied:
+    partitions: 2
+spark:
+  master: "local[2]"
+spark.sql.execution.arrow.maxRecordsPerBatch: 20
+job.coordinator.lease.duration.ms: {LEASE_MS}
+job.coordinator.lease.renew.interval.ms: 1500
+job.coordinator.heartbeat.interval.ms: 1000
+job.coordinator.liveness.timeout.ms: 4000
+job.coordinator.poll.interval.ms: 250
+job.debounce.time.ms: 1000
+"""
+
+PIPELINE = """
+import os
+import time
+
+from pyspark.sql import functions as F
+
+DELAY_S = {delay}
+MARKS = {marks!r}
+
+
+def _slow(value):
+    if value % 40 < 8:  # tells the test which events the transform is busy with (a few of each partition)
+        open(os.path.join(MARKS, str(value)), "w").close()
+    time.sleep(DELAY_S)
+    return value
+
+
+def tag(events):
+    ident = F.udf(_slow, "bigint")("id") if DELAY_S else F.col("id")
+    # planned in this processor's Python process: the pid of the processor whose Spark writes the row
+    return events.select(ident.alias("id"), F.lit(os.getpid()).alias("writer"))
+
+
+def pipeline(app):
+    app.input("events").transform(tag).send_to("copied", key=F.col("id").cast("string"))
+"""
+
+
+class CopyJob:
+    def __init__(self, root: Path, delay_s: float = 0.0) -> None:
+        self.root = root
+        state = f"job.state.dir: {json.dumps(str(root / 'state'))}\n"
+        (root / "job.yaml").write_text(textwrap.dedent(JOB_YAML) + state)
+        self.marks = root / "marks"
+        self.marks.mkdir()
+        (root / "pipeline.py").write_text(PIPELINE.format(delay=delay_s, marks=str(self.marks)))
+        self.config = load_config(root / "job.yaml")
+        self.systems = Systems(self.config)
+        admin = self.systems.admin("local")
+        admin.create_stream(StreamSpec("events", PARTITIONS))
+        admin.create_stream(StreamSpec("copied", 2))
+        self.processes: dict[str, ProcessorProcess] = {}
+        self.sent: set[int] = set()
+        self._next_id = 0
+
+    def start(self, processor_id: str) -> ProcessorProcess:
+        proc = start_processor(self.root / "job.yaml", processor_id, log_dir=self.root / "logs")
+        self.processes[processor_id] = proc
+        return proc
+
+    def produce(self, count: int, partitions: set[int] | None = None) -> set[int]:
+        """Send ``count`` events (ids continue the sequence; only ids of ``partitions``, when given)."""
+        ids: list[int] = []
+        while len(ids) < count:
+            if partitions is None or self._next_id % PARTITIONS in partitions:
+                ids.append(self._next_id)
+            self._next_id += 1
+        records = [OutgoingRecord("events", json.dumps({"id": i}).encode(), partition=i % PARTITIONS) for i in ids]
+        self.systems.producer("local").send(records)
+        self.sent.update(ids)
+        return set(ids)
+
+    def outputs(self) -> list[tuple[int, int, int]]:
+        """Every output as (event id, writer pid, write time in ms)."""
+        consumer = self.systems.consumer("local")
+        found = []
+        for partition in range(2):
+            offset = "0"
+            while batch := consumer.read(SystemStreamPartition("local", "copied", partition), offset, 10_000):
+                for record in batch:
+                    row = json.loads(record.value)
+                    found.append((int(row["id"]), int(row["writer"]), record.timestamp_ms))
+                offset = batch[-1].next_offset
+        return found
+
+    def transforming(self, ids: set[int]) -> bool:
+        """Whether the transform has begun on any of ``ids`` (it marks a few of every 40 events it sees)."""
+        return any(int(mark.name) in ids for mark in self.marks.iterdir())
+
+    def written_by(self, proc: ProcessorProcess) -> set[int]:
+        return {i for i, writer, _ in self.outputs() if writer == proc.pid}
+
+    def all_copied(self) -> bool:
+        return {i for i, _, _ in self.outputs()} >= self.sent
+
+    def tenures(self) -> list[dict]:
+        utils = SqliteCoordinationUtils(job_database_path(self.config), owner="test", lease_ms=1000)
+        try:
+            return [r for r in utils.lock_history() if r["name"].startswith("task-")]
+        finally:
+            utils.close()
+
+    def assignment(self) -> dict[str, list[str]]:
+        return status_document(self.config)["assignment"]
+
+    def close(self) -> None:
+        for proc in self.processes.values():
+            if proc.alive():
+                proc.terminate()
+        self.systems.close()
+        for proc in self.processes.values():
+            print(f"--- log of {proc.processor_id} (last 40 lines)")
+            print("\n".join(proc.log_text().splitlines()[-40:]))
+
+
+@pytest.fixture
+def copy_job(tmp_path: Path, request: pytest.FixtureRequest):
+    """The copy job; ``request.param`` (indirect parametrisation) is the per-event delay of its transform."""
+    job = CopyJob(tmp_path, delay_s=getattr(request, "param", 0.0))
+    yield job
+    job.close()
+
+
+def _task_of(event_id: int, tasks: list[str]) -> str:
+    suffix = f"-{event_id % PARTITIONS}"
+    return next(t for t in tasks if t.endswith(suffix))
+
+
+def writes_after_takeover(job: CopyJob) -> list[str]:
+    """Outputs written by a processor for a task after another processor acquired that task's lock."""
+    pids = {proc.pid: pid for pid, proc in job.processes.items()}
+    tenures = job.tenures()
+    tasks = sorted({r["name"].removeprefix("task-") for r in tenures})
+    by_task: dict[str, list[dict]] = {}
+    for r in tenures:
+        by_task.setdefault(r["name"].removeprefix("task-"), []).append(r)
+    bad = []
+    for event_id, writer_pid, written_ms in job.outputs():
+        writer = pids.get(writer_pid, str(writer_pid))
+        task = _task_of(event_id, tasks)
+        # the latest tenure begun at or before the write: it must be the writer's own
+        holder = max((r for r in by_task[task] if r["acquired_ms"] <= written_ms), key=lambda r: r["acquired_ms"],
+                     default=None)  # fmt: skip
+        if holder is None or holder["owner"] != writer:
+            held_by = holder["owner"] if holder else "nobody"
+            bad.append(f"event {event_id} of {task} written by {writer} at {written_ms} while {held_by} held it")
+    return bad
+
+
+def _partitions_of(tasks: list[str]) -> set[int]:
+    return {int(t.rsplit("-", 1)[1]) for t in tasks}
+
+
+@pytest.mark.parametrize("copy_job", [0.02], indirect=True)  # 20 ms per event: a burst's batch takes seconds
+def test_a_processor_paused_past_its_lease_writes_nothing_for_the_tasks_it_lost(
+    copy_job: CopyJob, measure
+) -> None:
+    job = copy_job
+    job.start("p0")
+    paused = job.start("p1")
+    wait_until(lambda: sorted(job.assignment()) == ["p0", "p1"], 120, "tasks on p0 and p1")
+    lost = sorted(job.assignment()["p1"])
+    job.produce(40)
+    wait_until(lambda: job.written_by(paused), 120, "p1's Spark writing outputs", interval_s=0.5)
+
+    # A burst for p1's tasks: its micro-batch transforms for ~15 s per partition, so p1's Spark workers are
+    # mid-batch when p1 is paused, and reach their writes only after p0 took the tasks over.
+    burst = job.produce(1500, _partitions_of(lost))
+    wait_until(lambda: job.transforming(burst), 60, "p1's Spark transforming the burst", interval_s=0.1)
+    assert not job.written_by(paused) & burst
+    os.kill(paused.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        wait_until(lambda: set(lost) <= set(job.assignment().get("p0", [])), 60, "p0 assigned p1's tasks",
+                   interval_s=0.25)  # fmt: skip
+        # p1 stays paused well past the takeover: its Spark runs on meanwhile
+        time.sleep(max(0.0, 4 * LEASE_MS / 1000 - (time.monotonic() - stopped_at)))
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    paused_s = time.monotonic() - stopped_at
+    job.produce(40)
+    wait_until(job.all_copied, 180, "every event copied", interval_s=0.5)
+
+    bad = writes_after_takeover(job)
+    assert not bad, f"{len(bad)} outputs written by a processor that no longer held the task, e.g. {bad[:3]}"
+    log = paused.log_text()
+    assert "abandoned it, writing nothing more" in log, "p1 did not fence itself on waking"
+    measure(f"p1 (tasks {', '.join(lost)}) SIGSTOPped {paused_s:.0f} s mid-batch with a {LEASE_MS / 1000:.0f} s "
+            f"lease: {len(job.sent)} events, no output written outside its writer's tenure")  # fmt: skip
+
+
+@pytest.mark.parametrize("copy_job", [0.02], indirect=True)
+def test_sigterm_stops_four_busy_spark_tasks_under_renewed_locks_and_hands_them_over_cleanly(
+    copy_job: CopyJob, measure
+) -> None:
+    job = copy_job
+    job.start("p0")
+    leaving = job.start("p1")
+    wait_until(lambda: sorted(job.assignment()) == ["p0", "p1"], 120, "tasks on p0 and p1")
+    handed = sorted(job.assignment()["p1"])
+    assert len(handed) == 4
+    job.produce(80)
+    wait_until(lambda: job.written_by(leaving), 120, "p1's Spark writing outputs", interval_s=0.5)
+
+    # p1's 4 tasks are mid-batch (~15 s of transform on 2 cores, three leases) when it is asked to stop
+    burst = job.produce(1500, _partitions_of(handed))
+    wait_until(lambda: job.transforming(burst), 60, "p1's Spark transforming the burst", interval_s=0.1)
+    terminated_at = time.monotonic()
+    assert leaving.terminate(timeout_s=120) == 0
+    took = time.monotonic() - terminated_at
+    wait_until(lambda: sorted(job.assignment()) == ["p0"], 60, "p0 assigned every task")
+    job.produce(80)
+    wait_until(job.all_copied, 180, "every event copied", interval_s=0.5)
+
+    bad = writes_after_takeover(job)
+    assert not bad, f"{len(bad)} outputs written by a processor that no longer held the task, e.g. {bad[:3]}"
+    ended = {r["name"]: r["end_reason"] for r in job.tenures() if r["owner"] == "p1"}
+    assert ended == {f"task-{t}": "released" for t in handed}, f"p1's locks ended as {ended}"
+    log = leaving.log_text()
+    for refused in ("LockLostError", "FencedOffError", "lost the lock", "abandoned", "did not stop"):
+        assert refused not in log, f"p1's log shows {refused!r}: a final checkpoint was refused or skipped"
+    copies: dict[int, int] = {}
+    for event_id, _, _ in job.outputs():
+        copies[event_id] = copies.get(event_id, 0) + 1
+    again = sum(1 for n in copies.values() if n > 1)
+    measure(f"p1 SIGTERMed with 4 busy Spark tasks: stopped in {took:.1f} s (lease {LEASE_MS / 1000:.0f} s), "
+            f"locks released, {again} of {len(job.sent)} events written twice")  # fmt: skip
