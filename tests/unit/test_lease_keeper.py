@@ -186,6 +186,7 @@ def test_a_leader_past_its_deadline_minus_margin_writes_nothing_as_leader(tmp_pa
     fence = LeaderFence("p1", valid_until=lambda: 1010.0, clock=clock)
     metadata = FencedMetadataStore(SqliteMetadataStore(tmp_path / "job.db"), fence)
     coordination = FencedCoordination(SqliteCoordinationUtils(tmp_path / "job.db", "p1", lease_ms=3000), fence)
+    assert coordination.leader_elector().try_become_leader()
     metadata.put("job-model", {"version": 1})
     coordination.latch("jobmodel-1").complete()
     clock.t = 1010.0
@@ -196,3 +197,43 @@ def test_a_leader_past_its_deadline_minus_margin_writes_nothing_as_leader(tmp_pa
     with pytest.raises(LockLostError):
         coordination.processor_registry().unregister("p2")
     assert metadata.get("job-model").value == {"version": 1}  # reads pass
+
+
+def test_a_deposed_leader_cannot_publish_even_when_its_own_deadline_says_it_may(tmp_path) -> None:
+    """The embedded store checks the leader lease inside the model write's transaction: a leader whose lease
+    expired and was taken is refused even if its self-fence is blind (a clock running slow, say)."""
+    from weirflow.coordination.job_model_store import publish_job_model, read_job_model
+    from weirflow.coordination.leader_fence import FencedMetadataStore, LeaderFence
+    from weirflow.errors import LockLostError
+    from weirflow.job_model import JobModel
+    from weirflow.local.coordination import SqliteCoordinationUtils
+    from weirflow.local.metadata import SqliteMetadataStore
+
+    db = tmp_path / "job.db"
+    deposed = SqliteCoordinationUtils(db, "p1", lease_ms=200, instance="run-a")
+    current = SqliteCoordinationUtils(db, "p2", lease_ms=5000, instance="run-b")
+    store = SqliteMetadataStore(db)
+    try:
+        assert deposed.leader_elector().try_become_leader()
+        _, etag = read_job_model(store)
+        deadline = time.monotonic() + 10
+        while not current.leader_elector().try_become_leader():  # p1's lease runs out; p2 is elected
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+        blind = FencedMetadataStore(store, LeaderFence("p1", lambda: float("inf"), instance="run-a"))
+        with pytest.raises(LockLostError, match="leader"):
+            publish_job_model(blind, JobModel(version=1, leader="p1"), etag)
+        assert read_job_model(store)[0].version == 0, "the deposed leader's model was stored"
+        # the same owner in another run is another holder
+        other_run = FencedMetadataStore(store, LeaderFence("p2", lambda: float("inf"), instance="run-z"))
+        with pytest.raises(LockLostError):
+            publish_job_model(other_run, JobModel(version=1, leader="p2"), etag)
+
+        leading = FencedMetadataStore(store, LeaderFence("p2", lambda: float("inf"), instance="run-b"))
+        publish_job_model(leading, JobModel(version=1, leader="p2"), etag)
+        assert read_job_model(store)[0].leader == "p2"
+    finally:
+        deposed.close()
+        current.close()
+        store.stop()

@@ -8,7 +8,8 @@ check the deadline right before every write the leader makes — publishing the 
 timing out a latch, removing a registry row — and raise `LockLostError` for the ``leader`` lease instead.
 Reads pass through. The deadline is the processor's (`weirflow.coordination.keeper` explains how it is
 kept); a write that passes the check is one store call, bounded by the storage deadline, which is shorter
-than the margin.
+than the margin. Metadata writes go through `MetadataStore.put_as_holder`, so a store that keeps the leases
+beside its documents (the embedded one) also checks the ``leader`` lease inside the write's transaction.
 """
 
 from __future__ import annotations
@@ -27,14 +28,22 @@ from weirflow.interfaces.coordination import (
     ProcessorInfo,
     ProcessorRegistry,
 )
-from weirflow.interfaces.metadata import Document, MetadataStore
+from weirflow.interfaces.metadata import Document, LeaseHolder, MetadataStore
 
 
 class LeaderFence:
-    """``valid_until()`` is the monotonic time after which the leader must not write (deadline - margin)."""
+    """``valid_until()`` is the monotonic time after which the leader must not write (deadline - margin);
+    ``instance`` is the run of the processor that holds the ``leader`` lease."""
 
-    def __init__(self, owner: str, valid_until: Callable[[], float], clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        owner: str,
+        valid_until: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+        instance: str = "",
+    ):
         self.owner = owner
+        self.instance = instance
         self._valid_until = valid_until
         self._clock = clock
 
@@ -55,7 +64,9 @@ class FencedMetadataStore(MetadataStore):
         self, key: str, value: dict[str, Any], *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
         self._fence.check()
-        return self._inner.put(key, value, if_match=if_match, if_none_match=if_none_match)
+        # and, where the store can see the lease, checked again in the write's own transaction
+        holder = LeaseHolder("leader", self._fence.owner, self._fence.instance)
+        return self._inner.put_as_holder(key, value, holder, if_match=if_match, if_none_match=if_none_match)
 
     def delete(self, key: str, *, if_match: str | None = None) -> None:
         self._fence.check()

@@ -469,7 +469,9 @@ class StreamProcessor:
                 log.info("became leader")
                 tenure.confirm(sent_at, lease_s)
                 margin_s = self.timings.renew_margin_ms / 1000
-                fence = LeaderFence(self.processor_id, lambda: tenure.deadline - margin_s)
+                fence = LeaderFence(
+                    self.processor_id, lambda: tenure.deadline - margin_s, instance=self.instance_id
+                )
                 metadata = FencedMetadataStore(self.ctx.metadata, fence)
                 coordination = FencedCoordination(self.ctx.coordination, fence)
                 tenure.duties = LeaderDuties(self.processor_id, coordination, metadata, planner, self.timings)

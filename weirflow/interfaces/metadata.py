@@ -14,6 +14,16 @@ from weirflow.interfaces.config import ConfigView
 
 
 @dataclass(frozen=True)
+class LeaseHolder:
+    """A coordination lease and who must hold it for a write to happen: ``name`` as the coordination backend
+    names it (``leader`` for leadership), held by the pair (``owner``, ``instance``)."""
+
+    name: str
+    owner: str
+    instance: str = ""
+
+
+@dataclass(frozen=True)
 class Document:
     """A stored document: ``value`` is the decoded JSON object, ``etag`` an opaque version string that changes
     on every write."""
@@ -45,6 +55,22 @@ class MetadataStore(ABC):
     def put(
         self, key: str, value: dict[str, Any], *, if_match: str | None = None, if_none_match: bool = False
     ) -> str: ...
+
+    def put_as_holder(
+        self,
+        key: str,
+        value: dict[str, Any],
+        holder: LeaseHolder,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+    ) -> str:
+        """`put`, only while ``holder`` holds its lease: the leader publishes the job model this way. A store
+        that keeps the coordination backend's leases beside its documents checks the lease in the write's own
+        transaction and raises `LockLostError` (changing nothing) when it is not held. This default cannot
+        see leases and writes as `put` does; the caller's self-fence (a write begins only well inside the
+        lease, and one store call ends before the lease can) is then what keeps a deposed writer out."""
+        return self.put(key, value, if_match=if_match, if_none_match=if_none_match)
 
     @abstractmethod
     def delete(self, key: str, *, if_match: str | None = None) -> None: ...

@@ -1,4 +1,9 @@
-"""`MetadataStore` on SQLite: JSON documents with uuid etags (never repeated, even after delete)."""
+"""`MetadataStore` on SQLite: JSON documents with uuid etags (never repeated, even after delete).
+
+The documents live in the job's database beside the embedded coordinator's ``leases`` table, so
+`put_as_holder` checks the lease in the same transaction as the write: a leader whose lease expired and was
+taken cannot publish, whatever its own clock or deadline says.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from weirflow.errors import EtagMismatchError
-from weirflow.interfaces.metadata import Document, MetadataStore
+from weirflow import clock
+from weirflow.errors import EtagMismatchError, LockLostError
+from weirflow.interfaces.metadata import Document, LeaseHolder, MetadataStore
 from weirflow.local.database import Database
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL, etag TEXT NOT NULL);"
@@ -25,8 +31,42 @@ class SqliteMetadataStore(MetadataStore):
     def put(
         self, key: str, value: dict[str, Any], *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
+        return self._put(key, value, None, if_match, if_none_match)
+
+    def put_as_holder(
+        self,
+        key: str,
+        value: dict[str, Any],
+        holder: LeaseHolder,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+    ) -> str:
+        return self._put(key, value, holder, if_match, if_none_match)
+
+    @staticmethod
+    def _check_holder(conn: Any, holder: LeaseHolder) -> None:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'leases'").fetchone() is None:
+            return  # the leases live elsewhere (another coordinator): the caller's self-fence is the guard
+        row = conn.execute(
+            "SELECT 1 FROM leases WHERE name = ? AND owner = ? AND instance = ? AND expires_ms > ?",
+            (holder.name, holder.owner, holder.instance, clock.now_ms()),
+        ).fetchone()
+        if row is None:
+            raise LockLostError(holder.name, holder.owner)
+
+    def _put(
+        self,
+        key: str,
+        value: dict[str, Any],
+        holder: LeaseHolder | None,
+        if_match: str | None,
+        if_none_match: bool,
+    ) -> str:
         etag = uuid.uuid4().hex
         with self._db.transaction() as conn:
+            if holder is not None:
+                self._check_holder(conn, holder)
             row = conn.execute("SELECT etag FROM metadata WHERE key = ?", (key,)).fetchone()
             current = row[0] if row else None
             if (if_none_match and current is not None) or (if_match is not None and current != if_match):
