@@ -57,15 +57,17 @@ class FencedOffError(LockLostError):
     """A checkpoint write carried an older fencing token (lock epoch) than the one the store holds for the
     task: a later holder of the task's lock has written since, so this write was refused and changed nothing."""
 
-    def __init__(self, task_name: str, epoch: int, stored: int) -> None:
+    def __init__(self, task_name: str, epoch: int, stored: int, reason: str = "") -> None:
         self.task_name = task_name
         self.epoch = epoch
         self.stored = stored
+        why = reason or (
+            "a later holder " + (f"(epoch {stored}) " if stored >= 0 else "") + "has written since"
+        )
         WeirflowError.__init__(
             self,
-            f"checkpoint of task '{task_name}' refused: written with lock epoch {epoch}, but a later holder "
-            + (f"(epoch {stored}) " if stored >= 0 else "")
-            + "has written since; this processor lost the task and must stop it",
+            f"checkpoint of task '{task_name}' refused: written with lock epoch {epoch}, but {why}; "
+            "this processor lost the task and must stop it",
         )
         self.lock_name = f"task-{task_name}"
         self.owner = ""

@@ -37,6 +37,30 @@ def test_a_processor_that_lost_its_lock_cannot_overwrite_the_new_owners_checkpoi
     assert not old.renew()
 
 
+def test_the_embedded_store_checks_the_lock_inside_the_checkpoint_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that passed the writer's lock check, then waited (a pause) until the lease ran out, is refused by
+    the store's own transaction, before any next holder claimed the task (the epoch token would let it in)."""
+    from weirflow import fencing
+    from weirflow.errors import FencedOffError
+
+    db = tmp_path / "job.db"
+    lock = SqliteCoordinationUtils(db, "paused", lease_ms=300).lock("task-main-0")
+    manager = SqliteCheckpointManager(db)
+    assert lock.try_acquire()
+    writer = FencedCheckpointWriter("main-0", manager, lock)
+    writer.write(Checkpoint({SSP: "10"}))
+
+    def pause_past_the_lease(task: str, checkpoint: Checkpoint) -> None:
+        wait_until(lambda: not lock.is_held(), 5, "the lease to run out")
+
+    monkeypatch.setattr(fencing, "before_write", pause_past_the_lease)
+    with pytest.raises(FencedOffError, match="the task's lock expired"):
+        writer.write(Checkpoint({SSP: "11"}))
+    assert manager.read_last_checkpoint("main-0").offsets == {SSP: "10"}
+
+
 def test_lock_history_closes_an_expired_tenure_at_its_expiry(tmp_path: Path) -> None:
     db = tmp_path / "job.db"
     first = SqliteCoordinationUtils(db, "a", lease_ms=200)

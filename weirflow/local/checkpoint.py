@@ -1,12 +1,21 @@
 """`CheckpointManager` on SQLite: one row per task and SSP, the task's control-state JSON, and its fencing token
 (``checkpoint_epochs``: the greatest lock epoch written; a write with a smaller one is refused in the same
-transaction, see `weirflow.interfaces.checkpoint.CheckpointManager`)."""
+transaction, see `weirflow.interfaces.checkpoint.CheckpointManager`).
+
+The embedded coordinator keeps its leases in the same database, so a fenced write (epoch > 0) also checks the
+task's lock inside its transaction: while the lock's row exists, it must be unexpired and of the write's
+epoch. That refuses a former holder's write as soon as its lease ran out, before the next holder has even
+claimed the task (the epoch token alone refuses it only from that claim on).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from weirflow import clock
+from weirflow.coordination.job_model_store import task_lock_name
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
@@ -31,6 +40,8 @@ class SqliteCheckpointManager(CheckpointManager):
             stored = int(row[0]) if row else 0
             if checkpoint.epoch < stored:
                 raise FencedOffError(task_name, checkpoint.epoch, stored)
+            if checkpoint.epoch > 0:
+                self._check_lock(conn, task_name, checkpoint.epoch)
             if checkpoint.epoch > stored:
                 conn.execute(
                     "INSERT INTO checkpoint_epochs (task, epoch) VALUES (?, ?) "
@@ -48,6 +59,21 @@ class SqliteCheckpointManager(CheckpointManager):
                     "ON CONFLICT(task) DO UPDATE SET control = excluded.control",
                     (task_name, json.dumps(checkpoint.control)),
                 )
+
+    @staticmethod
+    def _check_lock(conn: Any, task_name: str, epoch: int) -> None:
+        """The task's lock, read in the write's transaction (see the module docstring)."""
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'leases'").fetchone() is None:
+            return  # another coordinator keeps the leases: the epoch token is the guard
+        row = conn.execute(
+            "SELECT epoch, expires_ms FROM leases WHERE name = ?", (f"lock/{task_lock_name(task_name)}",)
+        ).fetchone()
+        if row is None:
+            return  # released (or never taken): the epoch token is the guard
+        if int(row[0]) != epoch:
+            raise FencedOffError(task_name, epoch, int(row[0]), f"the task's lock is held with epoch {row[0]}")
+        if int(row[1]) <= clock.now_ms():
+            raise FencedOffError(task_name, epoch, -1, "the task's lock expired")
 
     def _read(self, task: str | None) -> dict[str, Checkpoint]:
         conn = self._db.connection()
