@@ -1,0 +1,114 @@
+"""Drain notifications: the request, written to the job's metadata store, that a running deployment drain.
+
+A drain stops a pipeline with nothing in flight (see seed SAMZA-2741): sources stop at a cut, every open
+window is emitted, intermediate streams are read to the end, and every task writes a final checkpoint. The
+request is a `DrainNotification` document under ``drain/<uuid>`` in the `MetadataStore` (SQLite or Blob
+Storage), so every processor of the job sees it with one small read per poll. It names the deployment it is
+meant for (``run_id``, the job's `app.run.id`): a notification for another run is ignored, so a drained job
+restarted under a new run id for its upgrade is not drained again by the old request.
+
+`DrainUtils` writes, reads and removes notifications (the seed's ``DrainUtils``); the leader removes the
+notification of its run once every task drained.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid as uuid_module
+from dataclasses import dataclass
+from typing import Any
+
+from weirflow import clock
+from weirflow.interfaces.metadata import MetadataStore
+
+PREFIX = "drain/"
+DEFAULT_RUN_ID = "default"
+FORMAT = 1
+
+
+class DrainMode(str, enum.Enum):
+    """How to drain. ``DEFAULT``: stop taking input at a cut, flush every window and pending state, stop."""
+
+    DEFAULT = "DEFAULT"
+
+
+def run_id_of(config: Any) -> str:
+    """The deployment's run id: `app.run.id`, or ``default`` when the job does not set one."""
+    return str(config.get("app.run.id") or DEFAULT_RUN_ID)
+
+
+@dataclass(frozen=True)
+class DrainNotification:
+    """One drain request: ``uuid`` names it, ``run_id`` the deployment it is for, ``created_ms`` when it was
+    written (epoch ms, the writer's clock; informational)."""
+
+    uuid: str
+    run_id: str
+    mode: DrainMode = DrainMode.DEFAULT
+    created_ms: int = 0
+
+    @classmethod
+    def create(cls, run_id: str, mode: DrainMode = DrainMode.DEFAULT) -> DrainNotification:
+        if not run_id:
+            raise ValueError("a drain notification needs the run id of the deployment to drain")
+        return cls(uuid_module.uuid4().hex, run_id, mode, clock.now_ms())
+
+    @property
+    def key(self) -> str:
+        return f"{PREFIX}{self.uuid}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "uuid": self.uuid,
+            "run-id": self.run_id,
+            "mode": self.mode.value,
+            "created-ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DrainNotification:
+        try:
+            return cls(
+                uuid=str(data["uuid"]),
+                run_id=str(data["run-id"]),
+                mode=DrainMode(data.get("mode", DrainMode.DEFAULT.value)),
+                created_ms=int(data.get("created-ms", 0)),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"not a drain notification ({exc}): {data!r}") from exc
+
+
+class DrainUtils:
+    """Write, read and clean up drain notifications in one job's metadata store."""
+
+    def __init__(self, metadata: MetadataStore) -> None:
+        self._metadata = metadata
+
+    def write(self, run_id: str, mode: DrainMode = DrainMode.DEFAULT) -> DrainNotification:
+        """Ask deployment ``run_id`` to drain; returns the notification written (a new uuid each call)."""
+        notification = DrainNotification.create(run_id, mode)
+        self._metadata.put(notification.key, notification.to_json(), if_none_match=True)
+        return notification
+
+    def all(self) -> list[DrainNotification]:
+        """Every notification stored, oldest first (one listing of the ``drain/`` prefix)."""
+        found = [DrainNotification.from_json(doc.value) for doc in self._metadata.list(PREFIX)]
+        return sorted(found, key=lambda n: (n.created_ms, n.uuid))
+
+    def for_run(self, run_id: str) -> DrainNotification | None:
+        """The oldest notification for deployment ``run_id``, or None: what a processor of that run acts on."""
+        return next((n for n in self.all() if n.run_id == run_id), None)
+
+    def cleanup(self, notification: DrainNotification | None = None, *, run_id: str | None = None) -> int:
+        """Remove one notification, or every one for ``run_id``; returns how many were removed."""
+        if notification is not None:
+            targets = [notification]
+        elif run_id is not None:
+            targets = [n for n in self.all() if n.run_id == run_id]
+        else:
+            raise ValueError("cleanup needs a notification or a run id")
+        for target in targets:
+            self._metadata.delete(target.key)
+        return len(targets)
+
