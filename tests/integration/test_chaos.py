@@ -1,5 +1,5 @@
 """A short chaos run (benchmarks/chaos.py, the 3-minute run's checks in about two minutes): the pageviews job on
-Azurite and the Event Hubs emulator, 2 processors, one SIGKILLed and replaced every 12 s while events arrive
+Azurite and the Event Hubs emulator, 2 processors, one SIGKILLed and replaced every 10 s while events arrive
 at a steady rate; then the output is counted against pandas. Nothing may be lost, every window must be
 written, and no two processors (lock epochs) may ever have written for one task at the same time."""
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_short_chaos_run_loses_nothing_and_never_overlaps_writers(measure) -> None:
-    args = ["--duration", "30", "--kill-every", "12", "--processors", "2", "--rate", "100", "--settle", "8",
+    args = ["--duration", "24", "--kill-every", "10", "--processors", "2", "--rate", "100", "--settle", "8",
             "--drain-timeout", "240"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), *args],
@@ -35,7 +35,7 @@ def test_a_short_chaos_run_loses_nothing_and_never_overlaps_writers(measure) -> 
     assert result["batches_logged"] > 0, "no processor logged its committed batches: overlap not measured"
     assert result["overlap_ms"] == 0, result
     measure(
-        f"chaos (30 s, 2 kills): {result['exact_windows']}/{result['windows']} windows exact, "
+        f"chaos (24 s, 2 kills): {result['exact_windows']}/{result['windows']} windows exact, "
         f"{result['duplicate_outputs']} duplicate outputs, {result['overcounted_windows']} over-counted, "
         f"overlap {result['overlap_ms']} ms"
     )

@@ -17,7 +17,6 @@ from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.control import MessageType, decode, is_control
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
@@ -119,24 +118,3 @@ def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(j
         manager.stop()
     finally:
         systems.close()
-
-
-def test_a_killed_processor_s_tasks_resume_elsewhere_from_the_table_checkpoints(job: AzurePageViews, measure):
-    expected = results.expected_counts(generate.write(job.config, EVENTS))
-    survivor, victim = job.start("p0"), job.start("p1")
-    wait_until(lambda: results.consumed(job.config) >= EVENTS * 0.2, FINISH_S, "20% of the input processed",
-               interval_s=0.5)  # fmt: skip
-    done_at_kill = results.consumed(job.config)
-    victim.kill()
-    assert done_at_kill < EVENTS, "the job finished before the kill; nothing was tested"
-    job.wait_finished([survivor])
-    got = results.read_counts(job.config)
-    missing = set(expected) - set(got)
-    assert not missing, f"{len(missing)} windows missing after the kill, e.g. {sorted(missing)[:3]}"
-    assert all(got[w] >= n for w, n in expected.items()), "a window lost events"
-    exact = sum(got[w] == n for w, n in expected.items())
-    assert "started task" in survivor.log_text()
-    measure(
-        f"[event hubs + azure] p1 SIGKILLed at {done_at_kill}/{EVENTS} events: p0 finished the job; "
-        f"{exact}/{len(expected)} windows exact, none missing (replays over-count, at-least-once)"
-    )

@@ -513,7 +513,13 @@ class StageQuery:
                 self.terminated = str(exc) if exc else ""
         if self.terminated is None:
             return None
-        return f"query stopped: {self.terminated}" if self.terminated else "query stopped unexpectedly"
+        if not self.terminated:  # the termination event carried no error: ask the query itself once
+            try:
+                exc = self.query.exception()
+            except Exception:  # a Py4J failure here must not hide the termination
+                exc = None
+            self.terminated = str(exc) if exc else "stopped without an error from Spark"
+        return f"query stopped: {self.terminated}"
 
 
 class SparkTaskRunner(TaskRunner):
