@@ -100,14 +100,19 @@ def status_document(cfg: Any) -> dict[str, Any]:
     from weirflow.coordination.job_model_store import read_job_model
     from weirflow.coordination.state import is_live
     from weirflow.coordination.timings import CoordinationTimings
+    from weirflow.drain_notice import DrainUtils, run_id_of
+    from weirflow.drain_progress import task_drain_states
     from weirflow.job_context import JobContext
 
     ctx = JobContext.open(cfg, owner=f"status-{os.getpid()}")
+    run_id = run_id_of(cfg)
     try:
         timings = CoordinationTimings.from_config(cfg)
         leader = ctx.coordination.leader_elector().current_leader()
         model, _ = read_job_model(ctx.metadata)
         rows = ctx.coordination.processor_registry().processors()
+        notice = DrainUtils(ctx.metadata).for_run(run_id)
+        tasks = task_drain_states(ctx.checkpoints, model.tasks, run_id, draining=notice is not None)
     finally:
         ctx.close()
     now = clock.now_ms()
@@ -130,6 +135,10 @@ def status_document(cfg: Any) -> dict[str, Any]:
         "task_count": len(model.tasks),
         "assignment": {p: list(t) for p, t in model.assignment.items()},
         "processors": processors,
+        "run_id": run_id,
+        # the drain of this run, when one was requested: its notification and each task's drain state
+        "drain": notice.to_json() if notice is not None else None,
+        "tasks": tasks,
     }
 
 
@@ -142,9 +151,16 @@ def status(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> 
         print(json.dumps(doc, indent=2))
         return
     console.print(
-        f"job [bold]{doc['job']}[/]  leader [bold]{doc['leader'] or '(none)'}[/]  "
+        f"job [bold]{doc['job']}[/]  run [bold]{doc['run_id']}[/]  leader [bold]{doc['leader'] or '(none)'}[/]  "
         f"job model v{doc['job_model_version']}  {doc['task_count']} tasks"
     )
+    if doc["drain"] is not None:
+        states = doc["tasks"]
+        done = sum(1 for s in states.values() if s in ("drained", "finished"))
+        console.print(f"[bold yellow]draining[/] (notification {doc['drain']['uuid']}): {done} of {len(states)} "
+                      "tasks drained")  # fmt: skip
+    if any(s != "running" for s in doc["tasks"].values()):
+        console.print("tasks: " + ", ".join(f"{name} {state}" for name, state in doc["tasks"].items()))
     table = Table(show_lines=False)
     for column in ("processor", "state", "live", "model", "tasks running", "heartbeat age", "error"):
         table.add_column(column)
@@ -160,6 +176,68 @@ def status(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> 
             p["error"] or "",
         )
     console.print(table)
+
+
+@app.command()
+def drain(
+    config: ConfigArg,
+    set_: SetOpt = None,  # type: ignore[assignment]
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="The deployment to drain (default: the config's app.run.id).")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress; exit 0 once the job has drained.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 600.0,
+) -> None:
+    """Drain the running deployment: sources stop at a cut, every window is flushed, intermediate streams are
+    read to the end, every task checkpoints `drained` and the processors exit 0 (docs/drain.md)."""
+    from weirflow.coordination.timings import CoordinationTimings
+    from weirflow.drain_notice import DrainUtils, run_id_of
+    from weirflow.drain_progress import read_progress
+    from weirflow.job_context import JobContext
+
+    with _user_errors():
+        cfg = _load(config, set_)
+        if not cfg.get("app.pipeline"):
+            raise cfg.error("app.pipeline", "drain needs a pipeline job; stop a record-task job with SIGTERM")
+        run = run_id or run_id_of(cfg)
+        timings = CoordinationTimings.from_config(cfg)
+        ctx = JobContext.open(cfg, owner=f"drain-{os.getpid()}")
+        try:
+            notice = DrainUtils(ctx.metadata).write(run)
+            console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
+            progress = read_progress(ctx, run, timings.liveness_timeout_ms)
+            if not progress.running_processors:
+                err_console.print("[yellow]warning:[/] no processor of this job is running; it drains when one "
+                                  "starts with run id " + run, highlight=False)  # fmt: skip
+            if wait:
+                _wait_drained(ctx, run, timings.liveness_timeout_ms, timeout)
+        finally:
+            ctx.close()
+
+
+def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float) -> None:
+    """Poll the drain's progress with a progress bar; exit 0 once complete, 1 on a time-out (saying why)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from weirflow.drain_progress import read_progress
+
+    deadline = time.monotonic() + timeout_s
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        tasks_bar = bar.add_task("tasks drained", total=None)
+        procs_bar = bar.add_task("processors exited", total=None)
+        while True:
+            progress = read_progress(ctx, run, liveness_timeout_ms)
+            bar.update(tasks_bar, total=len(progress.tasks) or None, completed=progress.done_tasks)
+            live = len(progress.running_processors)
+            bar.update(procs_bar, description=f"processors running: {live}", total=None)
+            if progress.complete:
+                break
+            if time.monotonic() >= deadline:
+                raise WeirflowError(f"the drain of run {run} did not complete in {timeout_s:.0f} s: "
+                                    f"{progress.summary()}")  # fmt: skip
+            time.sleep(0.25)
+    console.print(f"run [bold]{run}[/] drained: {progress.summary()}")
 
 
 @app.command("config")

@@ -18,7 +18,9 @@ everything it will send before this point".
 A consumer cannot trust one producer alone: a partition carries data from all ``task-count`` producer tasks.
 Reconciliation (what `StreamControl` does) is therefore:
 
-* a partition has **ended** when end-of-stream arrived from every producer task;
+* a partition has **ended** when end-of-stream arrived from every producer task; it has **drained** when every
+  producer task sent end-of-stream or drain and at least one sent drain (a drain is an end for this deployment
+  only: docs/drain.md);
 * its **watermark** is the minimum over producer tasks (unknown until each has reported), an ended producer
   counting as +infinity; the stream's watermark over a task's partitions is the minimum over partitions;
 * watermarks **never move backwards**, and replays after a restart (duplicates, or old messages out of order)
@@ -124,11 +126,15 @@ class PartitionControl:
     task_count: int = 0
     watermarks: dict[str, int] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
+    drained: set[str] = field(default_factory=set)
 
     def apply(self, message: ControlMessage) -> None:
         self.task_count = max(self.task_count, message.task_count)
         if message.type is MessageType.END_OF_STREAM:
             self.ended.add(message.task_name)
+            self.watermarks[message.task_name] = MAX_TIMESTAMP_MS
+        elif message.type is MessageType.DRAIN:
+            self.drained.add(message.task_name)
             self.watermarks[message.task_name] = MAX_TIMESTAMP_MS
         elif message.type is MessageType.WATERMARK:
             previous = self.watermarks.get(message.task_name)
@@ -138,7 +144,12 @@ class PartitionControl:
 
     @property
     def has_ended(self) -> bool:
-        return self.task_count > 0 and len(self.ended) >= self.task_count
+        """Every producer task sent end-of-stream or drain: nothing more will arrive for this deployment."""
+        return self.task_count > 0 and len(self.ended | self.drained) >= self.task_count
+
+    @property
+    def has_drained(self) -> bool:
+        return self.has_ended and bool(self.drained)
 
     def watermark(self) -> int | None:
         """Minimum over producers; None until every one of ``task_count`` producers has reported."""
@@ -147,7 +158,12 @@ class PartitionControl:
         return min(self.watermarks.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"task-count": self.task_count, "watermarks": dict(self.watermarks), "ended": sorted(self.ended)}
+        data: dict[str, Any] = {
+            "task-count": self.task_count, "watermarks": dict(self.watermarks), "ended": sorted(self.ended)
+        }
+        if self.drained:
+            data["drained"] = sorted(self.drained)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PartitionControl:
@@ -155,6 +171,7 @@ class PartitionControl:
             task_count=int(data.get("task-count", 0)),
             watermarks={str(k): int(v) for k, v in dict(data.get("watermarks", {})).items()},
             ended=set(data.get("ended", [])),
+            drained=set(data.get("drained", [])),
         )
 
 
@@ -169,8 +186,12 @@ class StreamControl:
         self.partitions.setdefault(ssp_key, PartitionControl()).apply(message)
 
     def ended(self, ssp_keys: Iterable[str]) -> bool:
+        """Every partition ended or drained."""
         keys = list(ssp_keys)
         return bool(keys) and all(k in self.partitions and self.partitions[k].has_ended for k in keys)
+
+    def any_drained(self) -> bool:
+        return any(p.drained for p in self.partitions.values())
 
     def watermark(self, ssp_keys: Iterable[str]) -> int | None:
         """Minimum over the partitions' watermarks, never below what was reported before; None if unknown."""
@@ -204,24 +225,42 @@ class TaskControl:
 
     ``streams`` — per input stream id, its `StreamControl`; ``injected`` — per input stream, the watermark the
     runtime has asked the source to feed into Spark; ``finished`` — the task consumed all its bounded inputs,
-    flushed its windows and sent end-of-stream downstream; ``dead_letters`` — records sent to dead-letter
-    streams so far; ``sent_watermark`` — the last watermark the task sent to its intermediate outputs.
+    flushed its windows and sent end-of-stream downstream; ``drained`` — the run id of the deployment in which
+    the task drained (docs/drain.md): its inputs stopped at a cut or drained, its windows were flushed and drain
+    went downstream; a later deployment (another run id) starts the task afresh from its offsets;
+    ``dead_letters`` — records sent to dead-letter streams so far; ``sent_watermark`` — the last watermark the
+    task sent to its intermediate outputs.
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
     finished: bool = False
+    drained: str = ""
     dead_letters: int = 0
     sent_watermark: int = -1
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
 
+    def draining(self) -> bool:
+        """Whether one of its inputs ended by a drain (so the task drains rather than finishes)."""
+        return any(s.any_drained() for s in self.streams.values())
+
+    def done_in(self, run_id: str) -> bool:
+        """Whether the task has nothing more to do in deployment ``run_id``: finished, or drained in it."""
+        return self.finished or self.drained == run_id
+
+    def for_new_run(self) -> TaskControl:
+        """The control state a task starts a new deployment with after it drained in another: nothing of the
+        old run's control messages (they all preceded the drained offsets), the dead-letter count kept."""
+        return TaskControl(dead_letters=self.dead_letters)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "streams": {k: s.to_json() for k, s in sorted(self.streams.items())},
             "injected": dict(self.injected),
             "finished": self.finished,
+            "drained": self.drained,
             "dead-letters": self.dead_letters,
             "sent-watermark": self.sent_watermark,
         }
@@ -233,6 +272,7 @@ class TaskControl:
             streams={k: StreamControl.from_json(v) for k, v in dict(data.get("streams", {})).items()},
             injected={str(k): int(v) for k, v in dict(data.get("injected", {})).items()},
             finished=bool(data.get("finished", False)),
+            drained=str(data.get("drained", "")),
             dead_letters=int(data.get("dead-letters", 0)),
             sent_watermark=int(data.get("sent-watermark", -1)),
         )

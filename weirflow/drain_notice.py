@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import uuid as uuid_module
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from weirflow import clock
@@ -35,6 +36,15 @@ class DrainMode(str, enum.Enum):
 def run_id_of(config: Any) -> str:
     """The deployment's run id: `app.run.id`, or ``default`` when the job does not set one."""
     return str(config.get("app.run.id") or DEFAULT_RUN_ID)
+
+
+def drain_flag_path(config: Any) -> Path:
+    """The local file a processor creates once it has seen a drain notification for its deployment; the Spark
+    sources of its input streams (which run in processes of their own on the same host) fix their drain cut at
+    their next planned batch once it exists. One per job and run id on a host: every processor of the
+    deployment there drains anyway."""
+    job = f"{config.get('job.name')}-{config.get('job.id')}"
+    return Path(config.state_dir()) / "drain" / f"{job}.{run_id_of(config)}.draining"
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "processor reads with one small get per poll before it stops.",
         _C,
     ),
+    ConfigKey(
+        "job.drain.poll.interval.ms",
+        "duration_ms",
+        500,
+        "How often every processor of a pipeline job looks for a drain notification of its run id (one "
+        "listing of the metadata store's small `drain/` prefix); see docs/drain.md.",
+        _C,
+    ),
     # --- Tasks and checkpoints ----------------------------------------------------------------------------
     ConfigKey(
         "app.pipeline",

@@ -1,7 +1,8 @@
 """Cheap "job finished" detection for bounded jobs: the leader checks, everyone else reads one small document.
 
 A bounded job is finished when every task of the job model checkpointed ``finished`` (its inputs ended and
-end-of-stream went downstream). Scanning the checkpoint table on every poll of every processor costs
+end-of-stream went downstream) or ``drained`` in this deployment (its run id; docs/drain.md): a drained job
+stops the same way. Scanning the checkpoint table on every poll of every processor costs
 O(processors x tasks) storage reads per poll; instead:
 
 * **the leader** (`FinishedWatch`, at most every `job.coordinator.finished.check.interval.ms`) reads the
@@ -10,10 +11,14 @@ O(processors x tasks) storage reads per poll; instead:
   job costs about (tasks + checks) reads. When every task is finished it writes the metadata document
   ``job-finished``::
 
-      {"tasks": ["main-0", "main-1"], "model_version": 7, "finished_ms": 1763820000000}
+      {"tasks": ["main-0", "main-1"], "model_version": 7, "finished_ms": 1763820000000, "run_id": "default",
+       "drained": false}
+
+  A drained job's leader then removes the drain notifications of its run (`DrainUtils.cleanup`).
 
 * **every processor** (`read_job_finished`, at most once per check interval) reads that one document and stops
-  once its ``tasks`` are exactly the tasks of the model it runs.
+  once its ``tasks`` are exactly the tasks of the model it runs and its ``run_id`` is the processor's: the
+  document a drained deployment left does not stop the next one.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from collections.abc import Callable
 
 from weirflow import clock as wall_clock
+from weirflow.control import TaskControl
+from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel
@@ -32,9 +39,13 @@ log = logging.getLogger("weirflow.processor")
 JOB_FINISHED_KEY = "job-finished"
 
 
-def _checkpointed_finished(checkpoints: CheckpointManager, task: str) -> bool:
+def _done(checkpoints: CheckpointManager, task: str, run_id: str) -> tuple[bool, bool]:
+    """(finished or drained in ``run_id``, drained) per the task's last checkpoint."""
     checkpoint = checkpoints.read_last_checkpoint(task)
-    return checkpoint is not None and bool(dict(checkpoint.control).get("finished"))
+    if checkpoint is None:
+        return False, False
+    control = TaskControl.from_json(checkpoint.control)
+    return control.done_in(run_id), control.drained == run_id
 
 
 class FinishedWatch:
@@ -45,9 +56,12 @@ class FinishedWatch:
         checkpoints: CheckpointManager,
         metadata: MetadataStore,
         interval_ms: int,
+        run_id: str = DEFAULT_RUN_ID,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._checkpoints = checkpoints
+        self._run_id = run_id
+        self._drained = False
         self._metadata = metadata
         self._interval_s = interval_ms / 1000
         self._clock = clock
@@ -67,23 +81,37 @@ class FinishedWatch:
             return False
         self._next_check = now + self._interval_s
         for task in sorted(tasks - self._finished):
-            if not _checkpointed_finished(self._checkpoints, task):
+            done, drained = _done(self._checkpoints, task, self._run_id)
+            if not done:
                 return False
             self._finished.add(task)
+            self._drained = self._drained or drained
         self._metadata.put(
             JOB_FINISHED_KEY,
-            {"tasks": sorted(tasks), "model_version": model.version, "finished_ms": wall_clock.now_ms()},
+            {
+                "tasks": sorted(tasks),
+                "model_version": model.version,
+                "finished_ms": wall_clock.now_ms(),
+                "run_id": self._run_id,
+                "drained": self._drained,
+            },
         )
         self._published = tasks
-        log.info("every task of job model v%d finished; wrote %s", model.version, JOB_FINISHED_KEY)
+        how = "drained" if self._drained else "finished"
+        log.info("every task of job model v%d %s; wrote %s", model.version, how, JOB_FINISHED_KEY)
+        if self._drained:
+            removed = DrainUtils(self._metadata).cleanup(run_id=self._run_id)
+            log.info("removed %d drain notification(s) of run %r", removed, self._run_id)
         return True
 
 
-def read_job_finished(metadata: MetadataStore, model: JobModel) -> bool:
-    """Whether the leader recorded every task of ``model`` as finished (one small read)."""
+def read_job_finished(metadata: MetadataStore, model: JobModel, run_id: str = DEFAULT_RUN_ID) -> bool:
+    """Whether the leader recorded every task of ``model`` as finished or drained in run ``run_id`` (one small
+    read)."""
     document = metadata.get(JOB_FINISHED_KEY)
     return (
         bool(model.tasks)
         and document is not None
         and sorted(document.value.get("tasks", [])) == sorted(model.tasks)
+        and str(document.value.get("run_id", DEFAULT_RUN_ID)) == run_id
     )

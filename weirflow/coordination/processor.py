@@ -40,6 +40,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from weirflow import clock
+from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.identity import Announcement, ensure_sole_instance
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
 from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
@@ -48,6 +49,7 @@ from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
+from weirflow.drain_notice import run_id_of
 from weirflow.errors import LockLostError
 from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
 from weirflow.job_context import JobContext
@@ -165,6 +167,7 @@ class StreamProcessor:
         self._last_heartbeat = float("-inf")
         self._beats = itertools.count(1_000_000)  # above the announcement's beats: the row's beat only grows
         self._next_finished_read = 0.0
+        self._drain: DrainMonitor | None = None  # pipeline jobs only: record tasks do not drain
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
 
@@ -198,6 +201,8 @@ class StreamProcessor:
         self.runner.on_started = self._heartbeat_now.set
         self.runner.lease_valid = self._keeper.valid
         planner = self._planner_factory(self.ctx)
+        if self.config.get("app.pipeline"):
+            self._drain = DrainMonitor(self.ctx.metadata, self.config)
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
         # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
@@ -294,8 +299,13 @@ class StreamProcessor:
         ):
             self._set_state(ProcessorState.RUNNING)  # a rebalance resumed after an error
         self._reap_failed_tasks()
+        if self._drain is not None:
+            self._drain.poll()
         if self._job_finished(model):
-            log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
+            if self._drain is not None and self._drain.notice is not None:
+                log.info("job drained: all %d tasks stopped at their cut with nothing in flight", len(model.tasks))
+            else:
+                log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
             self.finished = True
             self._stop.set()
 
@@ -309,7 +319,7 @@ class StreamProcessor:
         if now < self._next_finished_read:
             return False
         self._next_finished_read = now + self.timings.finished_check_interval_ms / 1000
-        return read_job_finished(self.ctx.metadata, model)
+        return read_job_finished(self.ctx.metadata, model, run_id_of(self.config))
 
     def _newer_model_published(self, version: int) -> bool:
         assert self.ctx is not None
@@ -476,7 +486,7 @@ class StreamProcessor:
                 coordination = FencedCoordination(self.ctx.coordination, fence)
                 tenure.duties = LeaderDuties(self.processor_id, coordination, metadata, planner, self.timings)
                 tenure.finished = FinishedWatch(
-                    self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms
+                    self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms, run_id_of(self.config)
                 )
         elif time.monotonic() - tenure.last_sent >= self.timings.renew_interval_ms / 1000:
             self._fence_leadership(tenure)  # a renewal may take long: never act on a lease past its margin

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from weirflow.drain_notice import drain_flag_path, run_id_of
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
@@ -124,6 +125,8 @@ class StageBuilder:
         self.plan = plan
         self.config = plan.config
         self.snapshot = snapshot
+        self.drain_flag = str(drain_flag_path(plan.config))
+        self.run_id = run_id_of(plan.config)
         self._settings: dict[str, InputSettings] = {}
         self._stateless: dict[str, bool] = {}
 
@@ -241,6 +244,8 @@ class StageBuilder:
             "delay_ms": str(settings.delay_ms),
             "intermediate": str(settings.intermediate).lower(),
             "bounded": str(settings.bounded).lower(),
+            "drain_flag": self.drain_flag,
+            "run_id": self.run_id,
             "system_schema": json.dumps(T.StructType(
                 [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
             ).jsonValue()),

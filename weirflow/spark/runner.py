@@ -22,7 +22,9 @@ lock is held: every write goes through the fence. On each report, per task of th
    watermark of each intermediate input, when it advanced, is stored as ``injected`` so the source feeds it
    into Spark on its next batch;
 2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (at once for
-   a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops;
+   a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops; when an
+   input ended by a **drain** (docs/drain.md) the task sends drain instead and checkpoints ``drained`` with
+   the deployment's run id;
 3. the checkpoint (end offsets + control state) is written through the fence;
 4. a watermark message goes to every partition of each intermediate output when the task's watermark moved.
 """
@@ -52,6 +54,7 @@ from weirflow.control import (
     decode,
     is_control,
 )
+from weirflow.drain_notice import run_id_of
 from weirflow.errors import LockLostError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
@@ -278,7 +281,10 @@ class StageQuery:
                 continue
             if finishing:
                 t.done = True
-                log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
+                if t.control.drained:
+                    log.info("task %s drained: inputs cut or drained, windows flushed, drain sent", t.name)
+                else:
+                    log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
                 self.runner.wake()
 
     def _batch_ends(self, report: ProgressView) -> tuple[dict[str, _Offsets], dict[str, _Positions]]:
@@ -339,8 +345,7 @@ class StageQuery:
             return False
         try:
             if finishing:
-                self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
-                t.control.finished = True
+                self._finish(t)
             elif out is not None and out > t.control.sent_watermark:
                 self._send_control(t, MessageType.WATERMARK, out)
                 t.control.sent_watermark = out
@@ -417,6 +422,16 @@ class StageQuery:
             values.append(value)
         return min(values) if values else None
 
+    def _finish(self, t: TaskState) -> None:
+        """Send the task's last control message downstream and mark its control state (checkpointed next):
+        drain and ``drained`` when one of its inputs ended by a drain, else end-of-stream and ``finished``."""
+        if t.control.draining():
+            self._send_control(t, MessageType.DRAIN, MAX_TIMESTAMP_MS)
+            t.control.drained = self.runner.run_id
+        else:
+            self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+            t.control.finished = True
+
     def _send_control(self, t: TaskState, kind: MessageType, timestamp: int) -> None:
         plan = self.runner.plan
         message = ControlMessage(
@@ -424,7 +439,7 @@ class StageQuery:
             task_name=t.name,
             task_count=plan.task_count(self.stage),
             timestamp=timestamp,
-            run_id=str(plan.config.get("app.run.id") or ""),
+            run_id=self.runner.run_id,
         ).encode()
         by_system: dict[str, list[OutgoingRecord]] = {}
         for sink in self.stage.sinks:
@@ -473,15 +488,15 @@ class StageQuery:
                                 state.apply(key, body)
                         position = records[-1].next_offset
                 elif end.get("e"):
-                    state.apply(key, ControlMessage(MessageType.END_OF_STREAM, f"{stream_id}:{key}", 1, 0))
+                    kind = MessageType.DRAIN if end.get("d") else MessageType.END_OF_STREAM
+                    state.apply(key, ControlMessage(kind, f"{stream_id}:{key}", 1, 0))
                 offsets[ssp] = end["o"]
         self._reconcile(t)
         stateless = not (location / "state").exists()
         flushed = stateless or int(metadata.get("batchWatermarkMs", 0)) >= FLUSHED_WATERMARK_MS
         injected = all(int(s.get("w", -1)) >= MAX_TIMESTAMP_MS for s in sources)
         if self._all_inputs_ended(t) and injected and flushed:
-            self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
-            t.control.finished = True
+            self._finish(t)
             t.done = True
         t.writer.write(Checkpoint(offsets=dict(offsets), control=t.control.to_json()))
         log.info("task %s: control state caught up with Spark's batch %s%s", t.name,
@@ -537,6 +552,7 @@ class SparkTaskRunner(TaskRunner):
         self.checkpoints = checkpoints
         self.builder = builder
         self.job = f"{config.get('job.name')}-{config.get('job.id')}"
+        self.run_id = run_id_of(config)
         self.trigger_ms = int(config.get("task.trigger.interval.ms"))
         self.output_mode = str(config.get("task.output.mode"))
         self.merge_stateless = bool(config.get("task.stateless.merge"))
@@ -616,14 +632,23 @@ class SparkTaskRunner(TaskRunner):
             if task.name in self._tasks or task.name in self._finished:
                 return
         checkpoint = self.checkpoints.read_last_checkpoint(task.name)
-        if checkpoint and TaskControl.from_json(checkpoint.control).finished:
+        control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        if checkpoint and control.done_in(self.run_id):
             with self._guard:
                 self._finished.add(task.name)
-            log.info("task %s already finished", task.name)
+            how = "finished" if control.finished else f"drained in run {self.run_id}"
+            log.info("task %s already %s", task.name, how)
             return
+        upgrade = checkpoint is not None and bool(control.drained)
+        if upgrade:
+            assert checkpoint is not None
+            checkpoint = Checkpoint(checkpoint.offsets, control.for_new_run().to_json(), checkpoint.positions,
+                                    checkpoint.epoch)  # fmt: skip
         state = TaskState(self, task, lock, checkpoint)
         try:  # this holder's epoch in the store first: no former holder's write lands after it
             state.writer.claim(checkpoint)
+            if upgrade:
+                self._start_new_run(state, control.drained)
         except Exception as exc:
             with self._guard:
                 self._failed[task.name] = f"could not claim its checkpoint: {type(exc).__name__}: {exc}"
@@ -635,6 +660,15 @@ class SparkTaskRunner(TaskRunner):
             self._pending.add(task.name)
             self._changed = time.monotonic()
         self._wake.set()
+
+    def _start_new_run(self, state: TaskState, drained_in: str) -> None:
+        """The task drained in run ``drained_in`` and this is another deployment (docs/drain.md): its Spark
+        checkpoint (the old code's state, which the new code may not read) is deleted and its control state is
+        reset in the store, so it starts with a fresh Spark checkpoint at exactly its drained offsets."""
+        shutil.rmtree(self.spark_checkpoint_dir(state.name), ignore_errors=True)
+        state.writer.write(Checkpoint(offsets=dict(state.offsets), control=state.control.to_json()))
+        log.info("task %s: drained in run %s; starting run %s from its drained offsets with a fresh Spark "
+                 "checkpoint", state.name, drained_in, self.run_id)  # fmt: skip
 
     def stop_task(self, task_name: str) -> None:
         """Stop the task and write its final checkpoint before returning. A stateless stage's query is

@@ -17,10 +17,18 @@ number), known when a batch reads up to the partition's newest record; it become
 ``positions``.
 
 ``e`` marks a bounded stream's partition as consumed to its end; the batch that sets it carries one ``eos``
-control row for that SSP. ``w`` is the watermark the task's reconciliation asked for (see `weirflow.control`):
-the processor stores it in the task's checkpoint, ``latestOffset`` picks it up and the batch carries one
-``inject`` row whose ``__wm_time`` moves Spark's watermark to exactly that point. A batch that reads a
-bounded input stream to its end injects +infinity at once. Queries of stateless stages inject nothing: they
+control row for that SSP. ``d`` (with ``e``) marks an input partition consumed to its **drain cut** instead
+(docs/drain.md): once the processor has seen a drain notification for this deployment it creates the local
+file named by the ``drain_flag`` option, and the next ``latestOffset`` that finds it fixes the cut of every
+open partition at the end the system reports then; later batches read up to the cut and no further, and the
+batch that reaches it carries one ``drain`` control row for the SSP instead of ``eos``. Intermediate streams
+need no cut: they end when every producer task's drain message arrived (`weirflow.control`), and drain
+messages of another deployment (another ``run-id``) are ignored.
+
+``w`` is the watermark the task's reconciliation asked for (see `weirflow.control`): the processor stores it
+in the task's checkpoint, ``latestOffset`` picks it up and the batch carries one ``inject`` row whose
+``__wm_time`` moves Spark's watermark to exactly that point. A batch that reads a bounded input stream to its
+end (or to its drain cut) injects +infinity at once. Queries of stateless stages inject nothing: they
 hold no windows, and their tasks' output watermarks come from the ``seen`` rows (below).
 
 **Rows**: two internal columns, then the user's columns, then the system's record columns the stream asked
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -124,6 +133,10 @@ class SourceSpec:
         self.max_records = int(options["max_records"])
         # Spark tasks a batch's partitions are spread over when the system warms reads (0: one per partition)
         self.read_groups = int(options.get("read_groups") or 0)
+        # the local file whose existence means "this deployment drains" ("" where nothing drains), and the run id
+        # whose drain messages count (docs/drain.md)
+        self.drain_flag: str = options.get("drain_flag", "")
+        self.run_id: str = options.get("run_id", "")
         # the system's record columns asked for (streams.<id>.system-columns)
         self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
 
@@ -154,6 +167,14 @@ class WeirflowStreamReader(DataSourceStreamReader):
         self.spec = spec
         self._checkpoints: Any = None
         self._known: dict[str, int] = {}  # SSP key → the upcoming offset the system last reported
+        self._drain_seen = False
+        self._cut: dict[str, int] | None = None  # SSP key → drain cut, fixed by the first batch planned after it
+
+    def _draining(self) -> bool:
+        """Whether the processor asked this deployment to drain (one ``stat`` per planned batch)."""
+        if not self._drain_seen and self.spec.drain_flag and not self.spec.intermediate:
+            self._drain_seen = os.path.exists(self.spec.drain_flag)
+        return self._drain_seen
 
     # --- driver side (Spark's data-source process) ------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
@@ -183,25 +204,11 @@ class WeirflowStreamReader(DataSourceStreamReader):
         budgets: dict[str, int] = {}
         ends: dict[str, Any] = {}
         open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
-        # Ask the system only about the partitions of tasks whose budget the last known ends may not fill: a
-        # task known to have more waiting than it may read now needs no round trip (one Event Hubs
-        # management call costs ~0.35 s). A partition read from a known end is never ended by it (bounded
-        # streams end at the end the system reports when the task catches up).
-        known_backlog: dict[str, int] = {}
-        for key in open_keys:
-            owner = self.spec.tasks.get(key, "")
-            backlog = self._known.get(key, -1) - int(start["p"][key]["o"])
-            known_backlog[owner] = known_backlog.get(owner, 0) + backlog if backlog >= 0 else -(1 << 62)
-        stale = [
-            key for key in open_keys
-            if per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
-        ]
-        metadata = {}
-        if stale:
-            admin = systems_for(self.spec.snapshot).admin(self.spec.system)
-            metadata = admin.partition_metadata_of(self.spec.physical, [_partition(k) for k in stale])
-            for key in stale:
-                self._known[key] = int(metadata[_partition(key)].upcoming)
+        cutting = self._draining() and self._cut is None  # first batch planned since the drain: fix the cut
+        metadata = self._refresh(start, open_keys, per_task, everything=cutting)
+        if cutting:
+            self._cut = {key: self._known[key] for key in open_keys}
+        cut = self._cut
         for key in self.spec.ssps:
             current = start["p"][key]
             if current["e"]:
@@ -209,39 +216,69 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 continue
             partition = _partition(key)
             position = int(current["o"])
-            available = max(0, self._known[key] - position)
+            upto = self._known[key] if cut is None or key not in cut else min(self._known[key], cut[key])
+            available = max(0, upto - position)
             take = available
             if per_task is not None:
                 owner = self.spec.tasks.get(key, "")
                 take = min(available, budgets.setdefault(owner, per_task))
                 budgets[owner] -= take
             fresh = partition in metadata
-            ended = self.spec.bounded and fresh and take == available
+            drained = cut is not None and key in cut and position + take >= cut[key]
+            ended = drained or (self.spec.bounded and fresh and take == available)
             if take == 0 and ended == current["e"]:
                 ends[key] = current  # unchanged: the same offset, so Spark plans no batch
                 continue
             ends[key] = {"o": str(position + take), "e": ended}
+            if drained:
+                ends[key]["d"] = True
             newest = metadata[partition].newest_position if fresh else None
-            if newest and take == available:  # reading up to the newest record: its native position is known
+            if newest and position + take == self._known[key]:  # up to the newest record: its position is known
                 ends[key]["x"] = dict(newest)
         watermark = int(start.get("w", -1))
         if self.spec.inject:
             injected = self._injected()
             if injected is not None and injected > watermark:
                 watermark = injected
-            if self.spec.bounded and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
-                # This batch reads the bounded input to its end: the watermark goes to +infinity in the same
-                # batch, so the windows flush in the next one instead of two batches later.
+            finite = self.spec.bounded or cut is not None
+            if finite and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
+                # This batch reads the bounded input to its end (or its drain cut): the watermark goes to
+                # +infinity in the same batch, so the windows flush in the next one instead of two batches later.
                 watermark = MAX_TIMESTAMP_MS
         return {"s": self.spec.stream_id, "p": ends, "w": watermark}
+
+    def _refresh(
+        self, start: dict[str, Any], open_keys: list[str], per_task: int | None, everything: bool
+    ) -> dict[int, Any]:
+        """Ask the system for the ends of the partitions whose tasks' budget the last known ends may not fill
+        (all of ``open_keys`` with ``everything``, when a drain cut is fixed); returns its metadata by
+        partition. A task known to have more waiting than it may read now needs no round trip (one Event Hubs
+        management call costs ~0.35 s). A partition read from a known end is never ended by it (bounded streams
+        end at the end the system reports when the task catches up)."""
+        known_backlog: dict[str, int] = {}
+        for key in open_keys:
+            owner = self.spec.tasks.get(key, "")
+            backlog = self._known.get(key, -1) - int(start["p"][key]["o"])
+            known_backlog[owner] = known_backlog.get(owner, 0) + backlog if backlog >= 0 else -(1 << 62)
+        stale = [
+            key for key in open_keys
+            if everything or per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
+        ]
+        if not stale:
+            return {}
+        admin = systems_for(self.spec.snapshot).admin(self.spec.system)
+        metadata = admin.partition_metadata_of(self.spec.physical, [_partition(k) for k in stale])
+        for key in stale:
+            self._known[key] = int(metadata[_partition(key)].upcoming)
+        return dict(metadata)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         ranges = []
         for key in self.spec.ssps:
             a, b = start["p"][key], end["p"][key]
-            eos = bool(b["e"]) and not a["e"]
-            if int(b["o"]) > int(a["o"]) or eos:
-                ranges.append(("ssp", key, a["o"], b["o"], eos))
+            marker = ("drain" if b.get("d") else "eos") if b["e"] and not a["e"] else ""
+            if int(b["o"]) > int(a["o"]) or marker:
+                ranges.append(("ssp", key, a["o"], b["o"], marker))
         groups = self.spec.read_groups
         if groups and len(ranges) > groups:  # see `SystemConsumer.warm`
             parts = [InputPartition(("group", tuple(ranges[i::groups]))) for i in range(groups)]
@@ -312,7 +349,7 @@ class _BatchReader:
 
         parts = value[1] if value[0] == "group" else (value,)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
-        for _, key, start, end, _eos in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
+        for _, key, start, end, _marker in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
             if int(end) > int(start):
                 ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
                 consumer.warm(ssp, start, end)
@@ -320,7 +357,7 @@ class _BatchReader:
             for part in parts:
                 yield from self.read(part)
             return
-        _, key, start, end, eos = value
+        _, key, start, end, marker = value
 
         ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
@@ -332,8 +369,9 @@ class _BatchReader:
             yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)
             position = chunk.next_offset
-        if eos:
-            yield self._control_batch([(0, self._ctl("eos", key, f"{self.spec.stream_id}:{key}", 1, 0))])
+        if marker:  # "eos" or "drain" (True from plans of earlier versions)
+            kind = marker if isinstance(marker, str) else "eos"
+            yield self._control_batch([(0, self._ctl(kind, key, f"{self.spec.stream_id}:{key}", 1, 0))])
 
     # --- decoding a chunk -------------------------------------------------------------------------------
     def _decode(self, key: str, chunk: RecordColumns) -> Iterator[pa.RecordBatch]:
@@ -390,6 +428,8 @@ class _BatchReader:
                     dead += self._dead_letter(key, chunk, i, str(exc))
                     continue
                 assert isinstance(message, ControlMessage)
+                if message.type is MessageType.DRAIN and message.run_id != self.spec.run_id:
+                    continue  # another deployment's drain (docs/drain.md): not an end for this one
                 controls.append((0, self._ctl(_CONTROL_KINDS[message.type], key, message.task_name,
                                               message.task_count, message.timestamp)))
         if user:

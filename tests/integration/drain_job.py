@@ -1,0 +1,170 @@
+"""What the drain tests share (docs/drain.md): a steady feed of page views into the unbounded input, and the
+checks that a drain stopped the two-stage example at a cut with nothing in flight.
+
+The cut is read back from the drained checkpoints of the first stage's tasks (their input offsets), and the
+input itself from the stream, so "the input up to the cut" is exactly the records at offsets below it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tests.integration.example_job import generate, results
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.systems import Systems
+
+
+class Feeder:
+    """Writes the example's page views to `page-views` at ``rate`` events per second from a thread, in 20
+    sends a second, until stopped: the unbounded input of a running job."""
+
+    def __init__(self, config: Any, rate: int, seed: int = 11) -> None:
+        self.config = config
+        self.rate = rate
+        self.seed = seed
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        systems = Systems(self.config)
+        try:
+            ref = systems.resolve("page-views")
+            partitions = int(self.config.get("streams.page-views.partitions") or 4)
+            systems.admin(ref.system).create_stream(StreamSpec(ref.physical, partitions))
+        finally:
+            systems.close()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        systems = Systems(self.config)
+        try:
+            ref = systems.resolve("page-views")
+            producer = systems.producer(ref.system)
+            events = generate.events(10**9, self.seed)
+            step = max(1, self.rate // 20)
+            began = time.monotonic()
+            while not self._stop.is_set():
+                batch = [next(events) for _ in range(step)]
+                producer.send(
+                    [OutgoingRecord(ref.physical, json.dumps(e).encode(), key=e["user"].encode()) for e in batch]
+                )
+                self.sent += len(batch)
+                ahead = self.sent / self.rate - (time.monotonic() - began)
+                if ahead > 0:
+                    self._stop.wait(ahead)
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+        finally:
+            systems.close()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(30)
+        assert self.error is None, f"the feeder failed: {self.error!r}"
+        return self.sent
+
+
+def records(config: Any, stream_id: str) -> dict[int, list[bytes]]:
+    """Every record value of ``stream_id``, per partition, in offset order (offsets are dense from 0 on the
+    embedded log; on Event Hubs the adapter's offsets are dense sequence numbers too)."""
+    systems = Systems(config)
+    try:
+        ref = systems.resolve(stream_id)
+        consumer = systems.consumer(ref.system)
+        meta = systems.admin(ref.system).partition_metadata(ref.physical)
+        found: dict[int, list[bytes]] = {}
+        for partition in sorted(meta):
+            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+            values: list[bytes] = []
+            offset = meta[partition].oldest
+            while batch := consumer.read(ssp, offset, 10_000, meta[partition].upcoming):
+                values += [r.value for r in batch]
+                offset = batch[-1].next_offset
+            found[partition] = values
+        return found
+    finally:
+        systems.close()
+
+
+def checkpoints(config: Any) -> dict[str, Any]:
+    from weirflow.factories import checkpoint_factory
+
+    manager = checkpoint_factory(config).get_checkpoint_manager(config)
+    manager.start()
+    try:
+        return dict(manager.read_all())
+    finally:
+        manager.stop()
+
+
+def input_cut(config: Any) -> dict[int, int]:
+    """Per input partition, the offset the first stage's tasks stopped at (their checkpointed next offset)."""
+    physical = config.get("streams.page-views.physical.name") or "page-views"
+    return {
+        ssp.partition: int(offset)
+        for checkpoint in checkpoints(config).values()
+        for ssp, offset in checkpoint.offsets.items()
+        if ssp.stream == physical
+    }
+
+
+def split_at_cut(config: Any, cut: dict[int, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The input's events before the cut and from it on."""
+    before: list[dict[str, Any]] = []
+    after: list[dict[str, Any]] = []
+    for partition, values in records(config, "page-views").items():
+        events = [json.loads(v) for v in values]
+        before += events[: cut.get(partition, 0)]
+        after += events[cut.get(partition, 0):]
+    return before, after
+
+
+def output_rows(config: Any, stream_id: str) -> list[dict[str, Any]]:
+    return [json.loads(v) for values in records(config, stream_id).values() for v in values]
+
+
+def window_counts_once(config: Any, stream_id: str = "page-counts") -> tuple[dict[results.Window, int], list[Any]]:
+    """(window -> views) from ``stream_id``, and the windows written more than once."""
+    rows = output_rows(config, stream_id)
+    keys = Counter((r["page"], r["window_start"][:16]) for r in rows)
+    return {(r["page"], r["window_start"][:16]): int(r["views"]) for r in rows}, [k for k, n in keys.items() if n > 1]
+
+
+def unread_intermediate(config: Any, name: str = "views-by-page") -> dict[str, int]:
+    """Per partition of the intermediate stream ``name`` (physically ``<job>-<job id>-<name>``), the records
+    after the offset its consumer task checkpointed; {} when everything written was read."""
+    physical = f"{config.get('job.name')}-{config.get('job.id')}-{name}"
+    done = {
+        ssp: int(offset)
+        for checkpoint in checkpoints(config).values()
+        for ssp, offset in checkpoint.offsets.items()
+        if ssp.stream == physical
+    }
+    assert done, f"no task checkpointed a position in {physical}"
+    systems = Systems(config)
+    try:
+        system = next(iter(done)).system
+        meta = systems.admin(system).partition_metadata(physical)
+        unread = {f"{physical}.{p}": int(m.upcoming) - done.get(SystemStreamPartition(system, physical, p), 0)
+                  for p, m in meta.items()}  # fmt: skip
+        return {k: n for k, n in unread.items() if n}
+    finally:
+        systems.close()
+
+
+def drain_command(config_path: Path, overrides: list[str], *extra: str, timeout_s: float = 300) -> Any:
+    """Run `weirflow drain CONFIG [--set ...] EXTRA...` with this interpreter; returns the completed process."""
+    args = [sys.executable, "-m", "weirflow", "drain", str(config_path)]
+    for item in overrides:
+        args += ["--set", item]
+    return subprocess.run([*args, *extra], capture_output=True, text=True, timeout=timeout_s)
