@@ -133,11 +133,14 @@ def output_rows(config: Any, stream_id: str) -> list[dict[str, Any]]:
     return [json.loads(v) for values in records(config, stream_id).values() for v in values]
 
 
-def window_counts_once(config: Any, stream_id: str = "page-counts") -> tuple[dict[results.Window, int], list[Any]]:
+def window_counts_once(
+    config: Any, stream_id: str = "page-counts"
+) -> tuple[dict[results.Window, int], list[Any]]:
     """(window -> views) from ``stream_id``, and the windows written more than once."""
     rows = output_rows(config, stream_id)
     keys = Counter((r["page"], r["window_start"][:16]) for r in rows)
-    return {(r["page"], r["window_start"][:16]): int(r["views"]) for r in rows}, [k for k, n in keys.items() if n > 1]
+    counts = {(r["page"], r["window_start"][:16]): int(r["views"]) for r in rows}
+    return counts, [k for k, n in keys.items() if n > 1]
 
 
 def unread_intermediate(config: Any, name: str = "views-by-page") -> dict[str, int]:
