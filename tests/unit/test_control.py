@@ -114,3 +114,38 @@ def test_control_state_survives_a_checkpoint_round_trip() -> None:
     assert restored.stream("mid").watermark([P0]) == 5
     restored.stream("mid").apply(P0, eos("s-0", count=2))
     assert restored.stream("mid").ended([P0])
+
+
+def drain(task: str, count: int = 3) -> ControlMessage:
+    return ControlMessage(MessageType.DRAIN, task, count, MAX_TIMESTAMP_MS, run_id="r1")
+
+
+def test_a_partition_drains_when_every_producer_sent_drain_or_end_of_stream() -> None:
+    state = StreamControl()
+    state.apply(P0, drain("s-0"))
+    state.apply(P0, drain("s-0"))  # a replayed drain counts once
+    state.apply(P0, eos("s-1"))  # a producer that had ended before the drain counts too
+    assert not state.ended([P0]) and state.watermark([P0]) is None
+    state.apply(P0, drain("s-2"))
+    assert state.ended([P0]) and state.any_drained()
+    assert state.watermark([P0]) == MAX_TIMESTAMP_MS  # every window flushes
+
+    only_eos = StreamControl()
+    for task in ("s-0", "s-1", "s-2"):
+        only_eos.apply(P0, eos(task))
+    assert only_eos.ended([P0]) and not only_eos.any_drained()  # an end, not a drain
+
+
+def test_a_drained_task_is_done_in_its_run_and_starts_afresh_in_the_next() -> None:
+    control = TaskControl()
+    control.stream("mid").apply(P0, drain("s-0", count=1))
+    control.injected["mid"] = MAX_TIMESTAMP_MS
+    control.sent_watermark = 99
+    control.dead_letters = 2
+    assert control.draining()
+    control.drained = "r1"
+    restored = TaskControl.from_json(control.to_json())
+    assert restored.drained == "r1" and restored.stream("mid").partitions[P0].drained == {"s-0"}
+    assert restored.done_in("r1") and not restored.done_in("r2")
+    fresh = restored.for_new_run()
+    assert fresh.to_json() == TaskControl(dead_letters=2).to_json()  # no old control state, no drained mark

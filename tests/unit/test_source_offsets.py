@@ -36,7 +36,9 @@ def config(tmp_path: Path) -> Config:
     return config
 
 
-def _reader(config: Config, tasks: dict[str, str], bounded: bool = False) -> Any:
+def _reader(
+    config: Config, tasks: dict[str, str], bounded: bool = False, drain_flag: str = "", inject: str = ""
+) -> Any:
     options = {
         "config": config.snapshot(),
         "stream": "views",
@@ -53,6 +55,9 @@ def _reader(config: Config, tasks: dict[str, str], bounded: bool = False) -> Any
         "intermediate": "false",
         "bounded": "true" if bounded else "false",
         "max_records": "40",
+        "drain_flag": drain_flag,
+        "run_id": "r1",
+        "inject": inject,
     }
     return source.WeirflowStreamReader(source.SourceSpec(options))
 
@@ -125,3 +130,57 @@ def test_a_bounded_stream_ends_only_at_an_end_the_system_just_reported(config: C
     assert seen[reached][0][SSPS[0]] == (100, False) and 0 not in seen[reached][1]
     ended = next(i for i, (ends, _) in enumerate(seen) if ends[SSPS[0]][1])
     assert ended > reached and 0 in seen[ended][1]
+
+
+def _send(config: Config, partition: int, n: int) -> None:
+    systems = Systems(config)
+    try:
+        systems.producer("local").send([OutgoingRecord("views", b"{}", partition=partition) for _ in range(n)])
+    finally:
+        systems.close()
+
+
+def test_a_drain_fixes_a_cut_at_the_next_planned_batch_and_reads_no_further(
+    config: Config, tmp_path: Path, asked: list[Any]
+) -> None:
+    flag = tmp_path / "job.r1.draining"
+    reader = _reader(config, {k: "views-0" for k in SSPS}, drain_flag=str(flag), inject="views-0")
+    first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(40))
+    assert not any(p["e"] for p in first["p"].values()), "no drain yet: an unbounded stream never ends"
+    flag.write_text("{}")
+    _send(config, 0, 5)  # before the cut: 105 records in partition 0
+    offset = reader.latestOffset(first, ReadMaxRows(40))
+    assert asked[-1] == [0, 1, 2], "the cut is fixed at ends the system reports then, for every open partition"
+    _send(config, 0, 50)  # after the cut: never read
+    _send(config, 2, 7)
+    for _ in range(6):
+        offset = reader.latestOffset(offset, ReadMaxRows(40))
+    final = {k: (int(p["o"]), p["e"], p.get("d", False)) for k, p in offset["p"].items()}
+    assert final == {SSPS[0]: (105, True, True), SSPS[1]: (30, True, True), SSPS[2]: (0, True, True)}
+    assert offset["w"] == source.MAX_TIMESTAMP_MS, "the batch reaching the cut moves the watermark to +infinity"
+    # the batch that reaches a partition's cut carries a drain control row for it, not end-of-stream
+    last_start = {"s": "views", "p": {k: {**p, "e": False, "d": False} for k, p in offset["p"].items()}, "w": -1}
+    kinds = {p.value[1]: p.value[4] for p in reader.partitions(last_start, offset) if p.value[0] == "ssp"}
+    assert kinds == {k: "drain" for k in SSPS}
+
+
+def test_a_drain_message_of_another_run_is_not_an_end(tmp_path: Path) -> None:
+    from weirflow.control import ControlMessage, MessageType
+    from weirflow.interfaces.system import RecordColumns
+
+    options = {
+        "config": Config.from_dict({"job.name": "x", "job.state.dir": str(tmp_path)}).snapshot(),
+        "stream": "mid", "system": "local", "physical": "mid", "ssps": "[]", "start": "{}", "serde": "json",
+        "user_schema": json.dumps(T.StructType([T.StructField("page", T.StringType())]).jsonValue()),
+        "event_time_field": "t", "event_time_from_record": "true", "delay_ms": "0", "intermediate": "true",
+        "bounded": "false", "max_records": "10", "run_id": "r2",
+    }  # fmt: skip
+    batch_reader = source._BatchReader(source.SourceSpec(options))
+    messages = [ControlMessage(MessageType.DRAIN, "a-0", 2, 0, run_id="r1").encode(),
+                ControlMessage(MessageType.DRAIN, "a-1", 2, 0, run_id="r2").encode()]  # fmt: skip
+    chunk = RecordColumns(
+        values=messages, keys=[None, None], offsets=["0", "1"], timestamps_ms=[0, 0], next_offset="2"
+    )
+    batches = list(batch_reader._decode("local.mid.0", chunk))
+    rows = [row for b in batches for row in b.column(1).to_pylist() if row]
+    assert [(r["kind"], r["producer"]) for r in rows] == [("drain", "a-1")]

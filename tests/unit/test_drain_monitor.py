@@ -1,0 +1,77 @@
+"""A processor's drain monitor (`weirflow.coordination.drain_monitor`) and how a drained deployment is recorded as
+done (`weirflow.coordination.job_finished`): the run-id checks on both, on the embedded stores."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from weirflow.config.loader import Config
+from weirflow.control import TaskControl
+from weirflow.coordination.drain_monitor import DrainMonitor
+from weirflow.coordination.job_finished import JOB_FINISHED_KEY, FinishedWatch, read_job_finished
+from weirflow.drain_notice import DrainUtils
+from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.job_model import JobModel, TaskModel
+from weirflow.local.checkpoint import SqliteCheckpointManager
+from weirflow.local.metadata import SqliteMetadataStore
+
+
+@pytest.fixture
+def metadata(tmp_path: Path):
+    store = SqliteMetadataStore(tmp_path / "job.db")
+    store.start()
+    yield store
+    store.stop()
+
+
+def _config(tmp_path: Path, run_id: str) -> Config:
+    return Config.from_dict({"job.name": "drains", "job.state.dir": str(tmp_path), "app.run.id": run_id})
+
+
+def test_the_monitor_acts_on_its_own_run_only_and_polls_at_its_interval(
+    metadata, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    monitor = DrainMonitor(metadata, _config(tmp_path, "r2"), clock=lambda: now[0])
+    drains = DrainUtils(metadata)
+    other = drains.write("r1")
+    with caplog.at_level(logging.INFO, logger="weirflow.processor"):
+        assert monitor.poll() is None
+        assert monitor.poll() is None  # not due again yet: no second read
+    assert not monitor.flag.exists(), "another run's notice must not start a drain"
+    assert sum(other.uuid in r.getMessage() for r in caplog.records) == 1  # logged once
+
+    mine = drains.write("r2")
+    assert monitor.poll() is None, "polled before the interval (500 ms) passed"
+    now[0] += 0.5
+    assert monitor.poll() == mine
+    assert json.loads(monitor.flag.read_text())["uuid"] == mine.uuid  # what the Spark sources look for
+    assert monitor.flag.name == "drains-1.r2.draining"
+    drains.cleanup(mine)
+    assert monitor.poll() == mine, "once seen, a drain is not cancelled"
+
+
+def test_the_leader_records_a_drained_run_as_done_and_removes_its_notice(metadata, tmp_path: Path) -> None:
+    checkpoints = SqliteCheckpointManager(tmp_path / "checkpoints.db")
+    checkpoints.start()
+    model = JobModel(version=3, tasks={"a-0": TaskModel("a-0", "a", ()), "b-0": TaskModel("b-0", "b", ())},
+                     assignment={"p0": ("a-0", "b-0")})  # fmt: skip
+    drains = DrainUtils(metadata)
+    mine, other = drains.write("r1"), drains.write("r0")
+    watch = FinishedWatch(checkpoints, metadata, interval_ms=1, run_id="r1", clock=iter(range(100)).__next__)
+
+    checkpoints.write_checkpoint("a-0", Checkpoint({}, TaskControl(drained="r1").to_json()))
+    checkpoints.write_checkpoint("b-0", Checkpoint({}, TaskControl(drained="r0").to_json()))
+    assert not watch.check(model), "b-0 drained in another run: not done in this one"
+    checkpoints.write_checkpoint("b-0", Checkpoint({}, TaskControl(drained="r1").to_json()))
+    assert watch.check(model)
+    document = metadata.get(JOB_FINISHED_KEY)
+    assert document is not None and document.value["run_id"] == "r1" and document.value["drained"] is True
+    assert [n.uuid for n in drains.all()] == [other.uuid], f"{mine.uuid} removed, another run's kept"
+    assert read_job_finished(metadata, model, "r1")
+    assert not read_job_finished(metadata, model, "r2"), "a drained run's document must not stop the next run"
+    checkpoints.stop()
