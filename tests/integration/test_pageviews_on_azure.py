@@ -1,5 +1,6 @@
 """The example pipeline on Azure services by config alone (examples/pageviews/azure.yaml): streams on Event
-Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite).
+Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite): a bounded
+run to its end, and a drain of an unbounded run (docs/drain.md) with its notice in Blob Storage.
 
 Inputs have 2 partitions to keep Spark's start-up cost down; each test has its own emulator and job id.
 """
@@ -28,7 +29,9 @@ FINISH_S = 300
 
 
 class AzurePageViews(ExampleJob):
-    def __init__(self, tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch) -> None:
+    def __init__(
+        self, tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, extra: tuple[str, ...] = ()
+    ) -> None:
         job_id = uuid.uuid4().hex[:8]
         self.emulator = eventhubs_emulator(
             {"page-views": 2, "page-views.dlq": 2, "page-counts": 2, f"pageviews-{job_id}-views-by-page": 2}
@@ -42,6 +45,7 @@ class AzurePageViews(ExampleJob):
             "streams.page-views.partitions=2",
             "streams.page-counts.partitions=2",
             "task.max.records.per.trigger=400",  # several micro-batches per partition
+            *extra,
         ]
         super().__init__("azure.yaml", self.overrides, tmp_path / "logs", FINISH_S)
         self.config = load_config(self.config_path, self.overrides)
@@ -118,3 +122,49 @@ def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(j
         manager.stop()
     finally:
         systems.close()
+
+
+def test_a_job_on_event_hubs_drains_mid_stream_with_every_window_once(
+    tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
+) -> None:
+    import time
+
+    from tests.integration import drain_job
+    from weirflow.drain_notice import DrainUtils
+    from weirflow.job_context import JobContext
+    from weirflow.local.launcher import wait_until
+
+    extra = ("streams.page-views.bounded=false", "app.run.id=blue")
+    job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra)
+    feeder = drain_job.Feeder(job.config, rate=400).start()
+    try:
+        procs = [job.start("p0"), job.start("p1")]
+        running = lambda: all("started task" in p.log_text() for p in procs)  # noqa: E731
+        wait_until(lambda: running() or not all(p.alive() for p in procs), FINISH_S, "both to run tasks", 0.2)
+        assert all(p.alive() for p in procs), "\n".join(p.log_text()[-2000:] for p in procs)
+        wait_until(lambda: results.consumed(job.config) >= 1200, FINISH_S, "the job to process input", 0.5)
+        began = time.monotonic()
+        done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "240")
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stdout + done.stderr
+        for p in procs:
+            assert p.popen.wait(60) == 0, p.log_text()[-4000:]
+    finally:
+        feeder.stop()
+        job.stop_all()
+
+    states = drain_job.checkpoints(job.config)
+    assert len(states) == 4 and all(c.control.get("drained") == "blue" for c in states.values()), states
+    before, after = drain_job.split_at_cut(job.config, drain_job.input_cut(job.config))
+    expected = results.expected_counts(before)
+    got, twice = drain_job.window_counts_once(job.config)
+    assert not twice, f"{len(twice)} windows written more than once"
+    assert got == expected, f"{len(set(expected) ^ set(got))} windows differ from pandas up to the cut"
+    assert drain_job.unread_intermediate(job.config) == {}
+    ctx = JobContext.open(job.config, owner="test")
+    try:
+        assert DrainUtils(ctx.metadata).all() == [], "the leader removed the notice from Blob Storage"
+    finally:
+        ctx.close()
+    measure(f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
+            f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut")

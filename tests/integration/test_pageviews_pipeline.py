@@ -1,4 +1,5 @@
-"""The example pipeline end to end on real PySpark: exact counts, shared tasks, SIGKILL, dead letters.
+"""The example pipeline end to end on real PySpark: exact counts, shared tasks, dead letters (a processor
+SIGKILLed mid-run: tests/integration/test_drain.py and test_chaos.py).
 
 Each test runs `weirflow run` processes on a copy of examples/pageviews (2 input partitions to keep Spark's
 start-up cost down) over generated bounded input, waits for the job to finish (every task reached
@@ -88,25 +89,3 @@ def test_two_processors_share_the_tasks_count_exactly_and_dead_letter_bad_events
     assert any("sent to its dead-letter stream" in p.log_text() for p in procs)
     manager.stop()
     systems.close()
-
-
-def test_a_processor_killed_mid_run_and_restarted_loses_no_window(job: PageViewsJob, measure) -> None:
-    expected = job.generate()
-    first = job.start("p0")
-    wait_until(lambda: results.consumed(job.config) >= EVENTS * 0.3, FINISH_S, "30% of the input to be processed",
-               interval_s=0.2)
-    done_at_kill = results.consumed(job.config)
-    first.kill()
-    assert done_at_kill < EVENTS, "the job finished before the kill; nothing was tested"
-    second = job.start("p1")
-    job.wait_finished([second])
-
-    got = results.read_counts(job.config)
-    missing = set(expected) - set(got)
-    assert not missing, f"{len(missing)} windows missing after the restart, e.g. {sorted(missing)[:3]}"
-    assert all(got[w] >= n for w, n in expected.items()), "a window lost events"
-    exact = sum(got[w] == n for w, n in expected.items())
-    measure(f"killed at {done_at_kill}/{EVENTS} events; {exact}/{len(expected)} windows exact after restart "
-            "(others over-counted by replays, at-least-once)")
-
-

@@ -20,8 +20,9 @@ number), known when a batch reads up to the partition's newest record; it become
 control row for that SSP. ``d`` (with ``e``) marks an input partition consumed to its **drain cut** instead
 (docs/drain.md): once the processor has seen a drain notification for this deployment it creates the local
 file named by the ``drain_flag`` option, and the next ``latestOffset`` that finds it fixes the cut of every
-open partition at the end the system reports then; later batches read up to the cut and no further, and the
-batch that reaches it carries one ``drain`` control row for the SSP instead of ``eos``. Intermediate streams
+open partition where the query has read to: it takes no new input (as Flink's ``stop --drain``: a backlog is
+left to the next deployment, so a drain takes a few micro-batches however far behind the job is). That batch
+reads nothing more and carries one ``drain`` control row per SSP instead of ``eos``. Intermediate streams
 need no cut: they end when every producer task's drain message arrived (`weirflow.control`), and drain
 messages of another deployment (another ``run-id``) are ignored.
 
@@ -204,11 +205,10 @@ class WeirflowStreamReader(DataSourceStreamReader):
         budgets: dict[str, int] = {}
         ends: dict[str, Any] = {}
         open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
-        cutting = self._draining() and self._cut is None  # first batch planned since the drain: fix the cut
-        metadata = self._refresh(start, open_keys, per_task, everything=cutting)
-        if cutting:
-            self._cut = {key: self._known[key] for key in open_keys}
+        if self._draining() and self._cut is None:  # first batch planned since the drain: no new input from here
+            self._cut = {key: int(start["p"][key]["o"]) for key in open_keys}
         cut = self._cut
+        metadata = self._refresh(start, open_keys if cut is None else [], per_task)
         for key in self.spec.ssps:
             current = start["p"][key]
             if current["e"]:
@@ -216,7 +216,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 continue
             partition = _partition(key)
             position = int(current["o"])
-            upto = self._known[key] if cut is None or key not in cut else min(self._known[key], cut[key])
+            upto = self._known.get(key, position) if cut is None or key not in cut else cut[key]
             available = max(0, upto - position)
             take = available
             if per_task is not None:
@@ -233,7 +233,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
             if drained:
                 ends[key]["d"] = True
             newest = metadata[partition].newest_position if fresh else None
-            if newest and position + take == self._known[key]:  # up to the newest record: its position is known
+            if newest and take == available:  # reading up to the newest record: its native position is known
                 ends[key]["x"] = dict(newest)
         watermark = int(start.get("w", -1))
         if self.spec.inject:
@@ -247,14 +247,11 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 watermark = MAX_TIMESTAMP_MS
         return {"s": self.spec.stream_id, "p": ends, "w": watermark}
 
-    def _refresh(
-        self, start: dict[str, Any], open_keys: list[str], per_task: int | None, everything: bool
-    ) -> dict[int, Any]:
-        """Ask the system for the ends of the partitions whose tasks' budget the last known ends may not fill
-        (all of ``open_keys`` with ``everything``, when a drain cut is fixed); returns its metadata by
-        partition. A task known to have more waiting than it may read now needs no round trip (one Event Hubs
-        management call costs ~0.35 s). A partition read from a known end is never ended by it (bounded streams
-        end at the end the system reports when the task catches up)."""
+    def _refresh(self, start: dict[str, Any], open_keys: list[str], per_task: int | None) -> dict[int, Any]:
+        """Ask the system for the ends of those of ``open_keys`` whose tasks' budget the last known ends may not
+        fill; returns its metadata by partition. A task known to have more waiting than it may read now needs
+        no round trip (one Event Hubs management call costs ~0.35 s). A partition read from a known end is never
+        ended by it (bounded streams end at the end the system reports when the task catches up)."""
         known_backlog: dict[str, int] = {}
         for key in open_keys:
             owner = self.spec.tasks.get(key, "")
@@ -262,7 +259,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
             known_backlog[owner] = known_backlog.get(owner, 0) + backlog if backlog >= 0 else -(1 << 62)
         stale = [
             key for key in open_keys
-            if everything or per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
+            if per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
         ]
         if not stale:
             return {}
