@@ -16,7 +16,6 @@ import pytest
 from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
