@@ -7,6 +7,7 @@ input itself from the stream, so "the input up to the cut" is exactly the record
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -119,14 +120,29 @@ def input_cut(config: Any) -> dict[int, int]:
 
 
 def split_at_cut(config: Any, cut: dict[int, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The input's events before the cut and from it on."""
+    """The input's events before the cut and from it on (undecodable records, which went to the dead-letter
+    stream, left out)."""
     before: list[dict[str, Any]] = []
     after: list[dict[str, Any]] = []
     for partition, values in records(config, "page-views").items():
-        events = [json.loads(v) for v in values]
-        before += events[: cut.get(partition, 0)]
-        after += events[cut.get(partition, 0):]
+        events = [_event(v) for v in values]
+        before += [e for e in events[: cut.get(partition, 0)] if e is not None]
+        after += [e for e in events[cut.get(partition, 0):] if e is not None]
     return before, after
+
+
+def _event(value: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or "page" not in event:
+        return None
+    try:  # a record whose event time does not parse went to the dead-letter stream too
+        dt.datetime.fromisoformat(str(event.get("event_time")).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return event
 
 
 def output_rows(config: Any, stream_id: str) -> list[dict[str, Any]]:

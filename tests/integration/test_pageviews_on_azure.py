@@ -1,6 +1,9 @@
 """The example pipeline on Azure services by config alone (examples/pageviews/azure.yaml): streams on Event
-Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite): a bounded
-run to its end, and a drain of an unbounded run (docs/drain.md) with its notice in Blob Storage.
+Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite). Two
+processors run it over an unbounded input fed at a steady rate and are drained mid-stream (docs/drain.md): the
+notification in Blob Storage, drain messages on every partition of the intermediate hub, drained checkpoints
+in Table Storage. (Bounded inputs ending with end-of-stream: the upgraded run of tests/integration/test_drain.py
+and the chaos test; the SDK checkpoint layout: test_table_checkpoints.py.)
 
 Inputs have 2 partitions to keep Spark's start-up cost down; each test has its own emulator and job id.
 """
@@ -9,22 +12,26 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.integration.example_job import ExampleJob, generate, results
+from tests.integration import drain_job
+from tests.integration.example_job import ExampleJob, results
 from weirflow.config import load_config
 from weirflow.control import MessageType, decode, is_control
+from weirflow.drain_notice import DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job_context import JobContext
+from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 
 pytestmark = pytest.mark.integration
 
-EVENTS = 4_000
 FINISH_S = 300
 
 
@@ -67,18 +74,53 @@ def job(tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch):
     j.stop_all()
 
 
-def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(job: AzurePageViews, measure):
-    expected = results.expected_counts(generate.write(job.config, EVENTS))
+def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_and_dead_letter_bad_events(
+    tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
+) -> None:
+    extra = ("streams.page-views.bounded=false", "app.run.id=blue")
+    job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra)
+    feeder = drain_job.Feeder(job.config, rate=400).start()
     systems = Systems(job.config)
     try:
         systems.producer("eh").send([OutgoingRecord("page-views", b"{not json", partition=1)])
         procs = [job.start("p0"), job.start("p1")]
-        job.wait_finished(procs)
+        running = lambda: all("started task" in p.log_text() for p in procs)  # noqa: E731
+        wait_until(lambda: running() or not all(p.alive() for p in procs), FINISH_S, "both to run tasks", 0.2)
+        assert all(p.alive() for p in procs), "\n".join(p.log_text()[-2000:] for p in procs)
+        wait_until(lambda: results.consumed(job.config) >= 1200, FINISH_S, "the job to process input", 0.5)
+        ctx = JobContext.open(job.config, owner="test")
+        try:
+            other = DrainUtils(ctx.metadata).write("green")  # another deployment's drain: ignored
+        finally:
+            ctx.close()
+        began = time.monotonic()
+        done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "240")
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stdout + done.stderr
         for p in procs:
-            assert "started task" in p.log_text(), f"{p.processor_id} ran no task"
-        got = results.read_counts(job.config)
-        assert got == expected, f"{len(set(expected) ^ set(got))} windows differ"
-        measure(f"[event hubs + azure] {len(got)} windows over {EVENTS} events equal pandas, 2 processors")
+            assert p.popen.wait(60) == 0, p.log_text()[-4000:]
+            assert "ignoring drain notification" in p.log_text()
+    finally:
+        feeder.stop()
+        job.stop_all()
+
+    try:
+        states = drain_job.checkpoints(job.config)
+        assert len(states) == 4 and all(c.control.get("drained") == "blue" for c in states.values()), states
+        cut = drain_job.input_cut(job.config)
+        before, after = drain_job.split_at_cut(job.config, cut)
+        expected = results.expected_counts(before)
+        got, twice = drain_job.window_counts_once(job.config)
+        assert not twice, f"{len(twice)} windows written more than once"
+        assert got == expected, f"{len(set(expected) ^ set(got))} windows differ from pandas up to the cut"
+        assert drain_job.unread_intermediate(job.config) == {}
+        ctx = JobContext.open(job.config, owner="test")
+        try:
+            assert DrainUtils(ctx.metadata).all() == [other], "the leader removes its run's notice, not another's"
+        finally:
+            ctx.close()
+        measure(f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
+                f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut")
 
         letters = []
         for partition in range(2):
@@ -89,82 +131,24 @@ def test_two_processors_on_event_hubs_count_exactly_and_dead_letter_bad_events(j
         assert base64.b64decode(letters[0]["raw_base64"]) == b"{not json"
 
         # Control messages reach every partition of the intermediate hub: each upstream task's watermarks and
-        # its end-of-stream, which is what let every downstream task finish.
+        # its drain (for this run), which is what let every downstream task drain.
         middle = f"pageviews-{job.config.get('job.id')}-views-by-page"
         for partition in range(2):
             ssp = SystemStreamPartition("eh", middle, partition)
             records = systems.consumer("eh").read(ssp, "0", 100_000)
             control = [decode(r.value) for r in records if is_control(r.value)]
-            control = [(kind, body.task_name) for kind, body in control]
-            assert {t for k, t in control if k is MessageType.END_OF_STREAM} == {"page_views-0", "page_views-1"}
-            assert {t for k, t in control if k is MessageType.WATERMARK} == {"page_views-0", "page_views-1"}
+            drains = {b.task_name for kind, b in control if kind is MessageType.DRAIN and b.run_id == "blue"}
+            assert drains == {"page_views-0", "page_views-1"}
+            marks = {body.task_name for kind, body in control if kind is MessageType.WATERMARK}
+            assert marks == {"page_views-0", "page_views-1"}
+            assert not any(kind is MessageType.END_OF_STREAM for kind, _ in control)
 
+        # The Azure SDKs' layout for the Event Hubs inputs is never ahead of what was processed.
         manager = TableCheckpointManager(Storage.from_config(job.config))
-        checkpoints = manager.read_all()
-        assert len(checkpoints) == 4 and all(c.control.get("finished") for c in checkpoints.values())
-        inputs = {
-            ssp: int(o) for c in checkpoints.values() for ssp, o in c.offsets.items() if ssp.stream == "page-views"
-        }
-        meta = systems.admin("eh").partition_metadata("page-views")
-        assert inputs == {SystemStreamPartition("eh", "page-views", p): int(meta[p].upcoming) for p in range(2)}
-        # The Azure SDKs' table layout for the Event Hubs inputs: where an EventProcessorClient would resume.
         namespace = f"127.0.0.1:{job.emulator.port}"
-        rows = {
-            r["RowKey"]: r
-            for r in manager.read_sdk_rows()
-            if r["PartitionKey"] == f"{namespace} page-views $Default Checkpoint"
-        }
-        assert set(rows) == {"0", "1"}
-        props = job.emulator_properties("page-views")
-        for p in ("0", "1"):
-            assert rows[p]["sequencenumber"] == str(props[p]["last_enqueued_sequence_number"])
-            assert rows[p]["offset"] == props[p]["last_enqueued_offset"]
+        for row in manager.read_sdk_rows():
+            if row["PartitionKey"] == f"{namespace} page-views $Default Checkpoint":
+                assert int(row["sequencenumber"]) < cut[int(row["RowKey"])]
         manager.stop()
     finally:
         systems.close()
-
-
-def test_a_job_on_event_hubs_drains_mid_stream_with_every_window_once(
-    tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
-) -> None:
-    import time
-
-    from tests.integration import drain_job
-    from weirflow.drain_notice import DrainUtils
-    from weirflow.job_context import JobContext
-    from weirflow.local.launcher import wait_until
-
-    extra = ("streams.page-views.bounded=false", "app.run.id=blue")
-    job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra)
-    feeder = drain_job.Feeder(job.config, rate=400).start()
-    try:
-        procs = [job.start("p0"), job.start("p1")]
-        running = lambda: all("started task" in p.log_text() for p in procs)  # noqa: E731
-        wait_until(lambda: running() or not all(p.alive() for p in procs), FINISH_S, "both to run tasks", 0.2)
-        assert all(p.alive() for p in procs), "\n".join(p.log_text()[-2000:] for p in procs)
-        wait_until(lambda: results.consumed(job.config) >= 1200, FINISH_S, "the job to process input", 0.5)
-        began = time.monotonic()
-        done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "240")
-        took = time.monotonic() - began
-        assert done.returncode == 0, done.stdout + done.stderr
-        for p in procs:
-            assert p.popen.wait(60) == 0, p.log_text()[-4000:]
-    finally:
-        feeder.stop()
-        job.stop_all()
-
-    states = drain_job.checkpoints(job.config)
-    assert len(states) == 4 and all(c.control.get("drained") == "blue" for c in states.values()), states
-    before, after = drain_job.split_at_cut(job.config, drain_job.input_cut(job.config))
-    expected = results.expected_counts(before)
-    got, twice = drain_job.window_counts_once(job.config)
-    assert not twice, f"{len(twice)} windows written more than once"
-    assert got == expected, f"{len(set(expected) ^ set(got))} windows differ from pandas up to the cut"
-    assert drain_job.unread_intermediate(job.config) == {}
-    ctx = JobContext.open(job.config, owner="test")
-    try:
-        assert DrainUtils(ctx.metadata).all() == [], "the leader removed the notice from Blob Storage"
-    finally:
-        ctx.close()
-    measure(f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
-            f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut")
