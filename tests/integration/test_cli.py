@@ -160,3 +160,19 @@ def test_a_wrong_system_factory_fails_at_start_not_at_first_use(config: Path) ->
     result = weirflow("run", str(config), "--set", "systems.vault.factory=eventhubz")
     assert result.returncode == 2
     assert "systems.vault.factory" in result.stderr and "unknown alias 'eventhubz'" in result.stderr
+
+
+def test_drain_refuses_a_record_job_and_a_wait_that_times_out_says_what_is_left(
+    config: Path, tmp_path: Path
+) -> None:
+    refused = weirflow("drain", str(config))
+    assert refused.returncode == 2 and "app.pipeline" in refused.stderr and "SIGTERM" in refused.stderr
+
+    pipeline = Path(__file__).resolve().parents[2] / "examples" / "pageviews" / "job.yaml"
+    state = f"job.state.dir={tmp_path / 'state'}"
+    waited = weirflow("drain", str(pipeline), "--set", state, "--run-id", "v7", "--wait", "--timeout", "1")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "drain requested for run v7" in waited.stdout
+    assert "no processor of this job is running" in waited.stderr  # said at once, not after the time-out
+    assert "the drain of run v7 did not complete in 1 s" in waited.stderr
+    assert "tasks drained" in waited.stderr
