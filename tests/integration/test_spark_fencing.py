@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import textwrap
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.local.coordination import SqliteCoordinationUtils
-from weirflow.local.factories import job_database_path
+from weirflow.local.factories import job_database_path, stream_database_path
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
@@ -158,6 +159,28 @@ class CopyJob:
     def assignment(self) -> dict[str, list[str]]:
         return status_document(self.config)["assignment"]
 
+    def pause(self, proc: ProcessorProcess) -> None:
+        """SIGSTOP ``proc`` outside any write to the job's SQLite files.
+
+        SQLite's write lock is a file lock of the writing process: a processor stopped inside one of its
+        (millisecond) writes would keep every other processor from writing until it resumed, renewals
+        included, so everybody would lose their locks (docs/coordination.md, "Embedded: a paused writer").
+        That is a fault of the embedded store, not of the fence under test; so the test takes the write lock of
+        each database itself (waiting for any write in flight to commit), stops the processor, and lets go.
+        """
+        held = []
+        try:
+            for path in (job_database_path(self.config), stream_database_path(self.config, "local")):
+                conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+                held.append(conn)
+                conn.execute("BEGIN IMMEDIATE")
+            os.kill(proc.pid, signal.SIGSTOP)
+        finally:
+            for conn in held:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                conn.close()
+
     def close(self) -> None:
         for proc in self.processes.values():
             if proc.alive():
@@ -227,7 +250,7 @@ def test_a_paused_processor_writes_nothing_for_lost_tasks_and_a_stopped_one_hand
     burst = job.produce(1500, _partitions_of(lost))
     wait_until(lambda: job.transforming(burst), 60, "p1's Spark transforming the burst", interval_s=0.1)
     assert not job.written_by(p1) & burst
-    os.kill(p1.pid, signal.SIGSTOP)
+    job.pause(p1)
     stopped_at = time.monotonic()
     try:
         wait_until(lambda: set(lost) <= set(job.assignment().get("p0", [])), 60, "p0 assigned p1's tasks",
