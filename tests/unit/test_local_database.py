@@ -22,7 +22,11 @@ def _open(path: str, barrier: object, results: object) -> None:
 def test_processes_opening_a_new_database_together_all_succeed(tmp_path: Path) -> None:
     """Switching a new file to WAL needs it alone, and SQLite says "database is locked" at once instead of
     waiting; before the retry, 6 of 160 processes failed this way (4 at a time, 40 rounds)."""
-    context = mp.get_context("fork")
+    # forkserver: children fork from a fresh single-threaded server. Forked straight from the test process,
+    # which by then runs the threads of earlier tests' clients, a child could inherit a lock held by one of
+    # them and hang (it did once, in a full run).
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
     outcomes = []
     for round_ in range(20):
         path = tmp_path / f"job-{round_}.db"

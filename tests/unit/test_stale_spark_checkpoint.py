@@ -39,3 +39,10 @@ def test_a_spark_checkpoint_level_with_or_ahead_of_the_store_is_kept(tmp_path: P
     location = spark_checkpoint(tmp_path / "t", batch=7, end=400)
     assert not StageQuery._stale(None, task(400), location)  # type: ignore[arg-type]
     assert not StageQuery._stale(None, task(250), location)  # type: ignore[arg-type]  # caught up instead
+
+
+def test_a_spark_checkpoint_without_a_committed_batch_is_discarded(tmp_path: Path) -> None:
+    """A query stopped during its first batch leaves offsets/0 and no commit; Spark 4 refuses to rerun batch 0
+    over it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so the task must start a new one."""
+    location = spark_checkpoint(tmp_path / "t", batch=0, end=40, committed=False)
+    assert StageQuery._stale(None, task(0), location)  # type: ignore[arg-type]

@@ -199,8 +199,16 @@ class StageQuery:
         further meanwhile, from a Spark checkpoint of its own): the store wins, since resuming from Spark's
         position would read again what was already processed and then move the store's offsets backwards.
         Spark's checkpoint *ahead* of the store is normal (a processor killed between Spark's commit and its
-        own checkpoint) and is caught up with instead (`_catch_up`)."""
+        own checkpoint) and is caught up with instead (`_catch_up`).
+
+        A Spark checkpoint with no committed batch (its query stopped or died during its first batch) is
+        discarded too: it holds no operator state (state is committed with a batch) and Spark refuses to run
+        batch 0 again over its leftovers (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, Spark 4.x), which
+        failed the task on every retry."""
         committed = _last_committed(location)
+        if committed is None:
+            log.info("task %s: its Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
+            return True
         spark_at: dict[str, int] = {}
         for source in committed[1] if committed else []:
             for key, end in source["p"].items():
