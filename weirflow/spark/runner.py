@@ -207,7 +207,7 @@ class StageQuery:
         failed the task on every retry."""
         committed = _last_committed(location)
         if committed is None:
-            log.info("task %s: its Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
+            log.info("task %s: Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
             return True
         spark_at: dict[str, int] = {}
         for source in committed[1] if committed else []:
