@@ -253,6 +253,14 @@ class Storage:
             self._created.add("container")
         return client
 
+    def container_named(self, name: str) -> Any:
+        """The container ``name`` of the account, created on first use."""
+        client = self.blob_service.get_container_client(name)
+        if f"container:{name}" not in self._created:
+            self.call("create container", name, self.blob_endpoint, _create_container(client))
+            self._created.add(f"container:{name}")
+        return client
+
     def table(self, suffix: str) -> Any:
         """The table ``<prefix><suffix>``, created on first use."""
         return self.table_named(self.settings.table_name(suffix))

@@ -1,15 +1,19 @@
-"""The Azure SDKs' Table Storage checkpoint layout for Event Hubs, written beside weirflow's own rows.
+"""Where an Event Hubs consumer written with the Azure SDKs looks for its checkpoints, and what weirflow writes
+there beside its own rows (``task.checkpoint.azure.eventhubs.layout``: ``table``, ``blob``, ``both`` (the
+default) or ``none``).
 
-Event Hubs processors in every language (`EventProcessorClient`, `EventHubConsumerClient` with a table
-checkpoint store) keep one row per partition::
+* **Blob** (`weirflow_azure.checkpoint.eventhubs_blobs`): what every released SDK (``BlobCheckpointStore``,
+  ``EventProcessorClient``) and KEDA's Event Hubs scaler read — one blob per partition,
+  ``<namespace>/<hub>/<consumer group>/checkpoint/<partition>`` with metadata ``offset`` and
+  ``sequencenumber``.
+* **Table**: the layout of the Python table checkpoint store — one row per partition::
 
     PartitionKey = "<fully qualified namespace> <event hub> <consumer group> Checkpoint"
     RowKey       = "<partition id>"
     offset, sequencenumber   (strings) — the last event processed
 
-A weirflow job that reads Event Hubs writes these rows too (``task.checkpoint.azure.eventhubs.layout``, on by
-default), so a processor written with the SDK — in any language — can resume exactly where the job stopped,
-and the job's progress shows up in tools that read that layout.
+Either way a consumer written with the SDK, in any language, resumes exactly where the job stopped, and the
+job's progress shows in tools that read the layout.
 
 Which SSPs are Event Hubs: those of a system whose factory (``systems.<name>.factory``, resolved like every
 factory) is the Event Hubs plugin's `EventHubSystemFactory` or a subclass of it, whichever alias or
@@ -36,6 +40,41 @@ from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP
 log = logging.getLogger("weirflow.checkpoint")
 
 
+LAYOUTS = ("table", "blob")
+LAYOUT_KEY = "task.checkpoint.azure.eventhubs.layout"
+
+
+def layouts_of(config: ConfigView) -> frozenset[str]:
+    """``task.checkpoint.azure.eventhubs.layout`` as the set of layouts to write: ``table``, ``blob``, ``both``
+    or ``none`` (``true`` / ``false``, its values when it was a switch, mean ``both`` / ``none``)."""
+    value = str(config.get(LAYOUT_KEY)).strip().lower()
+    chosen = {"both": LAYOUTS, "true": LAYOUTS, "none": (), "false": (), "table": ("table",), "blob": ("blob",)}
+    if value not in chosen:
+        raise config.error(LAYOUT_KEY, f"'{value}' is not one of table, blob, both, none")
+    return frozenset(chosen[value])
+
+
+@dataclass(frozen=True)
+class SdkCheckpoint:
+    """One partition's checkpoint as the SDKs keep it: the last event processed (``offset`` and
+    ``sequence_number`` as strings, as the SDKs store them)."""
+
+    fully_qualified_namespace: str
+    eventhub: str
+    consumer_group: str
+    partition_id: str
+    offset: str
+    sequence_number: str
+
+    def table_row(self) -> dict[str, str]:
+        return {
+            "PartitionKey": f"{self.fully_qualified_namespace} {self.eventhub} {self.consumer_group} Checkpoint",
+            "RowKey": self.partition_id,
+            "offset": self.offset,
+            "sequencenumber": self.sequence_number,
+        }
+
+
 @dataclass(frozen=True)
 class EventHubsSystem:
     """Where one weirflow system's Event Hubs live, as the SDK names them."""
@@ -43,8 +82,6 @@ class EventHubsSystem:
     fully_qualified_namespace: str
     consumer_group: str = DEFAULT_CONSUMER_GROUP
 
-    def partition_key(self, eventhub: str) -> str:
-        return f"{self.fully_qualified_namespace} {eventhub} {self.consumer_group} Checkpoint"
 
 
 def namespace_of_connection_string(connection_string: str) -> str:
@@ -98,9 +135,9 @@ def eventhubs_systems(config: ConfigView) -> dict[str, EventHubsSystem]:
     return found
 
 
-def sdk_checkpoint_rows(checkpoint: Checkpoint, systems: Mapping[str, EventHubsSystem]) -> list[dict[str, str]]:
-    """The SDK-layout rows for the Event Hubs SSPs of ``checkpoint`` whose last event is known."""
-    rows = []
+def sdk_checkpoints(checkpoint: Checkpoint, systems: Mapping[str, EventHubsSystem]) -> list[SdkCheckpoint]:
+    """The SDK checkpoints of the Event Hubs SSPs of ``checkpoint`` whose last event is known."""
+    found = []
     for ssp, next_offset in checkpoint.offsets.items():
         system = systems.get(ssp.system)
         if system is None:
@@ -108,18 +145,16 @@ def sdk_checkpoint_rows(checkpoint: Checkpoint, systems: Mapping[str, EventHubsS
         position = checkpoint.positions.get(ssp, {})
         offset = position.get("offset")
         if offset is None or offset == "":
-            log.debug("no event offset for %s: no SDK checkpoint row", ssp)
+            log.debug("no event offset for %s: no SDK checkpoint", ssp)
             continue
         sequence_number = position.get("sequence_number")
         if sequence_number is None:
             sequence_number = str(int(next_offset) - 1)
-        rows.append(
-            {
-                "PartitionKey": system.partition_key(ssp.stream),
-                "RowKey": str(ssp.partition),
-                "offset": str(offset),
-                "sequencenumber": str(sequence_number),
-            }
+        found.append(
+            SdkCheckpoint(
+                system.fully_qualified_namespace, ssp.stream, system.consumer_group, str(ssp.partition),
+                str(offset), str(sequence_number),
+            )  # fmt: skip
         )
-    return rows
+    return found
 

@@ -10,10 +10,21 @@ from weirflow_azure.coordinator.keys import SECTION
 KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "task.checkpoint.azure.eventhubs.layout",
-        "bool",
-        True,
-        "`azure-table` checkpoints also write Event Hubs positions in the Azure SDKs' table layout "
-        "(PartitionKey `<namespace> <hub> <consumer group> Checkpoint`), so SDK processors can resume there.",
+        "str",
+        "both",
+        "Where `azure-table` checkpoints also write Event Hubs positions in the Azure SDKs' layouts, so SDK "
+        "consumers (any language) and KEDA's scaler resume or measure lag there: `blob` (one blob per partition, "
+        "`<namespace>/<hub>/<consumer group>/checkpoint/<partition>`, what every released SDK reads), `table` "
+        "(rows `<namespace> <hub> <consumer group> Checkpoint`), `both` or `none`.",
+        SECTION,
+    ),
+    ConfigKey(
+        "task.checkpoint.azure.eventhubs.container",
+        "str",
+        None,
+        "Blob container of the Event Hubs SDK-layout checkpoint blobs, in the job's storage account; also where "
+        "`streams.<id>.start: sdk-checkpoint` reads an SDK consumer app's checkpoints. Default: the job's "
+        "container (`azure.storage.container`).",
         SECTION,
     ),
     ConfigKey(

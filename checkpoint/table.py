@@ -18,7 +18,8 @@ control state ahead of the offsets it belongs to.
 
 Keys are escaped (`escape_key`) because Table keys may not contain ``/ \\ # ?``.
 
-Event Hubs SSPs are also written in the Azure SDKs' layout (see `weirflow_azure.checkpoint.eventhubs_layout`).
+Event Hubs SSPs are also written in the Azure SDKs' layouts, table rows and/or blobs, after the checkpoint's own
+rows (see `weirflow_azure.checkpoint.eventhubs_layout`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoint_rows
+from weirflow_azure.checkpoint.eventhubs_blobs import BlobCheckpoints
+from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoints
 from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key
 
 T = TypeVar("T")
@@ -92,8 +94,10 @@ def _transact(table: Any, operations: list[Any], fence: tuple[str, dict[str, Any
 class TableCheckpointManager(CheckpointManager):
     """Checkpoints of one job in Table Storage.
 
-    ``eventhubs`` maps system names to their Event Hubs coordinates; their SSPs are also written in the SDK
-    layout to the table ``eventhubs_table`` (default: the checkpoint table itself). Empty disables it.
+    ``eventhubs`` maps system names to their Event Hubs coordinates; their SSPs are also written in the SDKs'
+    layouts: rows in the table ``eventhubs_table`` (default: the checkpoint table itself) unless
+    ``table_layout`` is False, and blobs through ``eventhubs_blobs`` when given. Empty ``eventhubs`` disables
+    both.
     """
 
     def __init__(
@@ -102,10 +106,14 @@ class TableCheckpointManager(CheckpointManager):
         *,
         eventhubs: dict[str, EventHubsSystem] | None = None,
         eventhubs_table: str | None = None,
+        table_layout: bool = True,
+        eventhubs_blobs: BlobCheckpoints | None = None,
     ) -> None:
         self._storage = storage
         self._eventhubs = eventhubs or {}
         self._eventhubs_table = eventhubs_table or storage.settings.table_name(TABLE_SUFFIX)
+        self._table_layout = table_layout
+        self._blobs = eventhubs_blobs
 
     @property
     def table_name(self) -> str:
@@ -120,7 +128,7 @@ class TableCheckpointManager(CheckpointManager):
 
     def start(self) -> None:
         self._storage.table(TABLE_SUFFIX)
-        if self._eventhubs:
+        if self._eventhubs and self._table_layout:
             self._storage.table_named(self._eventhubs_table)
 
     def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
@@ -141,9 +149,14 @@ class TableCheckpointManager(CheckpointManager):
             rows.append(_control_row(pk, checkpoint.control))
         fence = self._fence_operation(task_name, pk, checkpoint.epoch)
         self._submit(self.table_name, rows, f"{self.table_name}/{task_name}", first=fence)
-        if self._eventhubs:
-            sdk_rows = sorted(sdk_checkpoint_rows(checkpoint, self._eventhubs), key=lambda r: r["PartitionKey"])
+        if not self._eventhubs:
+            return
+        sdk = sdk_checkpoints(checkpoint, self._eventhubs)
+        if self._table_layout:
+            sdk_rows = sorted((cp.table_row() for cp in sdk), key=lambda r: r["PartitionKey"])
             self._submit(self._eventhubs_table, sdk_rows, f"{self.eventhubs_table_name} (Event Hubs layout)")
+        if self._blobs is not None:
+            self._blobs.write(sdk)
 
     def _fence_operation(self, task_name: str, pk: str, epoch: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """The transaction operation that makes a write conditional on the task's fencing token: the fence row

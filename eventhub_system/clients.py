@@ -29,9 +29,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azure.eventhub import EventData
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
@@ -52,6 +52,10 @@ from weirflow.interfaces.system import (
 from weirflow_azure.eventhubs.errors import hub_errors, is_transient
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 from weirflow_azure.eventhubs.settings import EventHubsSettings
+
+if TYPE_CHECKING:
+    from weirflow_azure.checkpoint.eventhubs_blobs import BlobCheckpoints
+    from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem
 
 log = logging.getLogger("weirflow.eventhub")
 
@@ -134,9 +138,18 @@ class _Clients:
 
 
 class EventHubSystemAdmin(SystemAdmin):
-    def __init__(self, settings: EventHubsSettings, configured: dict[str, int] | None = None) -> None:
+    """``sdk_checkpoints`` opens the SDK-layout checkpoint blobs (and names this system as the SDKs do) for
+    ``streams.<id>.start: sdk-checkpoint``; None when the job has no storage account to read them from."""
+
+    def __init__(
+        self,
+        settings: EventHubsSettings,
+        configured: dict[str, int] | None = None,
+        sdk_checkpoints: Callable[[], tuple[BlobCheckpoints, EventHubsSystem]] | None = None,
+    ) -> None:
         self._clients = _Clients(settings)
         self._configured = configured or {}
+        self._sdk_checkpoints = sdk_checkpoints
 
     def partition_count(self, stream: str) -> int:
         """Partitions of hub ``stream``; a hub that does not exist is a `StreamNotFoundError` naming it."""
@@ -181,6 +194,36 @@ class EventHubSystemAdmin(SystemAdmin):
 
     def record_fields(self) -> Sequence[RecordField]:
         return RECORD_FIELDS
+
+    def native_position(self, record: IncomingRecord) -> Mapping[str, str] | None:
+        attributes = record.attributes
+        if "offset" not in attributes or "sequence_number" not in attributes:
+            return None
+        return {"offset": str(attributes["offset"]), "sequence_number": str(attributes["sequence_number"])}
+
+    def offset_after_native_checkpoint(self, stream: str, partition: int) -> str | None:
+        """The sequence number after the one in the partition's SDK checkpoint blob (what
+        ``BlobCheckpointStore`` wrote for this namespace, hub and consumer group); a checkpoint older than the
+        partition's retention starts at its oldest event, with a warning counting the events lost."""
+        if self._sdk_checkpoints is None:
+            raise NotImplementedError(
+                f"Event Hubs system '{self._clients.settings.system}' reads SDK checkpoints from the job's "
+                "storage account: set azure.storage.connection.string or azure.storage.account"
+            )
+        blobs, system = self._sdk_checkpoints()
+        found = blobs.read(system.fully_qualified_namespace, stream, system.consumer_group).get(str(partition))
+        if found is None:
+            return None
+        upcoming = int(found.sequence_number) + 1
+        oldest = int(self.partition_metadata_of(stream, [partition])[partition].oldest)
+        if upcoming < oldest:
+            log.warning(
+                "event hub '%s' partition %d: its SDK checkpoint (sequence number %s) is older than the "
+                "partition's retention; starting at its oldest event %d: %d events were lost before this job",
+                stream, partition, found.sequence_number, oldest, oldest - upcoming,
+            )  # fmt: skip
+            return str(oldest)
+        return str(upcoming)
 
     def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
         """Sequence number of the first event enqueued at or after ``timestamp_ms``: the service answers a

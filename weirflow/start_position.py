@@ -1,23 +1,29 @@
 """Where a task without a checkpoint starts reading a stream: ``streams.<id>.start``.
 
 Shared by both task runners (record tasks and the Spark data plane) so the key means the same everywhere:
-``earliest`` (the default), ``latest``, or an ISO 8601 time resolved per partition by the system itself
-(`SystemAdmin.offset_for_time`: the first record stamped at or after it).
+``earliest`` (the default), ``latest``, an ISO 8601 time resolved per partition by the system itself
+(`SystemAdmin.offset_for_time`: the first record stamped at or after it), or ``sdk-checkpoint``: where a consumer
+written with the system's own client library left off (`SystemAdmin.offset_after_native_checkpoint`; Event Hubs:
+the SDKs' checkpoint blobs), for moving such an app onto weirflow. A partition it never checkpointed starts at
+the earliest record, so nothing is skipped.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 from weirflow.interfaces.system import SystemAdmin, SystemStreamPartition
 
-START_KEYWORDS = ("earliest", "latest")
+log = logging.getLogger("weirflow.start")
+
+START_KEYWORDS = ("earliest", "latest", "sdk-checkpoint")
 
 
 def parse_start(config: Any, stream_id: str) -> str | int:
-    """``streams.<id>.start`` as ``"earliest"``, ``"latest"`` or epoch milliseconds (an ISO 8601 time; a time
-    without a zone is UTC). Anything else is a config error naming the key."""
+    """``streams.<id>.start`` as ``"earliest"``, ``"latest"``, ``"sdk-checkpoint"`` or epoch milliseconds (an
+    ISO 8601 time; a time without a zone is UTC). Anything else is a config error naming the key."""
     key = f"streams.{stream_id}.start"
     text = str(config.get(key) or "earliest").strip()
     if text.lower() in START_KEYWORDS:
@@ -26,7 +32,8 @@ def parse_start(config: Any, stream_id: str) -> str | int:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
         raise config.error(
-            key, f"'{text}' is neither earliest, latest nor an ISO 8601 time such as 2026-11-20T08:00:00Z"
+            key, f"'{text}' is neither earliest, latest, sdk-checkpoint nor an ISO 8601 time such as "
+            "2026-11-20T08:00:00Z"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
@@ -44,5 +51,15 @@ def start_offset(config: Any, stream_id: str, admin: SystemAdmin, ssp: SystemStr
                 f"streams.{stream_id}.start",
                 f"system '{ssp.system}' cannot start a stream at a time; use earliest or latest",
             ) from None
+    if start == "sdk-checkpoint":
+        try:
+            offset = admin.offset_after_native_checkpoint(ssp.stream, ssp.partition)
+        except NotImplementedError as exc:
+            raise config.error(f"streams.{stream_id}.start", f"cannot start at an SDK checkpoint: {exc}") from None
+        if offset is not None:
+            log.info("%s starts after its SDK checkpoint, at %s", ssp, offset)
+            return offset
+        log.info("%s has no SDK checkpoint: it starts at the earliest record", ssp)
+        start = "earliest"
     metadata = admin.partition_metadata(ssp.stream)[ssp.partition]
     return metadata.upcoming if start == "latest" else metadata.oldest

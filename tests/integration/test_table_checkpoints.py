@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from azure.data.tables import TableServiceClient
+from azure.storage.blob import BlobServiceClient
 
 from tests.conftest import unique_job_name
 from weirflow.config.loader import Config
@@ -88,7 +89,28 @@ def test_batches_never_mix_partition_keys() -> None:
     assert all(len({r["PartitionKey"] for r in g}) == 1 for g in groups)
 
 
-def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, azure_storage) -> None:
+def _container(connection_string: str, config: Config):
+    from weirflow_azure.coordinator.storage import StorageSettings
+
+    name = config.get("task.checkpoint.azure.eventhubs.container") or StorageSettings.from_config(config).container
+    return BlobServiceClient.from_connection_string(connection_string).get_container_client(name)
+
+
+def checkpoint_blobs(connection_string: str, config: Config) -> dict[str, dict[str, str]]:
+    """Every blob of the SDK layout, as `BlobCheckpointStore.list_checkpoints` reads them: name -> metadata."""
+    with _container(connection_string, config) as container:
+        if not container.exists():
+            return {}
+        listed = container.list_blobs(include=["metadata"])
+        return {b.name: dict(b.metadata) for b in listed if "/checkpoint/" in b.name}
+
+
+def blob_etags(connection_string: str, config: Config) -> dict[str, str]:
+    with _container(connection_string, config) as container:
+        return {b.name: b.etag for b in container.list_blobs() if "/checkpoint/" in b.name}
+
+
+def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, config, azure_storage) -> None:
     eh0, eh1, eh2 = (SystemStreamPartition("eh", "clicks", p) for p in range(3))
     local = SystemStreamPartition("local", "views", 0)
     manager.write_checkpoint(
@@ -110,19 +132,54 @@ def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, azure_
     assert manager.read_last_checkpoint("main-0").offsets == {eh0: "42", eh1: "7", eh2: "5", local: "9"}
     assert set(manager.read_all()) == {"main-0"}
 
-    manager.write_checkpoint("main-0", Checkpoint({eh0: "50"}, positions={eh0: {"offset": "5000"}}))
+    # and as blobs, named and stamped exactly as the SDKs' BlobCheckpointStore writes them (the default: both)
+    blobs = checkpoint_blobs(azure_storage, config)
+    assert blobs == {
+        f"{NAMESPACE}/clicks/analytics/checkpoint/0": {"offset": "4096", "sequencenumber": "41"},
+        f"{NAMESPACE}/clicks/analytics/checkpoint/1": {"offset": "512", "sequencenumber": "6"},
+    }
+    etag_of_1 = blob_etags(azure_storage, config)[f"{NAMESPACE}/clicks/analytics/checkpoint/1"]
+
+    manager.write_checkpoint(
+        "main-0", Checkpoint({eh0: "50", eh1: "7"}, positions={eh0: {"offset": "5000"}, eh1: {"offset": "512"}})
+    )
     rows = table_rows(azure_storage, manager.eventhubs_table_name, f"{NAMESPACE} clicks analytics Checkpoint")
     assert rows[0]["offset"] == "5000" and rows[0]["sequencenumber"] == "49"
+    assert checkpoint_blobs(azure_storage, config)[f"{NAMESPACE}/clicks/analytics/checkpoint/0"] == {
+        "offset": "5000", "sequencenumber": "49"}  # fmt: skip
+    # a partition whose position did not move is not written again
+    assert blob_etags(azure_storage, config)[f"{NAMESPACE}/clicks/analytics/checkpoint/1"] == etag_of_1
 
 
 def test_the_sdk_layout_can_be_switched_off(azure_storage) -> None:
-    config = make_config(azure_storage, **{"task.checkpoint.azure.eventhubs.layout": False})
+    config = make_config(azure_storage, **{"task.checkpoint.azure.eventhubs.layout": "none"})
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     manager.start()
     try:
         eh0 = SystemStreamPartition("eh", "clicks", 0)
         manager.write_checkpoint("main-0", Checkpoint({eh0: "42"}, positions={eh0: {"offset": "4096"}}))
         assert manager.read_sdk_rows() == []
+        assert checkpoint_blobs(azure_storage, config) == {}
         assert manager.read_last_checkpoint("main-0").offsets == {eh0: "42"}
+    finally:
+        manager.stop()
+
+
+def test_the_blob_layout_alone_writes_blobs_in_the_configured_container_and_no_rows(azure_storage) -> None:
+    config = make_config(
+        azure_storage,
+        **{
+            "task.checkpoint.azure.eventhubs.layout": "blob",
+            "task.checkpoint.azure.eventhubs.container": "ckpts-b",
+        },
+    )
+    manager = checkpoint_factory(config).get_checkpoint_manager(config)
+    manager.start()
+    try:
+        eh0 = SystemStreamPartition("eh", "clicks", 0)
+        manager.write_checkpoint("main-0", Checkpoint({eh0: "42"}, positions={eh0: {"offset": "4096"}}))
+        assert manager.read_sdk_rows() == []
+        assert checkpoint_blobs(azure_storage, config) == {
+            f"{NAMESPACE}/clicks/analytics/checkpoint/0": {"offset": "4096", "sequencenumber": "41"}}  # fmt: skip
     finally:
         manager.stop()

@@ -106,3 +106,33 @@ def test_start_offset_on_the_embedded_log(tmp_path) -> None:
         assert start_offset(_config(start="2999-01-01T00:00:00Z"), "views", admin, ssp) == "3"
     finally:
         systems.close()
+
+
+def test_sdk_checkpoint_is_a_start_keyword_and_a_system_without_them_is_a_config_error(tmp_path) -> None:
+    from weirflow.interfaces.system import SystemStreamPartition
+    from weirflow.start_position import start_offset
+    from weirflow.systems import Systems
+
+    assert parse_start(_config(start="SDK-checkpoint"), "views") == "sdk-checkpoint"
+    config = Config.from_dict({"job": {"name": "j", "state": {"dir": str(tmp_path)}}}, base_dir=tmp_path)
+    systems = Systems(config)
+    try:
+        with pytest.raises(ConfigError, match=r"streams.views.start.*cannot start at an SDK checkpoint"):
+            start_offset(_config(start="sdk-checkpoint"), "views", systems.admin("local"),
+                         SystemStreamPartition("local", "views", 0))  # fmt: skip
+    finally:
+        systems.close()
+
+
+def test_the_event_hubs_checkpoint_layout_is_table_blob_both_or_none() -> None:
+    from weirflow_azure.checkpoint.eventhubs_layout import layouts_of
+
+    def layouts(value: object) -> frozenset[str]:
+        settings = {"job.name": "j", "task.checkpoint.azure.eventhubs.layout": value}
+        return layouts_of(Config.from_dict(settings, source="job.yaml"))
+
+    assert layouts_of(Config.from_dict({"job.name": "j"})) == {"table", "blob"}  # the default: both
+    assert layouts("blob") == {"blob"} and layouts("Table") == {"table"} and layouts("none") == set()
+    assert layouts(True) == {"table", "blob"} and layouts(False) == set()  # its values when it was a switch
+    with pytest.raises(ConfigError, match=r"task.checkpoint.azure.eventhubs.layout' in job.yaml: 'blobs' is not"):
+        layouts("blobs")

@@ -307,7 +307,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "str",
         "earliest",
         "Where a task without a checkpoint starts reading: `earliest`, `latest`, or an ISO 8601 time such as "
-        "`2026-11-20T08:00:00Z` (per partition, the first record stamped at or after it; no zone means UTC).",
+        "`2026-11-20T08:00:00Z` (per partition, the first record stamped at or after it; no zone means UTC), or "
+        "`sdk-checkpoint`: after the checkpoint a consumer written with the system's own SDK left (Event Hubs: "
+        "the blobs in `task.checkpoint.azure.eventhubs.container`; a partition without one starts at earliest).",
         _S,
     ),
     ConfigKey(

@@ -207,6 +207,19 @@ class SystemAdmin(ABC):
         cannot seek by time raise `NotImplementedError` (the runtime turns it into a config error)."""
         raise NotImplementedError(f"{type(self).__name__} cannot seek by time")
 
+    def native_position(self, record: IncomingRecord) -> Mapping[str, str] | None:
+        """The system's own description of where ``record`` is (Event Hubs: its ``offset`` and
+        ``sequence_number``), for checkpoints' ``positions`` when the system's native checkpoint layout needs
+        more than weirflow's offset; None (the default) when it needs nothing."""
+        return None
+
+    def offset_after_native_checkpoint(self, stream: str, partition: int) -> str | None:
+        """The offset after the last record that a consumer written with the system's own client library
+        checkpointed for this partition (Event Hubs: the SDKs' checkpoint blobs), or None when it checkpointed
+        none; backs ``streams.<id>.start: sdk-checkpoint``. Systems without such checkpoints raise
+        `NotImplementedError` (the runtime turns it into a config error)."""
+        raise NotImplementedError(f"{type(self).__name__} has no checkpoints of its own client library")
+
     def close(self) -> None:
         """Release connections. Idempotent."""
 

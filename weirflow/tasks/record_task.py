@@ -37,7 +37,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +276,12 @@ class RecordTaskRunner(TaskRunner):
         task = handle.task
         offsets = self._start_offsets(handle)
         log.info("task %s started at %s", task.name, {str(k): v for k, v in offsets.items()})
+        # the systems' own description of each SSP's last record, for their native checkpoint layouts
+        positions: dict[SystemStreamPartition, Mapping[str, str]] = {}
+
+        def checkpoint() -> Checkpoint:
+            return Checkpoint(offsets=dict(offsets), positions=dict(positions))
+
         dirty = False
         last_commit = time.monotonic()
         while not handle.stop_event.is_set():
@@ -287,15 +293,18 @@ class RecordTaskRunner(TaskRunner):
                 outgoing = self._process(ssp, records)
                 handle.guarded(lambda out=outgoing: self._send(out))
                 offsets[ssp] = records[-1].next_offset
+                position = self.systems.admin(ssp.system).native_position(records[-1])
+                if position:
+                    positions[ssp] = position
                 progressed = dirty = True
             if dirty and (time.monotonic() - last_commit) * 1000 >= self.commit_ms:
-                handle.guarded(lambda: handle.writer.write(Checkpoint(offsets=dict(offsets))), hold=False)
+                handle.guarded(lambda: handle.writer.write(checkpoint()), hold=False)
                 dirty = False
                 last_commit = time.monotonic()
             if not progressed:
                 handle.stop_event.wait(_IDLE_WAIT_S)
         if dirty:
-            handle.guarded(lambda: handle.writer.write(Checkpoint(offsets=dict(offsets))), hold=False)
+            handle.guarded(lambda: handle.writer.write(checkpoint()), hold=False)
         log.info("task %s stopped at %s", task.name, {str(k): v for k, v in offsets.items()})
 
     def _process(self, ssp: SystemStreamPartition, records: list[Any]) -> dict[str, list[OutgoingRecord]]:
