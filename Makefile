@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# What `make install` puts in the venv: the Dockerfile runs the same target with EXTRAS=azure EDITABLE= (a
+# plain install of the Azure extra, in the image's own venv), so the image installs exactly as `make run` does.
+EXTRAS ?= dev,azure,emulator
+EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
 .PHONY: run test install java node faketime lint docs clean
@@ -11,7 +15,7 @@ NODE_STAMP := node_modules/.installed-stamp
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,azure,emulator]'
+	$(PY) -m pip install --quiet $(EDITABLE) '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 # A Java runtime is installed through apt only when `java` is missing (PySpark needs it).

@@ -27,6 +27,8 @@ from weirflow.errors import ConfigError, WeirflowError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 streams_app = typer.Typer(no_args_is_help=True, help="Create, list, write and read streams of the job's systems.")
 app.add_typer(streams_app, name="streams")
+deploy_app = typer.Typer(no_args_is_help=True, help="What a deployment of the job must create (docs/deploy.md).")
+app.add_typer(deploy_app, name="deploy")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -264,6 +266,42 @@ def config_reference() -> None:
     from weirflow.config.reference import render_markdown
 
     print(render_markdown(), end="")
+
+
+# --- deploy -------------------------------------------------------------------------------------------
+@deploy_app.command("hubs")
+def deploy_hubs(
+    config: ConfigArg,
+    system: Annotated[str, typer.Option(help="The Event Hubs system (`systems.<name>`).")] = "eh",
+    set_: SetOpt = None,  # type: ignore[assignment]
+    as_json: JsonOpt = False,
+) -> None:
+    """Print every hub the job needs on SYSTEM (inputs, their dead-letter hubs, intermediate streams, outputs)
+    with its partition count, as the `hubs` parameter of infra/main.bicep."""
+    from weirflow.deploy import hubs_to_create
+
+    with _user_errors():
+        cfg = _load(config, set_)
+        if system not in cfg.names("systems"):
+            raise cfg.error(f"systems.{system}.factory", f"no system '{system}' is configured; pass --system")
+        spark = None
+        if cfg.get("app.pipeline"):
+            from weirflow.spark.session import build_spark_session
+
+            err_console.print("loading the pipeline (it needs a SparkSession: starting one)...")
+            spark = build_spark_session(cfg)
+        try:
+            hubs = hubs_to_create(cfg, system)
+        finally:
+            if spark is not None:
+                spark.stop()
+    if as_json:
+        print(json.dumps([{"name": h.name, "partitions": h.partitions} for h in hubs], indent=2))
+        return
+    print("param hubs = [")
+    for hub in hubs:
+        print(f"  {{ name: '{hub.name}', partitions: {hub.partitions} }}")
+    print("]")
 
 
 # --- streams ------------------------------------------------------------------------------------------

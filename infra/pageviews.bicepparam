@@ -1,0 +1,21 @@
+// The pageviews example (examples/pageviews) on Azure: two processors, its four event hubs.
+//   WEIRFLOW_IMAGE=<registry>/weirflow-pageviews:<tag> \
+//     az deployment group create -g <resource group> -f infra/main.bicep -p infra/pageviews.bicepparam
+using 'main.bicep'
+
+param name = 'pageviews'
+param image = readEnvironmentVariable('WEIRFLOW_IMAGE', 'weirflow-pageviews:latest')
+param registryServer = readEnvironmentVariable('WEIRFLOW_REGISTRY', '')
+param jobConfig = loadTextContent('../examples/pageviews/deploy.yaml')
+
+// `weirflow deploy hubs examples/pageviews/deploy.yaml` prints this list from the job config
+// (tests/unit/test_infra.py checks that they agree).
+param hubs = [
+  { name: 'page-views', partitions: 4 }
+  { name: 'page-views.dlq', partitions: 4 }
+  { name: 'page-counts', partitions: 4 }
+  { name: 'pageviews-1-views-by-page', partitions: 4 }
+]
+param consumerGroup = 'weirflow'
+param eventHubsSystem = 'eh'
+param replicas = 2
