@@ -16,6 +16,7 @@ from weirflow.interfaces.checkpoint import CheckpointManagerFactory
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStoreFactory
+from weirflow.interfaces.spark_state import SparkStateStoreFactory
 from weirflow.interfaces.system import SystemFactory
 
 T = TypeVar("T")
@@ -24,6 +25,7 @@ COORDINATORS = "weirflow.coordinators"
 CHECKPOINTS = "weirflow.checkpoints"
 METADATA = "weirflow.metadata"
 SYSTEMS = "weirflow.systems"
+SPARK_STATE = "weirflow.spark_state"
 
 
 def known_aliases(group: str) -> list[str]:
@@ -110,6 +112,17 @@ def metadata_store_factory(config: ConfigView) -> MetadataStoreFactory:
     return _load(str(config.get(key)), METADATA, MetadataStoreFactory, key, config.source_of(key))
 
 
+def spark_state_factory(config: ConfigView) -> SparkStateStoreFactory:
+    """`task.spark.checkpoint.store`, or when unset the coordinator's alias when a store is registered under it
+    (``azure``), else ``local`` (a coordinator without one keeps Spark state on local disk, as before)."""
+    key = "task.spark.checkpoint.store"
+    if config.get(key) is not None:
+        return _resolve(config, key, SPARK_STATE, SparkStateStoreFactory)
+    coordinator = str(config.get("job.coordinator.factory"))
+    value = coordinator if coordinator in known_aliases(SPARK_STATE) else "local"
+    return _load(value, SPARK_STATE, SparkStateStoreFactory, key, config.source_of(key))
+
+
 def system_factory_value(config: ConfigView, system_name: str) -> str | None:
     """The factory of system ``system_name``: ``systems.<name>.factory``, or ``local`` for the system named
     ``local`` when unset (the embedded log); None when unset on any other system."""
@@ -137,5 +150,6 @@ def validate_factories(config: ConfigView) -> None:
     coordinator_factory(config)
     checkpoint_factory(config)
     metadata_store_factory(config)
+    spark_state_factory(config)
     for system in sorted({config.get("job.default.system"), *config.names("systems")}):
         system_factory(config, system)

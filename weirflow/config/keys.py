@@ -221,8 +221,19 @@ KEYS: tuple[ConfigKey, ...] = (
         "str",
         None,
         "Root of the tasks' Spark checkpoint dirs (operator state), one subdir per task; default "
-        "`<job.state.dir>/spark/<job.name>-<job.id>`. Point it at shared storage for stateful tasks that move "
-        "between machines; input positions always come from the checkpoint store.",
+        "`<job.state.dir>/spark/<job.name>-<job.id>`. It is local disk: `task.spark.checkpoint.store` keeps a "
+        "copy where other machines can restore it; input positions always come from the checkpoint store.",
+        _T,
+    ),
+    ConfigKey(
+        "task.spark.checkpoint.store",
+        "str",
+        None,
+        "Where a copy of each stateful task's Spark checkpoint dir is kept, so the task keeps its operator "
+        "state when it moves to another machine: `azure` (Blob Storage, mirrored after every committed "
+        "micro-batch, restored before the task starts elsewhere), `local` (no copy: the local disk is shared "
+        "by the embedded job's processors), or a `package.module:Class` path. Default: the coordinator's alias "
+        "(`job.coordinator.factory`).",
         _T,
     ),
     ConfigKey(

@@ -12,6 +12,7 @@ from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerF
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import CoordinationUtils, JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
+from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.coordination import SqliteCoordinationUtils
@@ -67,3 +68,21 @@ class LocalSystemFactory(SystemFactory):
 
     def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer:
         return LocalSystemProducer(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))
+
+
+class _LocalDiskOnly(SparkStateStore):
+    """The embedded job's processors share one disk, so the Spark checkpoint directory is its own copy."""
+
+    def mirror(self, task: str, local: Path, batch: int, epoch: int) -> MirrorReport:
+        return MirrorReport()
+
+    def restore(self, task: str, local: Path) -> int | None:
+        return None
+
+    def discard(self, task: str) -> None:
+        pass
+
+
+class LocalSparkStateStoreFactory(SparkStateStoreFactory):
+    def get_spark_state_store(self, config: ConfigView) -> SparkStateStore:
+        return _LocalDiskOnly()

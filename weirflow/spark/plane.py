@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from weirflow.factories import spark_state_factory
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
 from weirflow.spark.query import StageBuilder
@@ -36,7 +37,9 @@ class SparkDataPlane:
         # Registering the data sources and analysing the stages (~2 s, each a Python process Spark starts)
         # happen in the runner's background, so the processor joins its group meanwhile: the leader's
         # debounce and this work overlap instead of adding up.
-        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder, prepare=self._prepare)
+        state_store = spark_state_factory(config).get_spark_state_store(config)
+        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder, prepare=self._prepare,
+                                      state_store=state_store)  # fmt: skip
 
     def _prepare(self) -> None:
         from weirflow.spark.sink import WeirflowSink

@@ -55,10 +55,11 @@ from weirflow.control import (
     is_control,
 )
 from weirflow.drain_notice import run_id_of
-from weirflow.errors import LockLostError
+from weirflow.errors import FencedOffError, LockLostError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import Lock
+from weirflow.interfaces.spark_state import SparkStateStore
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
@@ -166,6 +167,8 @@ class StageQuery:
             fresh = True
         else:
             location = runner.spark_checkpoint_dir(self.tasks[0].name)
+            if runner.state_store is not None:  # another machine ran it further: its copy of the state
+                runner.state_store.restore(self.tasks[0].name, location)
             fresh = not (location / "offsets").exists() or self._stale(self.tasks[0], location)
             if fresh and location.exists():
                 shutil.rmtree(location)
@@ -357,6 +360,7 @@ class StageQuery:
             elif out is not None and out > t.control.sent_watermark:
                 self._send_control(t, MessageType.WATERMARK, out)
                 t.control.sent_watermark = out
+            self._mirror_state(t, report.batchId)
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
             # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
@@ -365,7 +369,7 @@ class StageQuery:
                 t.name, report.batchId, t.writer.epoch, t.lock.owner, report.started_ms or 0, clock.now_ms(),
             )  # fmt: skip
             return True
-        except LockLostError as exc:
+        except (LockLostError, FencedOffError) as exc:
             t.error = str(exc)
             log.error("task %s: %s", t.name, exc)
         except Exception as exc:
@@ -373,6 +377,19 @@ class StageQuery:
             log.exception("task %s: could not checkpoint batch %s", t.name, report.batchId)
         self.runner.wake()
         return False
+
+    def _mirror_state(self, t: TaskState, batch: int) -> None:
+        """Copy the task's Spark checkpoint directory as of ``batch`` to the state store, before the store's
+        checkpoint names the batch's offsets: a copy at least as far on as the store, so that the next holder
+        restores state matching the offsets it resumes from (a copy ahead of them is caught up with)."""
+        store = self.runner.state_store
+        if store is None or self.merged or self.location is None:
+            return
+        report = store.mirror(t.name, self.location, batch, t.writer.epoch)
+        if report.uploaded or report.deleted:
+            log.debug("task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
+                      t.name, batch, report.uploaded, report.uploaded_bytes, report.deleted,
+                      report.seconds)  # fmt: skip
 
     def _ssps_of(self, t: TaskState, stream_id: str) -> list[str]:
         ref = self.runner.plan.ref(stream_id)
@@ -550,12 +567,15 @@ class SparkTaskRunner(TaskRunner):
 
     def __init__(
         self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder,
-        prepare: Callable[[], None] | None = None,
+        prepare: Callable[[], None] | None = None, state_store: SparkStateStore | None = None,
     ) -> None:
         """``prepare`` (registering the data sources, analysing stages) runs in the background at once; no
-        query starts before it has finished, and if it fails every task fails with its error."""
+        query starts before it has finished, and if it fails every task fails with its error.
+        ``state_store`` keeps copies of stateful tasks' Spark checkpoint directories for other machines
+        (`weirflow.interfaces.spark_state`); None keeps them on local disk only."""
         config = plan.config
         self.spark = spark
+        self.state_store = state_store
         self.plan = plan
         self.checkpoints = checkpoints
         self.builder = builder
@@ -674,6 +694,8 @@ class SparkTaskRunner(TaskRunner):
         checkpoint (the old code's state, which the new code may not read) is deleted and its control state is
         reset in the store, so it starts with a fresh Spark checkpoint at exactly its drained offsets."""
         shutil.rmtree(self.spark_checkpoint_dir(state.name), ignore_errors=True)
+        if self.state_store is not None:
+            self.state_store.discard(state.name)
         state.writer.write(Checkpoint(offsets=dict(state.offsets), control=state.control.to_json()))
         log.info("task %s: drained in run %s; starting run %s from its drained offsets with a fresh Spark "
                  "checkpoint", state.name, drained_in, self.run_id)  # fmt: skip
@@ -745,6 +767,8 @@ class SparkTaskRunner(TaskRunner):
             names = list(self._tasks)
         self.stop_tasks(names)
         self._pool.shutdown(wait=True)
+        if self.state_store is not None:
+            self.state_store.close()
         try:
             self._feed.unregister(self.spark)
         except Exception as exc:

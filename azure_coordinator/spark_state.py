@@ -1,0 +1,184 @@
+"""Tasks' Spark checkpoint directories kept in Blob Storage (``task.spark.checkpoint.store: azure``, the default
+on the Azure coordinator), so a stateful task that moves to another machine keeps its operator state.
+
+Layout, in the job's container::
+
+    spark-state/<task>/files/<path in the Spark checkpoint directory>   one blob per file, sent once
+    spark-state/<task>/manifest                                          JSON: batch, epoch, files (path -> size)
+
+A mirror sends the files of the committed batch that are not stored yet, then replaces the manifest, then
+deletes stored files the new manifest no longer lists (Spark purged them locally). A restore reads the
+manifest and fetches exactly the files it lists, so a mirror cut short (files sent, manifest not yet
+replaced) leaves the previous manifest and its complete set of files in force.
+
+Fencing: the manifest carries the lock epoch of the holder that wrote it, and is replaced with If-Match on
+the ETag it was read with; a holder whose epoch is lower than the stored one is refused
+(`FencedOffError`) before it sends anything, and a manifest written in between makes its replace fail. The
+runner mirrors only under a confirmed lease (its self-fence), like every checkpoint write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+from weirflow.errors import FencedOffError
+from weirflow.interfaces.config import ConfigView
+from weirflow.interfaces.spark_state import (
+    MirrorReport,
+    SparkStateStore,
+    SparkStateStoreFactory,
+    committed_files,
+    last_committed_batch,
+)
+from weirflow_azure.coordinator.storage import Storage
+
+T = TypeVar("T")
+
+log = logging.getLogger("weirflow.spark.state")
+
+PREFIX = "spark-state"
+_IF_MATCH = MatchConditions.IfNotModified
+_THREADS = 8  # files of one batch are sent (and fetched) this many at a time
+
+
+class BlobSparkStateStore(SparkStateStore):
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._stored: dict[str, dict[str, int]] = {}  # task -> files known to be stored (path -> size)
+        self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="spark-state")
+
+    def _call(self, operation: str, resource: str, fn: Callable[[], T]) -> T:
+        return self._storage.call(operation, resource, self._storage.blob_endpoint, fn)
+
+    @staticmethod
+    def _file_blob(task: str, rel: str) -> str:
+        return f"{PREFIX}/{task}/files/{rel}"
+
+    @staticmethod
+    def _manifest_blob(task: str) -> str:
+        return f"{PREFIX}/{task}/manifest"
+
+    def _read_manifest(self, task: str) -> tuple[dict[str, Any] | None, str | None]:
+        blob = self._storage.container.get_blob_client(self._manifest_blob(task))
+
+        def read() -> tuple[dict[str, Any] | None, str | None]:
+            try:
+                downloader = blob.download_blob()
+            except ResourceNotFoundError:
+                return None, None
+            return json.loads(downloader.readall()), downloader.properties.etag
+
+        return self._call("read Spark state manifest", self._manifest_blob(task), read)
+
+    def mirror(self, task: str, local: Path, batch: int, epoch: int) -> MirrorReport:
+        began = time.monotonic()
+        manifest, etag = self._read_manifest(task)
+        if manifest is not None and int(manifest.get("epoch", 0)) > epoch:
+            raise FencedOffError(task, epoch, int(manifest["epoch"]))
+        stored = self._stored.get(task)
+        if stored is None:
+            stored = dict(manifest["files"]) if manifest else {}
+        files = committed_files(local, batch)
+        new = [rel for rel, size in files.items() if stored.get(rel) != size]
+        container = self._storage.container
+
+        def send(rel: str) -> int:
+            data = (local / rel).read_bytes()
+            blob = container.get_blob_client(self._file_blob(task, rel))
+            self._call("store Spark state file", self._file_blob(task, rel),
+                       lambda: blob.upload_blob(data, overwrite=True))  # fmt: skip
+            return len(data)
+
+        sent = sum(self._pool.map(send, new))
+        body = json.dumps({"batch": batch, "epoch": epoch, "files": files}).encode()
+        blob = container.get_blob_client(self._manifest_blob(task))
+
+        def replace() -> None:
+            try:
+                if etag is None:
+                    blob.upload_blob(body, overwrite=False)
+                else:
+                    blob.upload_blob(body, overwrite=True, etag=etag, match_condition=_IF_MATCH)
+            except (ResourceModifiedError, ResourceExistsError) as exc:
+                raise FencedOffError(task, epoch, -1) from exc
+
+        self._call("write Spark state manifest", self._manifest_blob(task), replace)
+        gone = [rel for rel in stored if rel not in files]
+
+        def delete(rel: str) -> None:
+            blob = container.get_blob_client(self._file_blob(task, rel))
+
+            def remove() -> None:
+                try:
+                    blob.delete_blob()
+                except ResourceNotFoundError:
+                    pass
+
+            self._call("delete Spark state file", self._file_blob(task, rel), remove)
+
+        list(self._pool.map(delete, gone))
+        self._stored[task] = dict(files)
+        return MirrorReport(len(new), sent, len(gone), time.monotonic() - began)
+
+    def restore(self, task: str, local: Path) -> int | None:
+        manifest, _ = self._read_manifest(task)
+        if manifest is None:
+            return None
+        batch = int(manifest["batch"])
+        have = last_committed_batch(local) if local.exists() else None
+        if have is not None and have >= batch:
+            return batch
+        began = time.monotonic()
+        staging = local.with_name(local.name + ".restoring")
+        shutil.rmtree(staging, ignore_errors=True)
+        container = self._storage.container
+
+        def fetch(rel: str) -> int:
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            blob = container.get_blob_client(self._file_blob(task, rel))
+            data = self._call("fetch Spark state file", self._file_blob(task, rel),
+                              lambda: blob.download_blob().readall())  # fmt: skip
+            target.write_bytes(data)
+            return len(data)
+
+        fetched = sum(self._pool.map(fetch, manifest["files"]))
+        shutil.rmtree(local, ignore_errors=True)
+        staging.rename(local)
+        self._stored[task] = dict(manifest["files"])
+        log.info("task %s: restored its Spark state as of batch %d from Blob Storage (%d files, %d bytes, "
+                 "%.2f s; local copy was at %s)", task, batch, len(manifest["files"]), fetched,
+                 time.monotonic() - began, have)  # fmt: skip
+        return batch
+
+    def discard(self, task: str) -> None:
+        container = self._storage.container
+
+        def remove_all() -> None:
+            for blob in container.list_blobs(name_starts_with=f"{PREFIX}/{task}/"):
+                try:
+                    container.delete_blob(blob.name)
+                except ResourceNotFoundError:
+                    pass
+
+        self._call("delete Spark state of", f"{PREFIX}/{task}/", remove_all)
+        self._stored.pop(task, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._storage.close()
+
+
+class BlobSparkStateStoreFactory(SparkStateStoreFactory):
+    def get_spark_state_store(self, config: ConfigView) -> SparkStateStore:
+        return BlobSparkStateStore(Storage.from_config(config))

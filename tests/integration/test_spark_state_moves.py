@@ -1,0 +1,138 @@
+"""A stateful Spark task keeps its open windows when it moves to another machine (``task.spark.checkpoint.store:
+azure``, the default on the Azure coordinator; `weirflow_azure.coordinator.spark_state`).
+
+Two processors on Azurite (coordination and checkpoints in Azure Storage) with **separate local state
+directories**, as on two machines; their streams are one embedded log both can reach. The job counts views per
+page and minute over windows that all stay open until the bounded input ends (lateness 1 h), read 60 events
+per trigger. The processor running task ``views-0`` is SIGKILLed once that task has committed part of its
+input: every window is open at that moment. The survivor takes the task over; its windows must hold the
+killed processor's counts, restored from Blob Storage, so that every window count equals pandas over the
+whole input. Without the store the survivor starts the task with empty state from the checkpoint store's
+offsets, and the windows lose the events counted before the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import unique_job_name
+from weirflow.cli import status_document
+from weirflow.config import load_config
+from weirflow.factories import checkpoint_factory
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.systems import Systems
+
+pytestmark = pytest.mark.integration
+
+EVENTS = 1200  # 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger
+BASE_S = 1_795_000_000 - 1_795_000_000 % 60  # a minute boundary
+PAGES = 5
+
+JOB = """
+job: {{name: {name}, coordinator.factory: azure}}
+app: {{pipeline: "pipeline:pipeline"}}
+task: {{checkpoint.factory: azure-table}}
+azure: {{storage.connection.string: "{storage}"}}
+job.coordinator.lease.duration.ms: 15000
+job.coordinator.heartbeat.interval.ms: 1000
+job.coordinator.liveness.timeout.ms: 4000
+job.debounce.time.ms: 1000
+systems: {{local: {{path: "{log}"}}}}
+streams:
+  views:
+    partitions: 2
+    schema: "page string, event_time timestamp"
+    event-time: {{field: event_time}}
+    lateness: 1h
+    bounded: true
+    max-events-per-trigger: 60
+  counts: {{partitions: 1}}
+spark: {{master: "local[2]"}}
+"""
+
+PIPELINE = '''
+from pyspark.sql import functions as F
+
+
+def count(views):
+    return views.groupBy(F.window("event_time", "1 minute"), "page").count().select(
+        "page", F.col("window.start").cast("long").alias("window_s"), F.col("count").alias("views"))
+
+
+def pipeline(app):
+    app.input("views").transform(count).send_to("counts", key=F.concat_ws("|", "page", "window_s"))
+'''
+
+
+def event(i: int) -> dict:
+    return {"page": f"/p{i % PAGES}", "event_time": BASE_S + (i * 300) // EVENTS}  # 5 minutes of events
+
+
+def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(azure_storage: str, tmp_path: Path,
+                                                                   measure) -> None:  # fmt: skip
+    (tmp_path / "job.yaml").write_text(textwrap.dedent(JOB.format(
+        name=unique_job_name("state"), storage=azure_storage, log=tmp_path / "streams.db")))  # fmt: skip
+    (tmp_path / "pipeline.py").write_text(PIPELINE)
+    config = load_config(tmp_path / "job.yaml")
+    systems = Systems(config)
+    admin = systems.admin("local")
+    admin.create_stream(StreamSpec("views", 2))
+    admin.create_stream(StreamSpec("counts", 1))
+    records = []
+    for i in range(EVENTS):
+        row = event(i)
+        value = {"page": row["page"], "event_time": row["event_time"] * 1000}
+        # a page's views all in one partition, so each window is counted by one task
+        records.append(OutgoingRecord("views", json.dumps(value).encode(), partition=(i % PAGES) % 2))
+    systems.producer("local").send(records)
+
+    def start(name: str) -> ProcessorProcess:  # its own state directory: another machine
+        return start_processor(tmp_path / "job.yaml", name, [f"job.state.dir={tmp_path / name}"],
+                               log_dir=tmp_path / "logs")  # fmt: skip
+
+    manager = checkpoint_factory(config).get_checkpoint_manager(config)
+    manager.start()
+
+    def committed(task: str) -> int:
+        checkpoint = manager.read_last_checkpoint(task)
+        return sum(int(o) for o in checkpoint.offsets.values()) if checkpoint else 0
+
+    procs = {name: start(name) for name in ("p1", "p2")}
+    try:
+        wait_until(lambda: len(status_document(config)["assignment"]) == 2, 180, "both processors with a task")
+        owner = next(p for p, tasks in status_document(config)["assignment"].items() if "views-0" in tasks)
+        wait_until(lambda: committed("views-0") >= 180, 120, "views-0 to commit some batches", 0.2)
+        at_kill = committed("views-0")
+        assert at_kill < 720, "the task read all its input before the kill: nothing would be open"
+        procs[owner].kill()  # SIGKILL
+        survivor = procs["p2" if owner == "p1" else "p1"]
+        wait_until(lambda: not survivor.alive(), 240, "the survivor to finish the job", 0.5)
+        assert survivor.popen.wait() == 0, survivor.log_text()[-4000:]
+    except Exception:
+        for proc in procs.values():
+            print(proc.log_text()[-3000:])
+        raise
+    finally:
+        for proc in procs.values():
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGKILL)
+        manager.stop()
+    assert "restored its Spark state as of batch" in survivor.log_text(), survivor.log_text()[-3000:]
+
+    out = [json.loads(r.value) for r in systems.consumer("local").read(
+        SystemStreamPartition("local", "counts", 0), "0", 100_000)]  # fmt: skip
+    systems.close()
+    written = Counter((r["page"], int(r["window_s"])) for r in out)
+    assert all(n == 1 for n in written.values()), "a window written twice"
+    expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in map(event, range(EVENTS)))
+    got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
+    assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    measure(f"views-0 moved by SIGKILL after committing {at_kill} of its 720 events, every window open: "
+            f"restored from Blob Storage, all {len(expected)} window counts equal pandas")  # fmt: skip
