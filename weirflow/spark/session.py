@@ -167,5 +167,42 @@ def build_spark_session(config: Any) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(spark_settings(config)["spark.log.level"])
+    if not str(spark.sparkContext.master).startswith("local"):
+        ship_job_code(spark, config)
     log.info("spark %s session ready (%s)", spark.version, spark.sparkContext.master)
     return spark
+
+
+def job_code_archive(base_dir: Path, target: Path) -> list[str]:
+    """Zip the job's own Python code — the modules and packages next to its config file, which `app.pipeline`
+    and `task.function` are imported from — into ``target``; returns the names archived. Hidden entries,
+    ``__pycache__`` and the state directory's usual name (``.weirflow``) are left out."""
+    import zipfile
+
+    names: list[str] = []
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(base_dir.iterdir()):
+            if path.name.startswith(".") or path.name == "__pycache__":
+                continue
+            if path.is_file() and path.suffix == ".py":
+                archive.write(path, path.name)
+                names.append(path.name)
+            elif path.is_dir() and (path / "__init__.py").exists():
+                for file in sorted(path.rglob("*.py")):
+                    if "__pycache__" not in file.parts:
+                        archive.write(file, file.relative_to(base_dir).as_posix())
+                names.append(path.name + "/")
+    return names
+
+
+def ship_job_code(spark: Any, config: Any) -> None:
+    """On a cluster (a `spark.master` other than ``local``), executors start their Python workers on other
+    machines, where the config file's directory is not: the job's code goes to them with the application
+    (``SparkContext.addPyFile``), so a UDF or transform defined in it can be unpickled there. weirflow itself
+    and the job's dependencies must be installed on the workers (docs/pipelines.md, "On a Spark cluster")."""
+    base = Path(config.base_dir)
+    archive = Path(tempfile.mkdtemp(prefix="weirflow-job-")) / "job-code.zip"
+    names = job_code_archive(base, archive)
+    if names:
+        spark.sparkContext.addPyFile(str(archive))
+        log.info("shipped the job's code to the cluster's executors: %s", ", ".join(names))
