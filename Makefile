@@ -46,7 +46,7 @@ run: install
 	$(PY) examples/pageviews/demo.py
 
 test: install $(NODE_STAMP) faketime
-	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -70,20 +70,27 @@ def unique_job_name(prefix: str = "t") -> str:
     """A job name no other test (or earlier run on a real account) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
-_MEASUREMENTS: list[str] = []
-
-
 @pytest.fixture
 def measure(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a measured figure; the run's summary lists them under "measured". They travel in the test's
+    report (``user_properties``), so they reach the summary from pytest-xdist's worker processes too."""
+
     def record(line: str) -> None:
-        _MEASUREMENTS.append(f"{request.node.name}: {line}")
+        request.node.user_properties.append(("measured", f"{request.node.name}: {line}"))
         print(line)
 
     return record
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if _MEASUREMENTS:
+    lines = [
+        value
+        for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "measured"
+    ]
+    if lines:
         terminalreporter.section("measured")
-        for line in _MEASUREMENTS:
+        for line in lines:
             terminalreporter.write_line(line)
