@@ -89,19 +89,37 @@ class BlobSparkStateStore(SparkStateStore):
         if stored is None:
             stored = dict(manifest["files"]) if manifest else {}
         files = committed_files(local, batch)
-        new = [rel for rel, size in files.items() if stored.get(rel) != size]
+        sizes = self._send(task, local, [rel for rel, size in files.items() if stored.get(rel) != size])
+        for rel in [rel for rel, size in sizes.items() if size < 0]:  # purged by Spark since the listing
+            files.pop(rel, None)
+        self._replace_manifest(task, etag, epoch, {"batch": batch, "epoch": epoch, "files": files})
+        gone = [rel for rel in stored if rel not in files]
+        list(self._pool.map(lambda rel: self._delete(task, rel), gone))
+        self._stored[task] = dict(files)
+        sent = [size for size in sizes.values() if size >= 0]
+        return MirrorReport(len(sent), sum(sent), len(gone), time.monotonic() - began)
+
+    def _send(self, task: str, local: Path, names: list[str]) -> dict[str, int]:
+        """Upload ``names`` (relative to ``local``) at most `_THREADS` at a time; size sent per name, -1 for a
+        file that is gone (Spark's maintenance purged it since the listing)."""
         container = self._storage.container
 
         def send(rel: str) -> int:
-            data = (local / rel).read_bytes()
+            try:
+                data = (local / rel).read_bytes()
+            except FileNotFoundError:
+                return -1
             blob = container.get_blob_client(self._file_blob(task, rel))
             self._call("store Spark state file", self._file_blob(task, rel),
                        lambda: blob.upload_blob(data, overwrite=True))  # fmt: skip
             return len(data)
 
-        sent = sum(self._pool.map(send, new))
-        body = json.dumps({"batch": batch, "epoch": epoch, "files": files}).encode()
-        blob = container.get_blob_client(self._manifest_blob(task))
+        return dict(zip(names, self._pool.map(send, names), strict=True))
+
+    def _replace_manifest(self, task: str, etag: str | None, epoch: int, manifest: dict[str, Any]) -> None:
+        """Create the manifest, or replace the one read with ETag ``etag``; a change since is a fence."""
+        body = json.dumps(manifest).encode()
+        blob = self._storage.container.get_blob_client(self._manifest_blob(task))
 
         def replace() -> None:
             try:
@@ -113,22 +131,17 @@ class BlobSparkStateStore(SparkStateStore):
                 raise FencedOffError(task, epoch, -1) from exc
 
         self._call("write Spark state manifest", self._manifest_blob(task), replace)
-        gone = [rel for rel in stored if rel not in files]
 
-        def delete(rel: str) -> None:
-            blob = container.get_blob_client(self._file_blob(task, rel))
+    def _delete(self, task: str, rel: str) -> None:
+        blob = self._storage.container.get_blob_client(self._file_blob(task, rel))
 
-            def remove() -> None:
-                try:
-                    blob.delete_blob()
-                except ResourceNotFoundError:
-                    pass
+        def remove() -> None:
+            try:
+                blob.delete_blob()
+            except ResourceNotFoundError:
+                pass
 
-            self._call("delete Spark state file", self._file_blob(task, rel), remove)
-
-        list(self._pool.map(delete, gone))
-        self._stored[task] = dict(files)
-        return MirrorReport(len(new), sent, len(gone), time.monotonic() - began)
+        self._call("delete Spark state file", self._file_blob(task, rel), remove)
 
     def restore(self, task: str, local: Path) -> int | None:
         manifest, _ = self._read_manifest(task)
