@@ -139,7 +139,7 @@ class _Clients:
 
 class EventHubSystemAdmin(SystemAdmin):
     """``sdk_checkpoints`` opens the SDK-layout checkpoint blobs (and names this system as the SDKs do) for
-    ``streams.<id>.start: sdk-checkpoint``; None when the job has no storage account to read them from."""
+    ``streams.<id>.start: sdk-checkpoint``; the factory always gives one."""
 
     def __init__(
         self,
@@ -207,8 +207,7 @@ class EventHubSystemAdmin(SystemAdmin):
         partition's retention starts at its oldest event, with a warning counting the events lost."""
         if self._sdk_checkpoints is None:
             raise NotImplementedError(
-                f"Event Hubs system '{self._clients.settings.system}' reads SDK checkpoints from the job's "
-                "storage account: set azure.storage.connection.string or azure.storage.account"
+                f"Event Hubs system '{self._clients.settings.system}' was given no SDK checkpoint store"
             )
         blobs, system = self._sdk_checkpoints()
         found = blobs.read(system.fully_qualified_namespace, stream, system.consumer_group).get(str(partition))

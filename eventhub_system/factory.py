@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 from weirflow.systems import declared_streams
-from weirflow_azure.coordinator.storage import CONNECTION_STRING_ENV
 from weirflow_azure.eventhubs.clients import EventHubSystemAdmin, EventHubSystemConsumer, EventHubSystemProducer
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
@@ -24,12 +22,10 @@ def _hubs_of(system: str, config: ConfigView) -> dict[str, int]:
     }
 
 
-def _sdk_checkpoints(system: str, config: ConfigView) -> Callable[[], tuple[Any, Any]] | None:
+def _sdk_checkpoints(system: str, config: ConfigView) -> Callable[[], tuple[Any, Any]]:
     """Opens, when first asked, the job's SDK-layout checkpoint blobs and this system as the SDKs name it (for
-    ``start: sdk-checkpoint``); None when the job configures no storage account to read them from."""
-    if not (config.get("azure.storage.connection.string") or config.get("azure.storage.account")
-            or os.environ.get(CONNECTION_STRING_ENV)):  # fmt: skip
-        return None
+    ``start: sdk-checkpoint``). A job without a storage account gets the storage settings' own config error,
+    naming the keys to set."""
 
     def open_() -> tuple[Any, Any]:
         from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints

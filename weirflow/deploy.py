@@ -4,8 +4,9 @@ counts, so infrastructure code (infra/, docs/deploy.md) creates the hubs the job
 Systems like Event Hubs are infrastructure: weirflow checks their streams and never creates them
 (`SystemAdmin.create_stream`), so a deployment must create every one of them beforehand — the inputs, their
 dead-letter streams (`weirflow.systems.dead_letter_stream`), the pipeline's intermediate streams and its outputs —
-with the partition counts the job expects. `hubs_to_create` lists them by the same rules the planner uses
-(`weirflow.pipeline.plan`), from config alone (nothing is contacted). `weirflow deploy hubs CONFIG` prints them.
+with the partition counts the job expects. `hubs_to_create` lists them by the planner's own rules
+(`weirflow.pipeline.plan.intermediate_partitions`, `weirflow.systems`), from config alone (nothing is
+contacted). `weirflow deploy hubs CONFIG` prints them.
 """
 
 from __future__ import annotations
@@ -46,16 +47,15 @@ def hubs_to_create(config: Any, system: str) -> list[Hub]:
         if config.get(f"streams.{ref.stream_id}.partitions"):
             add(ref, _partitions(config, ref.stream_id))
     if config.get("app.pipeline"):
-        from weirflow.pipeline.plan import load_pipeline
+        from weirflow.pipeline.plan import intermediate_partitions, load_pipeline
 
         app = load_pipeline(config)
-        inputs = [n.stream_id for n in app.nodes if n.op == "input" and n.stream_id not in app.intermediates]
-        counts = {stream_id: _partitions(config, stream_id) for stream_id in inputs if stream_id}
+        counts = {stream_id: _partitions(config, stream_id) for stream_id in app.inputs}
         for stream_id, count in counts.items():
             ref = stream_ref(config, stream_id)
             add(ref, count)
             add(StreamRef(stream_id, ref.system, dead_letter_stream(ref.physical)), count)
-        intermediate = int(config.get("job.intermediate.partitions") or max(counts.values(), default=1))
+        intermediate = intermediate_partitions(config, lambda: list(counts.values()))
         for stream_id in app.intermediates:
             add(stream_ref(config, stream_id, intermediate=True), intermediate)
         for sink in app.sinks:

@@ -118,6 +118,11 @@ class App:
         self.intermediates: dict[str, Node] = {}  # intermediate stream id -> the input node reading it
         self._inputs: dict[str, Node] = {}
 
+    @property
+    def inputs(self) -> list[str]:
+        """The pipeline's input streams (declared streams it reads; intermediate streams are not inputs)."""
+        return list(self._inputs)
+
     def input(self, stream_id: str) -> Stream:
         """The stream ``stream_id`` (declared under ``streams.<id>``) as an input of the pipeline."""
         if stream_id in self.intermediates:

@@ -21,6 +21,7 @@ with as many partitions, created when missing. Both names come from `weirflow.sy
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,13 @@ def load_pipeline(config: Any) -> App:
     if not app.sinks:
         raise config.error("app.pipeline", f"{target} writes nothing: call send_to on at least one stream")
     return app
+
+
+def intermediate_partitions(config: Any, input_counts: Callable[[], list[int]]) -> int:
+    """Partitions of the pipeline's intermediate streams: `job.intermediate.partitions`, else the most of any
+    input of the pipeline (``input_counts`` is asked only then)."""
+    configured = config.get("job.intermediate.partitions")
+    return int(configured) if configured else max(input_counts(), default=1)
 
 
 @dataclass
@@ -123,12 +131,7 @@ class PipelinePlan:
         return self._partitions[stream_id]
 
     def _intermediate_partitions(self) -> int:
-        configured = self.config.get("job.intermediate.partitions")
-        if configured:
-            return int(configured)
-        user_inputs = [n.stream_id for n in self.app.nodes if n.op == "input" and not self.is_intermediate(
-            str(n.stream_id))]
-        return max(self.partition_count(str(s)) for s in user_inputs)
+        return intermediate_partitions(self.config, lambda: [self.partition_count(s) for s in self.app.inputs])
 
     def ensure_streams(self) -> None:
         """Create intermediate and dead-letter streams, and inputs and outputs that set

@@ -383,8 +383,8 @@ class StageQuery:
         checkpoint names the batch's offsets: a copy at least as far on as the store, so that the next holder
         restores state matching the offsets it resumes from (a copy ahead of them is caught up with)."""
         store = self.runner.state_store
-        if store is None or self.merged or self.location is None:
-            return
+        if store is None or self.merged or self.location is None or not (self.location / "state").exists():
+            return  # no operator state: the checkpoint store's offsets are all the task needs elsewhere
         report = store.mirror(t.name, self.location, batch, t.writer.epoch)
         if report.uploaded or report.deleted:
             log.debug("task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
