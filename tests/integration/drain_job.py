@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.example_job import generate, results
+from weirflow.drain_notice import DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.systems import Systems
+from weirflow.job_context import JobContext
+from weirflow.systems import Systems, dead_letter_stream
 
 
 class Feeder:
@@ -75,17 +77,19 @@ class Feeder:
         return self.sent
 
 
-def records(config: Any, stream_id: str) -> dict[int, list[bytes]]:
-    """Every record value of ``stream_id``, per partition, in offset order (offsets are dense from 0 on the
-    embedded log; on Event Hubs the adapter's offsets are dense sequence numbers too)."""
+def records(config: Any, stream_id: str, *, dead_letters: bool = False) -> dict[int, list[bytes]]:
+    """Every record value of ``stream_id`` (or of its dead-letter stream), per partition, in offset order
+    (offsets are dense from 0 on the embedded log; on Event Hubs the adapter's offsets are dense sequence
+    numbers too)."""
     systems = Systems(config)
     try:
         ref = systems.resolve(stream_id)
+        physical = dead_letter_stream(ref.physical) if dead_letters else ref.physical
         consumer = systems.consumer(ref.system)
-        meta = systems.admin(ref.system).partition_metadata(ref.physical)
+        meta = systems.admin(ref.system).partition_metadata(physical)
         found: dict[int, list[bytes]] = {}
         for partition in sorted(meta):
-            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+            ssp = SystemStreamPartition(ref.system, physical, partition)
             values: list[bytes] = []
             offset = meta[partition].oldest
             while batch := consumer.read(ssp, offset, 10_000, meta[partition].upcoming):
@@ -95,6 +99,20 @@ def records(config: Any, stream_id: str) -> dict[int, list[bytes]]:
         return found
     finally:
         systems.close()
+
+
+def dead_letters(config: Any, stream_id: str = "page-views") -> list[dict[str, Any]]:
+    """The dead letters of input ``stream_id`` (its ``.dlq`` stream), every partition, decoded."""
+    return [json.loads(v) for values in records(config, stream_id, dead_letters=True).values() for v in values]
+
+
+def drain_notices(config: Any) -> list[Any]:
+    """The drain notifications in the job's metadata store."""
+    ctx = JobContext.open(config, owner="test")
+    try:
+        return DrainUtils(ctx.metadata).all()
+    finally:
+        ctx.close()
 
 
 def checkpoints(config: Any) -> dict[str, Any]:

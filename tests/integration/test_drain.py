@@ -23,7 +23,7 @@ from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
 from weirflow.drain_notice import DrainUtils
-from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job_context import JobContext
 from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
@@ -154,19 +154,12 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     differ = len(set(expected) ^ set(got)) + sum(got[w] != n for w, n in expected.items() if w in got)
     assert got == expected, f"{differ} windows differ from pandas over the input up to the cut"
     assert drain_job.unread_intermediate(job.config) == {}
-    ctx = JobContext.open(job.config, owner="test")
-    try:
-        remaining = DrainUtils(ctx.metadata).all()
-    finally:
-        ctx.close()
+    remaining = drain_job.drain_notices(job.config)
     assert [n.run_id for n in remaining] == ["r0"], "the leader removes its own run's notice, not another's"
     measure(f"drained in {took:.1f} s (command to every processor exited); cut {sum(cut.values())} events, "
             f"{len(got)} windows once each, equal pandas; {len(after)} later events left for the next run")
 
-    letters = []
-    for partition in range(2):
-        ssp = SystemStreamPartition("local", "page-views.dlq", partition)
-        letters += [json.loads(r.value) for r in systems.consumer("local").read(ssp, "0", 100)]
+    letters = drain_job.dead_letters(job.config)
     systems.close()
     reasons = sorted(letter["error"] for letter in letters)
     assert len(letters) == 3, reasons

@@ -4,6 +4,7 @@ writes wider than one transaction, and the Event Hubs SDK layout read back field
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from azure.data.tables import TableServiceClient
@@ -41,13 +42,29 @@ def config(azure_storage: str) -> Config:
     return make_config(azure_storage)
 
 
-@pytest.fixture
-def manager(config: Config) -> Iterator[TableCheckpointManager]:
+@contextmanager
+def opened(config: Config) -> Iterator[TableCheckpointManager]:
+    """The job's checkpoint manager through the configured factory, started, stopped after."""
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     assert isinstance(manager, TableCheckpointManager)
     manager.start()
-    yield manager
-    manager.stop()
+    try:
+        yield manager
+    finally:
+        manager.stop()
+
+
+@pytest.fixture
+def manager(config: Config) -> Iterator[TableCheckpointManager]:
+    with opened(config) as manager:
+        yield manager
+
+
+def write_one(manager: TableCheckpointManager) -> SystemStreamPartition:
+    """A checkpoint of task main-0 at offset 42 of eh.clicks.0, whose last event has offset 4096."""
+    eh0 = SystemStreamPartition("eh", "clicks", 0)
+    manager.write_checkpoint("main-0", Checkpoint({eh0: "42"}, positions={eh0: {"offset": "4096"}}))
+    return eh0
 
 
 def table_rows(connection_string: str, table: str, partition_key: str) -> list[dict]:
@@ -153,16 +170,11 @@ def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, config
 
 def test_the_sdk_layout_can_be_switched_off(azure_storage) -> None:
     config = make_config(azure_storage, **{"task.checkpoint.azure.eventhubs.layout": "none"})
-    manager = checkpoint_factory(config).get_checkpoint_manager(config)
-    manager.start()
-    try:
-        eh0 = SystemStreamPartition("eh", "clicks", 0)
-        manager.write_checkpoint("main-0", Checkpoint({eh0: "42"}, positions={eh0: {"offset": "4096"}}))
+    with opened(config) as manager:
+        eh0 = write_one(manager)
         assert manager.read_sdk_rows() == []
         assert checkpoint_blobs(azure_storage, config) == {}
         assert manager.read_last_checkpoint("main-0").offsets == {eh0: "42"}
-    finally:
-        manager.stop()
 
 
 def test_the_blob_layout_alone_writes_blobs_in_the_configured_container_and_no_rows(azure_storage) -> None:
@@ -173,13 +185,8 @@ def test_the_blob_layout_alone_writes_blobs_in_the_configured_container_and_no_r
             "task.checkpoint.azure.eventhubs.container": "ckpts-b",
         },
     )
-    manager = checkpoint_factory(config).get_checkpoint_manager(config)
-    manager.start()
-    try:
-        eh0 = SystemStreamPartition("eh", "clicks", 0)
-        manager.write_checkpoint("main-0", Checkpoint({eh0: "42"}, positions={eh0: {"offset": "4096"}}))
+    with opened(config) as manager:
+        write_one(manager)
         assert manager.read_sdk_rows() == []
         assert checkpoint_blobs(azure_storage, config) == {
             f"{NAMESPACE}/clicks/analytics/checkpoint/0": {"offset": "4096", "sequencenumber": "41"}}  # fmt: skip
-    finally:
-        manager.stop()
