@@ -96,6 +96,14 @@ def default_table_prefix(job_name: str, job_id: str) -> str:
 
 
 _CONTAINER_RE = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+CONTAINER_NAME_RULE = (
+    "3-63 lowercase letters, digits and single hyphens, starting and ending with a letter or digit"
+)
+
+
+def valid_container_name(name: str) -> bool:
+    """Whether Blob Storage accepts ``name`` as a container name (`CONTAINER_NAME_RULE`)."""
+    return bool(_CONTAINER_RE.match(name))
 _TABLE_PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,51}$")
 
 
@@ -128,11 +136,9 @@ class StorageSettings:
     def from_config(cls, config: ConfigView) -> StorageSettings:
         name, job_id = str(config.get("job.name")), str(config.get("job.id"))
         container = config.get("azure.storage.container") or default_container_name(name, job_id)
-        if not _CONTAINER_RE.match(container):
+        if not valid_container_name(container):
             raise config.error(
-                "azure.storage.container",
-                f"'{container}' is not a valid container name: 3-63 lowercase letters, digits and single "
-                "hyphens, starting and ending with a letter or digit",
+                "azure.storage.container", f"'{container}' is not a valid container name: {CONTAINER_NAME_RULE}"
             )
         prefix = config.get("azure.storage.table.prefix") or default_table_prefix(name, job_id)
         if not _TABLE_PREFIX_RE.match(prefix):

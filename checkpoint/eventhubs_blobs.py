@@ -19,7 +19,6 @@ behind, never ahead.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -27,7 +26,7 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from weirflow.interfaces.config import ConfigView
 from weirflow_azure.checkpoint.eventhubs_layout import SdkCheckpoint
-from weirflow_azure.coordinator.storage import Storage
+from weirflow_azure.coordinator.storage import CONTAINER_NAME_RULE, Storage, valid_container_name
 
 T = TypeVar("T")
 
@@ -103,10 +102,6 @@ def open_blob_checkpoints(config: ConfigView, storage: Storage | None = None) ->
     (default the job's container) in the job's storage account (``azure.storage.*``)."""
     storage = storage or Storage.from_config(config)
     container = config.get(CONTAINER_KEY) or storage.settings.container
-    if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", container):
-        raise config.error(
-            CONTAINER_KEY,
-            f"'{container}' is not a valid container name: 3-63 lowercase letters, digits and single hyphens, "
-            "starting and ending with a letter or digit",
-        )
+    if not valid_container_name(container):
+        raise config.error(CONTAINER_KEY, f"'{container}' is not a valid container name: {CONTAINER_NAME_RULE}")
     return BlobCheckpoints(storage, container)

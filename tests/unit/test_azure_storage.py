@@ -79,6 +79,11 @@ def test_bad_names_and_lease_durations_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="azure.storage.container"):
         StorageSettings.from_config(config(**{"azure.storage.connection.string": ACCOUNT,
                                               "azure.storage.container": "Bad_Name"}))  # fmt: skip
+    with pytest.raises(ConfigError, match="task.checkpoint.azure.eventhubs.container.*'Ckpts' is not a valid"):
+        from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints
+
+        open_blob_checkpoints(config(**{"azure.storage.connection.string": ACCOUNT,
+                                        "task.checkpoint.azure.eventhubs.container": "Ckpts"}))  # fmt: skip
     with pytest.raises(ConfigError, match="azure.storage.table.prefix"):
         StorageSettings.from_config(config(**{"azure.storage.connection.string": ACCOUNT,
                                               "azure.storage.table.prefix": "1abc"}))  # fmt: skip
