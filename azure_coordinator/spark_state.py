@@ -12,8 +12,9 @@ manifest and fetches exactly the files it lists, so a mirror cut short (files se
 replaced) leaves the previous manifest and its complete set of files in force.
 
 Fencing: the manifest carries the lock epoch of the holder that wrote it, and is replaced with If-Match on
-the ETag it was read with; a holder whose epoch is lower than the stored one is refused
-(`FencedOffError`) before it sends anything, and a manifest written in between makes its replace fail. The
+the ETag this store last read or wrote (it reads the manifest once per task, at restore or first mirror); a
+holder whose epoch is lower than the stored one is refused (`FencedOffError`) before it sends anything, and a
+manifest another holder wrote since makes its replace fail. The
 runner mirrors only under a confirmed lease (its self-fence), like every checkpoint write.
 """
 
@@ -54,7 +55,9 @@ _THREADS = 8  # files of one batch are sent (and fetched) this many at a time
 class BlobSparkStateStore(SparkStateStore):
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
-        self._stored: dict[str, dict[str, int]] = {}  # task -> files known to be stored (path -> size)
+        # task -> (ETag of its manifest as this store last read or wrote it, the epoch in it, the files it lists:
+        # path -> size)
+        self._known: dict[str, tuple[str | None, int, dict[str, int]]] = {}
         self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="spark-state")
 
     def _call(self, operation: str, resource: str, fn: Callable[[], T]) -> T:
@@ -81,21 +84,29 @@ class BlobSparkStateStore(SparkStateStore):
         return self._call("read Spark state manifest", self._manifest_blob(task), read)
 
     def mirror(self, task: str, local: Path, batch: int, epoch: int) -> MirrorReport:
+        """The manifest is read only when this store has not read or written it yet: after that its ETag is
+        known, and a manifest someone else wrote since fails the If-Match of the replace (the fence)."""
         began = time.monotonic()
-        manifest, etag = self._read_manifest(task)
-        if manifest is not None and int(manifest.get("epoch", 0)) > epoch:
-            raise FencedOffError(task, epoch, int(manifest["epoch"]))
-        stored = self._stored.get(task)
-        if stored is None:
-            stored = dict(manifest["files"]) if manifest else {}
+        known = self._known.get(task)
+        if known is None:
+            manifest, etag = self._read_manifest(task)
+            manifest = manifest or {}
+            known = etag, int(manifest.get("epoch", 0)), dict(manifest.get("files", {}))
+        etag, stored_epoch, stored = known
+        if stored_epoch > epoch:
+            raise FencedOffError(task, epoch, stored_epoch)
         files = committed_files(local, batch)
         sizes = self._send(task, local, [rel for rel, size in files.items() if stored.get(rel) != size])
         for rel in [rel for rel, size in sizes.items() if size < 0]:  # purged by Spark since the listing
             files.pop(rel, None)
-        self._replace_manifest(task, etag, epoch, {"batch": batch, "epoch": epoch, "files": files})
+        try:
+            written = self._replace_manifest(task, etag, epoch, {"batch": batch, "epoch": epoch, "files": files})
+        except FencedOffError:
+            self._known.pop(task, None)
+            raise
         gone = [rel for rel in stored if rel not in files]
         list(self._pool.map(lambda rel: self._delete(task, rel), gone))
-        self._stored[task] = dict(files)
+        self._known[task] = written, epoch, dict(files)
         sent = [size for size in sizes.values() if size >= 0]
         return MirrorReport(len(sent), sum(sent), len(gone), time.monotonic() - began)
 
@@ -116,21 +127,23 @@ class BlobSparkStateStore(SparkStateStore):
 
         return dict(zip(names, self._pool.map(send, names), strict=True))
 
-    def _replace_manifest(self, task: str, etag: str | None, epoch: int, manifest: dict[str, Any]) -> None:
-        """Create the manifest, or replace the one read with ETag ``etag``; a change since is a fence."""
+    def _replace_manifest(self, task: str, etag: str | None, epoch: int, manifest: dict[str, Any]) -> str:
+        """Create the manifest, or replace the one with ETag ``etag``; a change since is a fence. Returns the
+        new ETag."""
         body = json.dumps(manifest).encode()
         blob = self._storage.container.get_blob_client(self._manifest_blob(task))
 
-        def replace() -> None:
+        def replace() -> str:
             try:
                 if etag is None:
-                    blob.upload_blob(body, overwrite=False)
+                    result = blob.upload_blob(body, overwrite=False)
                 else:
-                    blob.upload_blob(body, overwrite=True, etag=etag, match_condition=_IF_MATCH)
+                    result = blob.upload_blob(body, overwrite=True, etag=etag, match_condition=_IF_MATCH)
             except (ResourceModifiedError, ResourceExistsError) as exc:
                 raise FencedOffError(task, epoch, -1) from exc
+            return str(result["etag"])
 
-        self._call("write Spark state manifest", self._manifest_blob(task), replace)
+        return self._call("write Spark state manifest", self._manifest_blob(task), replace)
 
     def _delete(self, task: str, rel: str) -> None:
         blob = self._storage.container.get_blob_client(self._file_blob(task, rel))
@@ -144,9 +157,10 @@ class BlobSparkStateStore(SparkStateStore):
         self._call("delete Spark state file", self._file_blob(task, rel), remove)
 
     def restore(self, task: str, local: Path) -> int | None:
-        manifest, _ = self._read_manifest(task)
+        manifest, etag = self._read_manifest(task)
         if manifest is None:
             return None
+        self._known[task] = etag, int(manifest.get("epoch", 0)), dict(manifest["files"])
         batch = int(manifest["batch"])
         have = last_committed_batch(local) if local.exists() else None
         if have is not None and have >= batch:
@@ -168,7 +182,6 @@ class BlobSparkStateStore(SparkStateStore):
         fetched = sum(self._pool.map(fetch, manifest["files"]))
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
-        self._stored[task] = dict(manifest["files"])
         log.info("task %s: restored its Spark state as of batch %d from Blob Storage (%d files, %d bytes, "
                  "%.2f s; local copy was at %s)", task, batch, len(manifest["files"]), fetched,
                  time.monotonic() - began, have)  # fmt: skip
@@ -185,7 +198,7 @@ class BlobSparkStateStore(SparkStateStore):
                     pass
 
         self._call("delete Spark state of", f"{PREFIX}/{task}/", remove_all)
-        self._stored.pop(task, None)
+        self._known.pop(task, None)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

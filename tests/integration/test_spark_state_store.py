@@ -69,12 +69,25 @@ def test_a_mirror_sends_the_committed_batch_and_a_restore_brings_back_exactly_it
     assert store.restore("views-0", other) == 2  # level with the copy: left as it is
 
 
-def test_a_former_holder_is_fenced_off(store, tmp_path: Path) -> None:
+def test_a_former_holder_is_fenced_off(store, azure_storage: str, tmp_path: Path) -> None:
     local = spark_dir(tmp_path / "a", LAYOUT)
     store.mirror("views-1", local, batch=1, epoch=5)
     with pytest.raises(FencedOffError):
         store.mirror("views-1", local, batch=1, epoch=4)
     assert store.restore("views-1", tmp_path / "b") == 1
+
+    # the next holder, on another machine (its own store), restores and mirrors with a later epoch: the former
+    # holder's next mirror is refused by the manifest's changed ETag, though it never read the manifest again
+    former = store
+    store.mirror("views-2", local, batch=1, epoch=5)
+    nxt = BlobSparkStateStore(Storage(former._storage.settings))
+    try:
+        assert nxt.restore("views-2", tmp_path / "c") == 1
+        nxt.mirror("views-2", tmp_path / "c", batch=1, epoch=6)
+    finally:
+        nxt.close()
+    with pytest.raises(FencedOffError):
+        former.mirror("views-2", local, batch=1, epoch=5)
 
 
 def test_nothing_stored_restores_nothing(store, tmp_path: Path) -> None:
