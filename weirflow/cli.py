@@ -97,51 +97,10 @@ def run(
 
 
 def status_document(cfg: Any) -> dict[str, Any]:
-    """The job's live picture: leader, job model and every registered processor (what `status --json` prints)."""
-    from weirflow import clock
-    from weirflow.coordination.job_model_store import read_job_model
-    from weirflow.coordination.state import is_live
-    from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils, run_id_of
-    from weirflow.drain_progress import task_drain_states
-    from weirflow.job_context import JobContext
+    """The job's live picture (what `status --json` prints): `weirflow.job_status.job_status`."""
+    from weirflow.job_status import job_status
 
-    ctx = JobContext.open(cfg, owner=f"status-{os.getpid()}")
-    run_id = run_id_of(cfg)
-    try:
-        timings = CoordinationTimings.from_config(cfg)
-        leader = ctx.coordination.leader_elector().current_leader()
-        model, _ = read_job_model(ctx.metadata)
-        rows = ctx.coordination.processor_registry().processors()
-        notice = DrainUtils(ctx.metadata).for_run(run_id)
-        tasks = task_drain_states(ctx.checkpoints, model.tasks, run_id, draining=notice is not None)
-    finally:
-        ctx.close()
-    now = clock.now_ms()
-    processors = []
-    for row in rows:
-        age = now - row.heartbeat_ms
-        processors.append(
-            {
-                **row.to_json(),
-                "heartbeat_age_s": round(age / 1000, 1),
-                "live": is_live(row, now, timings.liveness_timeout_ms),  # what the leader counts
-                "leader": row.processor_id == leader,
-                "assigned": list(model.tasks_of(row.processor_id)),
-            }
-        )
-    return {
-        "job": f"{cfg.get('job.name')}-{cfg.get('job.id')}",
-        "leader": leader,
-        "job_model_version": model.version,
-        "task_count": len(model.tasks),
-        "assignment": {p: list(t) for p, t in model.assignment.items()},
-        "processors": processors,
-        "run_id": run_id,
-        # the drain of this run, when one was requested: its notification and each task's drain state
-        "drain": notice.to_json() if notice is not None else None,
-        "tasks": tasks,
-    }
+    return job_status(cfg)
 
 
 @app.command()

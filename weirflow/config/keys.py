@@ -29,8 +29,43 @@ _J = "Job"
 _C = "Coordination"
 _T = "Tasks and checkpoints"
 _S = "Systems and streams"
+_E = "Network endpoints"
 
 KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "endpoints.enabled",
+        "bool",
+        True,
+        "Run the processor's HTTP server (`/healthz`, `/status`, `/metrics`; docs/endpoints.md).",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.host",
+        "str",
+        "127.0.0.1",
+        "Address the HTTP server binds to. Loopback by default; any other address requires "
+        "`endpoints.auth.token`.",
+        _E,
+    ),
+    ConfigKey("endpoints.port", "int", 0, "Port of the HTTP server; 0 picks a free one (registered with the "
+              "processor's row, so others find it).", _E),  # fmt: skip
+    ConfigKey(
+        "endpoints.advertised.url",
+        "str",
+        None,
+        "The URL other processors and clients use to reach this one (behind a container's port mapping or a "
+        "load balancer); default `http://<host>:<port>`.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.auth.token",
+        "str",
+        None,
+        "Bearer token every request must carry (`Authorization: Bearer ...`); set it from the environment "
+        "(`${WEIRFLOW_ENDPOINTS_TOKEN}`). Never logged.",
+        _E,
+        secret=True,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True

@@ -170,6 +170,9 @@ class StreamProcessor:
         self._drain: DrainMonitor | None = None  # pipeline jobs only: record tasks do not drain
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
+        self._tenure: _Leadership | None = None
+        self._endpoints: Any = None  # weirflow.endpoints.server.EndpointServer while it runs
+        self.endpoint_url = ""
 
     # --- public ---------------------------------------------------------------------------------------
     @property
@@ -200,6 +203,7 @@ class StreamProcessor:
             announcement.stop()
         self.runner.on_started = self._heartbeat_now.set
         self.runner.lease_valid = self._keeper.valid
+        self._start_endpoints()
         planner = self._planner_factory(self.ctx)
         if self.config.get("app.pipeline"):
             self._drain = DrainMonitor(self.ctx.metadata, self.config)
@@ -218,6 +222,34 @@ class StreamProcessor:
         finally:
             self._shutdown(leader, keeper)
         return 1 if self._fatal else 0
+
+    # --- endpoints ------------------------------------------------------------------------------------
+    @property
+    def leading(self) -> bool:
+        return self._tenure is not None and self._tenure.duties is not None
+
+    def _start_endpoints(self) -> None:
+        """The processor's HTTP server (docs/endpoints.md); its URL goes into the processor's row."""
+        from weirflow.endpoints.settings import EndpointSettings
+
+        settings = EndpointSettings.from_config(self.config)
+        if not settings.enabled:
+            return
+        from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
+        from weirflow.endpoints.server import EndpointServer, create_app
+        from weirflow.job_status import job_status
+
+        def snapshot() -> ProcessorSnapshot:
+            running = self.runner.running() if self.runner is not None else set()
+            return ProcessorSnapshot(self.processor_id, self._state.value, self._working_version, len(running),
+                                     self.leading)  # fmt: skip
+
+        def health() -> tuple[bool, str]:
+            return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
+
+        app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot))
+        self._endpoints = EndpointServer(settings, app)
+        self.endpoint_url = self._endpoints.start()
 
     # --- state ----------------------------------------------------------------------------------------
     def _set_state(self, new: ProcessorState) -> None:
@@ -246,6 +278,7 @@ class StreamProcessor:
             error=self.error,
             instance=self.instance_id,
             beat=next(self._beats),
+            endpoint=self.endpoint_url,
         )
 
     def _write_heartbeat(self) -> None:
@@ -450,7 +483,7 @@ class StreamProcessor:
     def _leader_loop(self, planner: Callable[[], dict[str, TaskModel]]) -> None:
         assert self.ctx is not None
         elector = self.ctx.coordination.leader_elector()
-        tenure = _Leadership()
+        tenure = self._tenure = _Leadership()
         errors = _LoopErrors()
         while not self._stop.is_set():
             try:
@@ -611,6 +644,8 @@ class StreamProcessor:
                 self._write_heartbeat()
             except Exception as exc:
                 log.error("could not write the final heartbeat: %s", exc)
+            if self._endpoints is not None:
+                self._endpoints.stop()
             self.ctx.close()
             log.info("processor %s stopped", self.processor_id)
 

@@ -1,0 +1,104 @@
+"""The processor's HTTP server: FastAPI served by uvicorn in a background thread of `weirflow run`.
+
+Routes so far (docs/endpoints.md):
+
+* ``GET /healthz`` — 200 with the processor's state while it runs (container health probes);
+* ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
+* ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics.
+
+Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set; errors are JSON
+``{"error": ...}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from weirflow.endpoints.settings import EndpointSettings
+
+log = logging.getLogger("weirflow.endpoints")
+
+
+def create_app(
+    settings: EndpointSettings,
+    status: Callable[[], dict[str, Any]],
+    health: Callable[[], tuple[bool, str]],
+    metrics: Callable[[], bytes],
+) -> Any:
+    """The FastAPI application; the callables read the processor's live state on each request."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    app = FastAPI(title="weirflow processor", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def bearer(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        if settings.token:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
+                return JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return await call_next(request)
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        ok, state = health()
+        return JSONResponse({"state": state}, status_code=200 if ok else 503)
+
+    @app.get("/status")
+    def status_route() -> Any:
+        return status()
+
+    @app.get("/metrics")
+    def metrics_route() -> Any:
+        return Response(metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, exc: Exception) -> Any:
+        return JSONResponse({"error": f"no route {request.method} {request.url.path}"}, status_code=404)
+
+    return app
+
+
+class EndpointServer:
+    """uvicorn in a daemon thread; `start` returns once it listens, with `url` the address to advertise."""
+
+    def __init__(self, settings: EndpointSettings, app: Any) -> None:
+        self.settings = settings
+        self._app = app
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    def start(self, timeout_s: float = 10) -> str:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.settings.host, self.settings.port))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="endpoints", daemon=True)  # fmt: skip
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the endpoint server did not start on {self.settings.host}:{port}")
+            time.sleep(0.02)
+        self.url = self.settings.advertised_url or f"http://{self.settings.host}:{port}"
+        log.info("endpoints at %s", self.url)
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(5)

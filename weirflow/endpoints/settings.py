@@ -1,0 +1,51 @@
+"""Where a processor's HTTP server listens and who may call it: ``endpoints.*``.
+
+Loopback by default, and then open (only this machine reaches it). Bound to any other address it requires a
+bearer token on every route (``endpoints.auth.token``, set it from the environment: ``${WEIRFLOW_TOKEN}``); a
+non-loopback address without one is a config error, so a job is never exposed by accident.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    enabled: bool
+    host: str
+    port: int  # 0: any free port
+    advertised_url: str | None
+    token: str | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> EndpointSettings:
+        host = str(config.get("endpoints.host"))
+        token = config.get("endpoints.auth.token") or None
+        if not _loopback(host) and not token:
+            raise config.error(
+                "endpoints.host",
+                f"'{host}' is reachable from other machines: set endpoints.auth.token (from the environment, "
+                "e.g. ${WEIRFLOW_ENDPOINTS_TOKEN}) so every request must carry it, or bind to 127.0.0.1",
+            )
+        port = int(config.get("endpoints.port"))
+        if not 0 <= port <= 65535:
+            raise config.error("endpoints.port", f"{port} is not a port (0-65535; 0 picks a free one)")
+        return cls(
+            enabled=bool(config.get("endpoints.enabled")),
+            host=host,
+            port=port,
+            advertised_url=config.get("endpoints.advertised.url") or None,
+            token=token,
+        )
