@@ -10,7 +10,7 @@ EXTRAS ?= dev,azure,emulator
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java node faketime lint docs clean
+.PHONY: run test install java node faketime chromium lint docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ faketime:
 	  echo "faketime not found: installing it with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; }
 
+# Headless Chromium renders the status page in tests/integration/test_status_page.py; apt when missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "chromium not found: installing it with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 $(NODE_STAMP): package.json package-lock.json | node
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(NODE_STAMP)
@@ -45,7 +51,7 @@ install: $(STAMP) java
 run: install
 	$(PY) examples/pageviews/demo.py
 
-test: install $(NODE_STAMP) faketime
+test: install $(NODE_STAMP) faketime chromium
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 lint: install

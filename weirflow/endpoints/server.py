@@ -2,6 +2,7 @@
 
 Routes so far (docs/endpoints.md):
 
+* ``GET /`` — the job's status as a small HTML page (`weirflow.endpoints.page`);
 * ``GET /healthz`` — 200 with the processor's state while it runs (container health probes);
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics.
@@ -33,7 +34,9 @@ def create_app(
 ) -> Any:
     """The FastAPI application; the callables read the processor's live state on each request."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+    from weirflow.endpoints.page import render_status_page
 
     app = FastAPI(title="weirflow processor", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -45,6 +48,10 @@ def create_app(
                 return JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return await call_next(request)
+
+    @app.get("/")
+    def page() -> Any:
+        return HTMLResponse(render_status_page(status()))
 
     @app.get("/healthz")
     def healthz() -> Any:
