@@ -59,6 +59,6 @@ def hubs_to_create(config: Any, system: str) -> list[Hub]:
         for stream_id in app.intermediates:
             add(stream_ref(config, stream_id, intermediate=True), intermediate)
         for sink in app.sinks:
-            if not sink.intermediate:
+            if not sink.intermediate and sink.serve is None:
                 add(stream_ref(config, sink.stream_id), _partitions(config, sink.stream_id))
     return sorted(found.values())

@@ -66,6 +66,14 @@ KEYS: tuple[ConfigKey, ...] = (
         _E,
         secret=True,
     ),
+    ConfigKey(
+        "endpoints.route.wait.ms",
+        "int",
+        2000,
+        "How long a request for a key (served tables) waits while its task has no serving processor (a "
+        "rebalance, a failover), re-routing as the job model changes, before it gets 503 with `Retry-After`.",
+        _E,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True

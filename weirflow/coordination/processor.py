@@ -247,9 +247,28 @@ class StreamProcessor:
         def health() -> tuple[bool, str]:
             return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
 
-        app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot))
+        app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot),
+                         self._table_service(settings))  # fmt: skip
         self._endpoints = EndpointServer(settings, app)
         self.endpoint_url = self._endpoints.start()
+
+    def _table_service(self, settings: Any) -> Any:
+        """The served tables' routing (pipeline jobs whose pipeline serves a table), else None."""
+        plan = getattr(self.runner, "plan", None)
+        if plan is None or not plan.tables:
+            return None
+        from weirflow.endpoints.tables import TableService
+
+        def endpoints() -> dict[str, str]:
+            assert self.ctx is not None
+            rows = self.ctx.coordination.processor_registry().processors()
+            return {row.processor_id: row.endpoint for row in rows}
+
+        runner = self.runner
+        assert runner is not None
+        return TableService(plan, self.processor_id, lambda task: self._model.owner_of(task),
+                            runner.table_location, endpoints, settings.token,
+                            settings.route_wait_ms / 1000)  # fmt: skip
 
     # --- state ----------------------------------------------------------------------------------------
     def _set_state(self, new: ProcessorState) -> None:

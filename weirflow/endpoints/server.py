@@ -5,7 +5,9 @@ Routes so far (docs/endpoints.md):
 * ``GET /`` — the job's status as a small HTML page (`weirflow.endpoints.page`);
 * ``GET /healthz`` — 200 with the processor's state while it runs (container health probes);
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
-* ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics.
+* ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
+* ``GET /tables/<name>/<key>``, ``GET /tables/<name>?prefix=&after=&limit=`` — served tables, routed to the
+  owner of the key (`weirflow.endpoints.tables`).
 
 Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set; errors are JSON
 ``{"error": ...}`` with a 4xx status.
@@ -14,6 +16,7 @@ Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a tok
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import socket
 import threading
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from weirflow.endpoints.settings import EndpointSettings
+from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
 
 log = logging.getLogger("weirflow.endpoints")
 
@@ -31,23 +35,16 @@ def create_app(
     status: Callable[[], dict[str, Any]],
     health: Callable[[], tuple[bool, str]],
     metrics: Callable[[], bytes],
+    tables: TableService | None = None,
 ) -> Any:
-    """The FastAPI application; the callables read the processor's live state on each request."""
+    """The FastAPI application; the callables read the processor's live state on each request. ``tables``
+    answers the served-table routes (pipeline jobs)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse, Response
 
     from weirflow.endpoints.page import render_status_page
 
     app = FastAPI(title="weirflow processor", docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.middleware("http")
-    async def bearer(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        if settings.token:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
-                return JSONResponse({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-        return await call_next(request)
 
     @app.get("/")
     def page() -> Any:
@@ -66,11 +63,39 @@ def create_app(
     def metrics_route() -> Any:
         return Response(metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    if tables is None:
+        add_table_routes(app, None)  # 404 naming the reason
+
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Any:
         return JSONResponse({"error": f"no route {request.method} {request.url.path}"}, status_code=404)
 
-    return app
+    return _front(settings.token, app, tables)
+
+
+def _front(token: str | None, app: Any, tables: TableService | None) -> Any:
+    """The ASGI application in front of FastAPI: the bearer check on every request and WebSocket, and the
+    served-table lookups answered without FastAPI's per-request machinery (routing, dependency solving,
+    middleware task groups), which cost most of a proxied lookup's time (benchmarks/endpoints.py)."""
+    expected = f"Bearer {token}".encode() if token else None
+    denied = json.dumps({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"}).encode()
+
+    async def front(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and expected is not None:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, expected):
+                if scope["type"] == "websocket":  # refuse the handshake (the client sees 403)
+                    await receive()
+                    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
+                    return
+                await send_json(send, 401, denied, {"www-authenticate": "Bearer"})
+                return
+        if tables is not None and scope["type"] == "http" and scope["path"].startswith("/tables/"):
+            await table_request(tables, scope, send)
+            return
+        await app(scope, receive, send)
+
+    return front
 
 
 class EndpointServer:

@@ -28,6 +28,7 @@ class EndpointSettings:
     port: int  # 0: any free port
     advertised_url: str | None
     token: str | None
+    route_wait_ms: int = 2000
 
     @classmethod
     def from_config(cls, config: Any) -> EndpointSettings:
@@ -48,4 +49,5 @@ class EndpointSettings:
             port=port,
             advertised_url=config.get("endpoints.advertised.url") or None,
             token=token,
+            route_wait_ms=int(config.get("endpoints.route.wait.ms")),
         )

@@ -72,13 +72,15 @@ class SparkStateStoreFactory(ABC):
 # has started); they are left out, so a restored copy is exactly Spark's directory as of batch ``b``.
 
 _LOG = re.compile(r"^(offsets|commits)/(\d+)$")
+_SERVED = re.compile(r"^served/[^/]+/(\d+)\.(?:delta|snapshot)$")  # weirflow.served_tables: one file per batch
 _STATE_VERSION = re.compile(r"^state/.+/(\d+)(?:_[^/]*)?\.(?:delta|snapshot|zip|changelog)$")
 
 
 def committed_files(local: Path, batch: int) -> dict[str, int]:
     """Relative path -> size of every file of ``local`` that belongs to its state as of committed ``batch``:
     metadata and source files, the offset and commit logs up to ``batch``, state files up to version
-    ``batch + 1``. Spark's hidden checksum and temporary files (``.*.crc``, ``.*.tmp``) are left out."""
+    ``batch + 1``, served-table files (`weirflow.served_tables`) up to ``batch``. Spark's hidden checksum and
+    temporary files (``.*.crc``, ``.*.tmp``) are left out."""
     found: dict[str, int] = {}
     for path in local.rglob("*"):
         if not path.is_file() or path.name.startswith("."):
@@ -89,6 +91,9 @@ def committed_files(local: Path, batch: int) -> dict[str, int]:
             continue
         state = _STATE_VERSION.match(rel)
         if state and int(state.group(1)) > batch + 1:
+            continue
+        served = _SERVED.match(rel)
+        if served and int(served.group(1)) > batch:
             continue
         try:
             found[rel] = path.stat().st_size

@@ -22,6 +22,7 @@ in `weirflow.pipeline.plan`), so reordering ``partition_by`` calls without namin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ class Sink:
     stream_id: str
     key: ColumnLike | None
     intermediate: bool
+    serve: str | None = None  # a served table's name (``Stream.serve``): kept per task, not sent anywhere
 
 
 class Stream:
@@ -89,6 +91,20 @@ class Stream:
     def send_to(self, stream_id: str, *, key: ColumnLike | None = None) -> None:
         """Write every row to output stream ``stream_id`` as JSON, keyed by ``key`` (column or expression)."""
         self._node.app._sink(self._node, stream_id, key, intermediate=False)
+
+    def serve(self, name: str, *, key: str) -> None:
+        """Keep the latest row per ``key`` of this stream as the table ``name``, queryable over HTTP while the
+        job runs (``GET /tables/<name>/<key>`` on any processor; docs/endpoints.md).
+
+        ``key`` is a column name, and the stage must hold its keys whole: read from ``partition_by(key)``, so
+        that the task owning a key is known from the key alone. The table is kept with the task's Spark
+        checkpoint (`weirflow.served_tables`) and moves with it.
+        """
+        if not isinstance(key, str) or not key:
+            raise PipelineError(f"serve('{name}') needs key= a column name, got {key!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name or ""):
+            raise PipelineError(f"table name {name!r}: use 1-64 letters, digits, '_' or '-' (it is part of URLs)")
+        self._node.app._serve(self._node, name, key)
 
     def merge(self, *others: Stream) -> Stream:
         """Union with other streams of the same stage (same columns, by name)."""
@@ -144,6 +160,16 @@ class App:
         if not intermediate and (stream_id in self._inputs or stream_id in self.intermediates):
             raise PipelineError(f"'{stream_id}' is read by this pipeline; a job cannot also write it")
         self.sinks.append(Sink(node, stream_id, key, intermediate))
+
+    def _serve(self, node: Node, name: str, key: str) -> None:
+        if any(s.serve == name for s in self.sinks):
+            raise PipelineError(f"table '{name}' is served twice in this pipeline")
+        self.sinks.append(Sink(node, f"table:{name}", key, intermediate=False, serve=name))
+
+    @property
+    def tables(self) -> list[Sink]:
+        """The served tables' sinks (``Stream.serve``)."""
+        return [s for s in self.sinks if s.serve is not None]
 
     def _partition_by(self, node: Node, key: ColumnLike, name: str | None) -> Stream:
         stream_id = name or f"partition-by-{len(self.intermediates)}"

@@ -21,6 +21,7 @@ with as many partitions, created when missing. Both names come from `weirflow.sy
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ def load_pipeline(config: Any) -> App:
     except PipelineError as exc:
         raise config.error("app.pipeline", f"{target} builds an invalid pipeline: {exc}") from exc
     if not app.sinks:
-        raise config.error("app.pipeline", f"{target} writes nothing: call send_to on at least one stream")
+        raise config.error("app.pipeline", f"{target} writes nothing: call send_to (or serve) on some stream")
     return app
 
 
@@ -52,6 +53,16 @@ def intermediate_partitions(config: Any, input_counts: Callable[[], list[int]]) 
     input of the pipeline (``input_counts`` is asked only then)."""
     configured = config.get("job.intermediate.partitions")
     return int(configured) if configured else max(input_counts(), default=1)
+
+
+@dataclass(frozen=True)
+class ServedTable:
+    """A table served by ``Stream.serve``: its name, key column, stage, and the stream partitioning its keys."""
+
+    name: str
+    key: str
+    stage: str
+    stream_id: str
 
 
 @dataclass
@@ -64,6 +75,12 @@ class Stage:
     @property
     def input_ids(self) -> list[str]:
         return [n.stream_id for n in self.inputs if n.stream_id is not None]
+
+    @property
+    def serves(self) -> bool:
+        """Whether the stage keeps a served table: its tasks then run one query each (never merged), and
+        their Spark checkpoints, where the table lives, move with them."""
+        return any(s.serve is not None for s in self.sinks)
 
 
 def stage_name(stream_id: str) -> str:
@@ -81,6 +98,7 @@ class PipelinePlan:
         self.stages = self._cut()
         self.stage_of_node = {id(n): s for s in self.stages for n in s.nodes}
         self._partitions: dict[str, int] = {}
+        self.tables = {t.serve: self._served(t) for t in app.tables if t.serve is not None}
 
     # --- stages -----------------------------------------------------------------------------------------
     def _cut(self) -> list[Stage]:
@@ -112,6 +130,33 @@ class PipelinePlan:
             if any(s.intermediate and s.stream_id == stream_id for s in stage.sinks):
                 return stage
         raise KeyError(stream_id)
+
+    # --- served tables ----------------------------------------------------------------------------------
+    def _served(self, sink: Sink) -> ServedTable:
+        """A served table's stage must read its rows partitioned by the table's key, so that the task owning
+        a key follows from the key alone (`table_task`)."""
+        stage = self.stage_of_node[id(sink.node)]
+        name, key = str(sink.serve), str(sink.key)
+        for stream_id in stage.input_ids:
+            writers = [s for st in self.stages for s in st.sinks if s.intermediate and s.stream_id == stream_id]
+            if not writers or writers[0].key != key:
+                raise PipelineError(
+                    f"serve('{name}', key='{key}') in stage '{stage.name}': the stage reads '{stream_id}', which "
+                    f"is not partitioned by '{key}'; call .partition_by('{key}') before the transforms that feed "
+                    "it, so every row of a key is in one task"
+                )
+        return ServedTable(name, key, stage.name, stage.input_ids[0])
+
+    def table_task(self, table: str, key: str) -> str:
+        """The task holding ``key`` of served table ``table``: the partition the intermediate stream's
+        partitioner (crc32 of the key's text, `StageBuilder.sink_frame`) puts it in."""
+        served = self.tables[table]
+        partition = zlib.crc32(key.encode("utf-8")) % self.partition_count(served.stream_id)
+        return f"{served.stage}-{partition}"
+
+    def table_tasks(self, table: str) -> list[str]:
+        served = self.tables[table]
+        return [f"{served.stage}-{n}" for n in range(self.task_count(self.stage(served.stage)))]
 
     # --- streams ----------------------------------------------------------------------------------------
     def ref(self, stream_id: str) -> StreamRef:
@@ -152,7 +197,7 @@ class PipelinePlan:
                 count = count or self._intermediate_partitions()
                 admin.create_stream(StreamSpec(ref.physical, count))
         for sink in self.app.sinks:
-            if sink.intermediate:
+            if sink.intermediate or sink.serve is not None:
                 continue
             self._create_if_configured(sink.stream_id)
 

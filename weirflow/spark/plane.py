@@ -12,6 +12,7 @@ from typing import Any
 
 from weirflow.factories import spark_state_factory
 from weirflow.job_model import TaskModel
+from weirflow.pipeline.api import PipelineError
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
 from weirflow.spark.query import StageBuilder
 from weirflow.spark.runner import SparkTaskRunner
@@ -31,7 +32,11 @@ class SparkDataPlane:
         # The session comes first: pipeline functions may build Columns (F.col, ...), which need it.
         self.spark = build_spark_session(config)
         app = load_pipeline(config)
-        self.plan = PipelinePlan(app, config, ctx.systems)
+        try:
+            self.plan = PipelinePlan(app, config, ctx.systems)
+        except PipelineError as exc:
+            target = config.get("app.pipeline")
+            raise config.error("app.pipeline", f"{target} builds an invalid pipeline: {exc}") from exc
         self.plan.ensure_streams()
         self.builder = StageBuilder(self.spark, self.plan, config.snapshot())
         # Registering the data sources and analysing the stages (~2 s, each a Python process Spark starts)

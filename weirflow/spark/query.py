@@ -313,7 +313,8 @@ class StageBuilder:
         entries, one per ``stage.sinks``), so the query has one sink and every row is copied once.
 
         Columns: ``__sink`` (the output's index, only when the stage has several), for output streams ``__key``
-        and ``__value`` (the row as JSON), for intermediate streams ``__partition`` (chosen here: crc32 of the
+        and ``__value`` (the row as JSON; likewise for a served table, whose ``__key`` is the table's key), for
+        intermediate streams ``__partition`` (chosen here: crc32 of the
         key, as the embedded log hashes keys, so all rows of a key meet in one downstream task; rows without
         a key go to partition 0) and the rows' own columns as ``__r<i>_<j>``, which the sink packs into Arrow
         records (`weirflow.spark.packing`)."""
@@ -321,8 +322,12 @@ class StageBuilder:
         several = len(stage.sinks) > 1
         for index, sink in enumerate(stage.sinks):
             df = frames[id(sink.node)]
-            ref = self.plan.ref(sink.stream_id)
-            spec: dict[str, Any] = {"stream": sink.stream_id, "system": ref.system, "physical": ref.physical}
+            spec: dict[str, Any]
+            if sink.serve is not None:
+                spec = {"stream": sink.stream_id, "serve": sink.serve}
+            else:
+                ref = self.plan.ref(sink.stream_id)
+                spec = {"stream": sink.stream_id, "system": ref.system, "physical": ref.physical}
             columns = [F.lit(index).cast("tinyint").alias("__sink")] if several else []
             key = None
             if sink.key is not None:

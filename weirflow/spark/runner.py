@@ -182,6 +182,7 @@ class StageQuery:
             .option("config", runner.builder.snapshot)
             .option("sinks", json.dumps(sinks))
             .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
+            .option("served_dir", str(location) if self.stage.serves else "")
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
@@ -383,7 +384,9 @@ class StageQuery:
         checkpoint names the batch's offsets: a copy at least as far on as the store, so that the next holder
         restores state matching the offsets it resumes from (a copy ahead of them is caught up with)."""
         store = self.runner.state_store
-        if store is None or self.merged or self.location is None or not (self.location / "state").exists():
+        if store is None or self.merged or self.location is None:
+            return
+        if not self.stage.serves and not (self.location / "state").exists():
             return  # no operator state: the checkpoint store's offsets are all the task needs elsewhere
         report = store.mirror(t.name, self.location, batch, t.writer.epoch)
         if report.uploaded or report.deleted:
@@ -648,7 +651,7 @@ class SparkTaskRunner(TaskRunner):
         if not self.merge_stateless:
             return False
         self._ready.wait()
-        return self._prepare_error is None and self.builder.stateless(stage)
+        return self._prepare_error is None and not stage.serves and self.builder.stateless(stage)
 
     def _unit(self, t: TaskState) -> str:
         return f"stage:{t.stage.name}" if self._merges(t.stage) else f"task:{t.name}"
@@ -747,6 +750,15 @@ class SparkTaskRunner(TaskRunner):
     def starting(self) -> set[str]:
         with self._guard:
             return {n for n in self._tasks if n not in self._query_of}
+
+    def table_location(self, task_name: str) -> Path | None:
+        with self._guard:
+            if task_name in self._finished:
+                return self.spark_checkpoint_dir(task_name)
+            t, query = self._tasks.get(task_name), self._query_of.get(task_name)
+            if t is None or t.error is not None or query is None or query.merged:
+                return None
+            return query.location
 
     def failures(self) -> dict[str, str]:
         with self._guard:

@@ -10,6 +10,10 @@ belongs to when there are several:
 * intermediate streams: ``__partition`` (chosen in the JVM) and the rows' own columns, packed per partition
   into Arrow records (`weirflow.spark.packing`): no row is encoded one by one.
 
+A served table (``Stream.serve``) is not sent anywhere: each partition returns its latest row per key in its
+commit message, and ``commit`` writes them into the task's Spark checkpoint directory (``served_dir``,
+`weirflow.served_tables`).
+
 Executors send with `SystemProducer.send`, which is durable when it returns: a micro-batch commits only
 after every output record was written (at-least-once; a replayed batch may write some records twice, which
 is why outputs should be keyed so that replays are idempotent). Records a system can never take (too large)
@@ -22,6 +26,7 @@ import base64
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +36,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow.errors import RecordTooLargeError
 from weirflow.interfaces.system import OutgoingRecord
+from weirflow.served_tables import write_batch
 from weirflow.spark import workergc
 from weirflow.spark.fence import LockRef
 from weirflow.spark.fence import check as check_fence
@@ -53,8 +59,12 @@ SINK_SCHEMA = T.StructType(
 
 
 class WrittenCount(WriterCommitMessage):
-    def __init__(self, counts: dict[str, int]) -> None:
+    """What one partition wrote: rows per output, and per served table its latest row per key (key -> JSON),
+    which ``commit`` records on the driver's machine (`weirflow.served_tables`)."""
+
+    def __init__(self, counts: dict[str, int], served: dict[str, dict[str, str]] | None = None) -> None:
         self.counts = counts
+        self.served = served or {}
 
 
 class WeirflowSink(DataSource):
@@ -68,22 +78,28 @@ class WeirflowSink(DataSource):
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> WeirflowStreamWriter:
         workergc.before_task()
         fence = decode_fence(self.options.get("fence"))
-        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence)
+        served_dir = self.options.get("served_dir") or None
+        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence, served_dir)
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
     """Writes each Arrow batch Spark hands over to the outputs described by ``sinks``, each once the fence
     (`weirflow.spark.fence`) confirmed that the query's processor still holds every lock in ``fence``."""
 
-    def __init__(self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None) -> None:
+    def __init__(
+        self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None,
+        served_dir: str | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.sinks = sinks
         self.fence = fence or []
+        self.served_dir = served_dir  # the task's Spark checkpoint directory, where served tables are kept
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
         workergc.before_task()
         systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
+        served: dict[str, dict[str, str]] = {}
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -95,6 +111,14 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             by_system: dict[str, list[OutgoingRecord]] = {}
             for index, rows in parts:
                 sink = self.sinks[index]
+                counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
+                if sink.get("serve"):  # the latest row per key; a later row of the partition wins
+                    table = served.setdefault(sink["serve"], {})
+                    for key, value in zip(rows.column("__key").to_pylist(), rows.column("__value").to_pylist(),
+                                          strict=True):  # fmt: skip
+                        if key is not None:
+                            table[key.decode("utf-8", "replace")] = (value or b"null").decode("utf-8", "replace")
+                    continue
                 out = by_system.setdefault(sink["system"], [])
                 if sink.get("rows"):
                     out.extend(self._packed(rows, sink, systems.producer(sink["system"])))
@@ -105,13 +129,12 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                         OutgoingRecord(stream=sink["physical"], value=value or b"", key=key)
                         for key, value in zip(keys, values, strict=True)
                     )
-                counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
             # Before every send, not once per partition: a partition's rows arrive over time (a slow transform
             # upstream), and the lock may move while they do. Checked last, right before the records go out.
             check_fence(self.snapshot, self.fence)
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
-        return WrittenCount(counts)
+        return WrittenCount(counts, served)
 
     @staticmethod
     def _packed(rows: pa.RecordBatch, sink: dict[str, Any], producer: Any) -> list[OutgoingRecord]:
@@ -176,8 +199,19 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 producer.send(rest)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to do: every partition's records were durable when its `write` returned."""
+        """Every partition's records were durable when its `write` returned; what is left is the served
+        tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch."""
         workergc.before_task()
+        tables: dict[str, dict[str, str]] = {}
+        for message in messages:
+            if isinstance(message, WrittenCount):
+                for table, rows in message.served.items():
+                    tables.setdefault(table, {}).update(rows)
+        if not tables or self.served_dir is None:
+            return
+        check_fence(self.snapshot, self.fence)
+        for table, rows in tables.items():
+            write_batch(Path(self.served_dir), table, batchId, rows)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from weirflow.interfaces.coordination import Lock
 from weirflow.job_model import TaskModel
@@ -62,6 +63,11 @@ class TaskRunner(ABC):
     def starting(self) -> set[str]:
         """Tasks of `running` whose start is still under way (the runner starts them in the background)."""
         return set()
+
+    def table_location(self, task_name: str) -> Path | None:
+        """Where the task keeps its served tables (`weirflow.served_tables`), once it runs here and they are
+        current (restored, its query started); None otherwise."""
+        return None
 
     @abstractmethod
     def failures(self) -> dict[str, str]: ...
