@@ -48,8 +48,10 @@ def test_routes_answer_json_and_prometheus_text() -> None:
     assert 'weirflow_tasks_running{processor="p1"} 2.0' in text
     assert 'weirflow_leader{processor="p1"} 1.0' in text
     assert 'weirflow_processor_state{processor="p1",state="RUNNING"} 1.0' in text
-    missing = client.get("/tables/x")
-    assert missing.status_code == 404 and "no route GET /tables/x" in missing.json()["error"]
+    missing = client.get("/nothing/here")
+    assert missing.status_code == 404 and "no route GET /nothing/here" in missing.json()["error"]
+    no_tables = client.get("/tables/x/k")
+    assert no_tables.status_code == 404 and "serves no tables" in no_tables.json()["error"]
 
 
 def test_with_a_token_every_route_requires_it() -> None:

@@ -1,0 +1,188 @@
+"""Served tables through any processor, while the processor owning them is SIGKILLed (docs/endpoints.md).
+
+The served-table example (`examples/endpoints`: each user's latest page view, table ``last_view``, 4 tasks)
+runs as two `weirflow run` processes. Clients only ever ask the processor that owns *fewer* of the table's
+tasks (the entry), so most lookups are proxied. While a client thread keeps asking, the other processor is
+SIGKILLed: every answer must be the right row or a 503 (never a wrong row, never another status), and after
+the failover every user's row is back, then follows new views written after the kill (the moved tasks go on
+updating their tables).
+
+On the embedded default both processors share a disk. On Azure (Azurite) each has its **own state
+directory**, as on two machines, so the survivor can answer only if the tables came with the tasks' Spark
+state from Blob Storage; there a bearer token is required, and the processors pass it to each other.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import unique_job_name
+from weirflow.cli import status_document
+from weirflow.config import load_config
+from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoints"
+sys.path.insert(0, str(EXAMPLE))
+from views import send, view  # noqa: E402
+
+USERS = 300
+VIEWS = 3000
+STAGE, TASKS = "views_by_user", 4
+TOKEN = "t0ken-for-tests"
+FAST = ["job.coordinator.lease.duration.ms=15000", "job.coordinator.heartbeat.interval.ms=1000",
+        "job.coordinator.liveness.timeout.ms=4000", "job.debounce.time.ms=1000"]  # fmt: skip
+
+
+def latest(views: int) -> dict[str, dict[str, Any]]:
+    return {f"u{u}": view(max(i for i in range(u, views, USERS)), USERS) for u in range(USERS)}
+
+
+def get(url: str, token: str | None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+class Client(threading.Thread):
+    """Asks the entry for users in turn until stopped; counts right rows, 503s, and anything else."""
+
+    def __init__(self, url: str, token: str | None, expected: dict[str, dict[str, Any]]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.token, self.expected = url, token, expected
+        self.right = self.unavailable = 0
+        self.wrong: list[tuple[str, int, Any]] = []
+        self.first_503: float | None = None
+        self.last_503: float | None = None
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        users = list(self.expected)
+        i = 0
+        while not self.halt.is_set():
+            user = users[i % len(users)]
+            i += 1
+            status, body = get(f"{self.url}/tables/last_view/{user}", self.token)
+            if status == 200 and body == self.expected[user]:
+                self.right += 1
+            elif status == 503:
+                self.unavailable += 1
+                self.first_503 = self.first_503 or time.monotonic()
+                self.last_503 = time.monotonic()
+            else:
+                self.wrong.append((user, status, body))
+
+
+def job_overrides(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[str], str | None]:
+    """The example copied into ``tmp_path``; the settings of ``backend`` and its bearer token (Azure only)."""
+    for name in ("job.yaml", "pipeline.py", "views.py"):
+        shutil.copy(EXAMPLE / name, tmp_path / name)
+    overrides = [f"job.name={unique_job_name('served')}", *FAST]
+    if backend == "embedded":
+        return overrides, None
+    storage = request.getfixturevalue("azure_storage")
+    return [*overrides, "job.coordinator.factory=azure", "task.checkpoint.factory=azure-table",
+            f"azure.storage.connection.string={storage}", f"endpoints.auth.token={TOKEN}",
+            f"systems.local.path={tmp_path / 'streams.db'}"], TOKEN  # fmt: skip
+
+
+def check_reads(url: str, token: str | None, expected: dict[str, dict[str, Any]]) -> None:
+    """Key lookups, a listing page, an absent key and (with a token) a request without it."""
+    for user in list(expected)[:50]:
+        assert get(f"{url}/tables/last_view/{user}", token) == (200, expected[user])
+    status, page = get(f"{url}/tables/last_view?prefix=u1&limit=50", token)
+    assert status == 200
+    assert [r["key"] for r in page["rows"]] == sorted(u for u in expected if u.startswith("u1"))[:50]
+    assert page["rows"][0]["row"] == expected[page["rows"][0]["key"]] and page["next"]
+    assert get(f"{url}/tables/last_view/nobody", token)[0] == 404
+    if token:
+        assert get(f"{url}/tables/last_view/u1", None)[0] == 401
+
+
+@pytest.mark.parametrize("backend", ["embedded", "azure"])
+def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, request: pytest.FixtureRequest,
+                                                                  tmp_path: Path, measure) -> None:  # fmt: skip
+    overrides, token = job_overrides(backend, request, tmp_path)
+    config_path = tmp_path / "job.yaml"
+    config = load_config(config_path, overrides)
+    send(config, 0, VIEWS, USERS)
+
+    def start(name: str) -> ProcessorProcess:
+        own_disk = [f"job.state.dir={tmp_path / name}"] if backend == "azure" else []
+        return start_processor(config_path, name, [*overrides, *own_disk], log_dir=tmp_path / "logs")
+
+    procs = {name: start(name) for name in ("p0", "p1")}
+    client = None
+    try:
+        expected = latest(VIEWS)
+
+        def ready() -> bool:
+            doc = status_document(config)
+            urls = [p.get("endpoint") for p in doc["processors"] if p["live"]]
+            if len(doc["assignment"]) < 2 or len(urls) < 2 or not all(urls):
+                return False
+            return all(get(f"{urls[0]}/tables/last_view/{u}", token) == (200, row) for u, row in expected.items())
+
+        wait_until(ready, 240, "every user's latest view in the table", interval_s=1)
+        doc = status_document(config)
+        urls = {p["processor_id"]: p["endpoint"] for p in doc["processors"]}
+        owner_of = {t: p for p, tasks in doc["assignment"].items() for t in tasks}
+        held = {p: sum(owner_of[f"{STAGE}-{n}"] == p for n in range(TASKS)) for p in procs}
+        entry = min(held, key=lambda p: held[p])
+        victim = next(p for p in procs if p != entry)
+        proxied = [u for u in expected if owner_of[f"{STAGE}-{zlib.crc32(u.encode()) % TASKS}"] == victim]
+        assert held[victim] > 0 and proxied
+        check_reads(urls[entry], token, expected)
+
+        client = Client(urls[entry], token, expected)
+        client.start()
+        wait_until(lambda: client.right > 100, 30, "the client getting answers")
+        killed_at = time.monotonic()
+        procs[victim].kill()  # SIGKILL while the client asks
+        def serves(rows: dict[str, Any]) -> bool:
+            return all(get(f"{urls[entry]}/tables/last_view/{u}", token) == (200, rows[u]) for u in proxied[:20])
+
+        wait_until(lambda: serves(expected), 120, "the survivor serving the killed one's keys")
+        back_after = time.monotonic() - killed_at
+        right_then = client.right
+        wait_until(lambda: client.right > right_then + 200, 30, "more right answers after the failover")
+        client.halt.set()
+        client.join(15)
+        assert client.wrong == [], client.wrong[:5]
+        for user in expected:
+            assert get(f"{urls[entry]}/tables/last_view/{user}", token) == (200, expected[user]), user
+        if backend == "azure":
+            assert "restored its Spark state as of batch" in procs[entry].log_text()
+
+        send(config, VIEWS, USERS, USERS)  # one more view per user: the moved tables keep being updated
+        newer = latest(VIEWS + USERS)
+        wait_until(lambda: serves(newer), 120, "the moved tasks applying new views")
+    except Exception:
+        for proc in procs.values():
+            print(proc.log_text()[-3000:])
+        raise
+    finally:
+        if client is not None:
+            client.halt.set()
+        for proc in procs.values():
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGKILL)
+    measure(f"served table ({backend}): owner SIGKILLed under lookups through the other processor: "
+            f"{client.right} right answers, {client.unavailable} x 503, 0 wrong; every key back "
+            f"{back_after:.1f} s after the kill")  # fmt: skip
