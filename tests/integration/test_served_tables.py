@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.sync.client import connect
 
 from tests.conftest import unique_job_name
 from weirflow.cli import status_document
@@ -170,7 +171,23 @@ def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, r
         if backend == "azure":
             assert "restored its Spark state as of batch" in procs[entry].log_text()
 
-        send(config, VIEWS, USERS, USERS)  # one more view per user: the moved tables keep being updated
+        # taps on the survivor, then one more view per user: the taps get exactly the matching ones, and the
+        # moved tables keep being updated
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        ws_url = urls[entry].replace("http://", "ws://")
+        page_tap = f"{ws_url}/tap/page-views?field=page&match=%5E/page/1%24"  # ^/page/1$
+        user_tap = f"{ws_url}/tap/views-by-user?field=user&match=%5Eu7%24"  # an intermediate stream
+        with connect(page_tap, additional_headers=headers) as by_page, \
+                connect(user_tap, additional_headers=headers) as by_user:  # fmt: skip
+            time.sleep(0.5)  # a tap starts at the streams' ends as of its connection
+            send(config, VIEWS, USERS, USERS)
+            tapped = [json.loads(by_page.recv(timeout=60))["value"] for _ in range(4)]
+            wanted = [view(i, USERS) for i in range(VIEWS, VIEWS + USERS) if i % 97 == 1]
+            assert sorted(tapped, key=lambda v: v["event_time"]) == wanted
+            row = json.loads(by_user.recv(timeout=60))
+            assert row["value"]["user"] == "u7" and row["value"]["page"] == view(VIEWS + 7, USERS)["page"]
+            with pytest.raises(TimeoutError):
+                by_page.recv(timeout=2)
         newer = latest(VIEWS + USERS)
         wait_until(lambda: serves(newer), 120, "the moved tasks applying new views")
     except Exception:

@@ -74,6 +74,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "rebalance, a failover), re-routing as the job model changes, before it gets 503 with `Retry-After`.",
         _E,
     ),
+    ConfigKey(
+        "endpoints.tap.queue.size",
+        "int",
+        10_000,
+        "Messages a tap (`WS /tap/<stream>`) may hold for a client that reads slower than the stream is "
+        "written; past it the client is disconnected (close code 1008, reason 'client too slow').",
+        _E,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True

@@ -248,7 +248,7 @@ class StreamProcessor:
             return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
 
         app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot),
-                         self._table_service(settings))  # fmt: skip
+                         self._table_service(settings), self._tap_service(settings))  # fmt: skip
         self._endpoints = EndpointServer(settings, app)
         self.endpoint_url = self._endpoints.start()
 
@@ -269,6 +269,14 @@ class StreamProcessor:
         return TableService(plan, self.processor_id, lambda task: self._model.owner_of(task),
                             runner.table_location, endpoints, settings.token,
                             settings.route_wait_ms / 1000)  # fmt: skip
+
+    def _tap_service(self, settings: Any) -> Any:
+        from weirflow.endpoints.taps import TapService
+
+        assert self.ctx is not None
+        plan = getattr(self.runner, "plan", None)
+        intermediates = list(plan.app.intermediates) if plan is not None else []
+        return TapService(self.config, self.ctx.systems, intermediates, settings.tap_queue_size)
 
     # --- state ----------------------------------------------------------------------------------------
     def _set_state(self, new: ProcessorState) -> None:

@@ -7,7 +7,8 @@ Routes so far (docs/endpoints.md):
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
 * ``GET /tables/<name>/<key>``, ``GET /tables/<name>?prefix=&after=&limit=`` — served tables, routed to the
-  owner of the key (`weirflow.endpoints.tables`).
+  owner of the key (`weirflow.endpoints.tables`);
+* ``WS /tap/<stream>?match=&field=`` — a stream's matching records while connected (`weirflow.endpoints.taps`).
 
 Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set; errors are JSON
 ``{"error": ...}`` with a 4xx status.
@@ -26,6 +27,7 @@ from typing import Any
 
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
+from weirflow.endpoints.taps import TapService, add_tap_routes
 
 log = logging.getLogger("weirflow.endpoints")
 
@@ -36,6 +38,7 @@ def create_app(
     health: Callable[[], tuple[bool, str]],
     metrics: Callable[[], bytes],
     tables: TableService | None = None,
+    taps: TapService | None = None,
 ) -> Any:
     """The FastAPI application; the callables read the processor's live state on each request. ``tables``
     answers the served-table routes (pipeline jobs)."""
@@ -65,6 +68,7 @@ def create_app(
 
     if tables is None:
         add_table_routes(app, None)  # 404 naming the reason
+    add_tap_routes(app, taps)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Any:

@@ -29,6 +29,7 @@ class EndpointSettings:
     advertised_url: str | None
     token: str | None
     route_wait_ms: int = 2000
+    tap_queue_size: int = 10_000
 
     @classmethod
     def from_config(cls, config: Any) -> EndpointSettings:
@@ -50,4 +51,5 @@ class EndpointSettings:
             advertised_url=config.get("endpoints.advertised.url") or None,
             token=token,
             route_wait_ms=int(config.get("endpoints.route.wait.ms")),
+            tap_queue_size=int(config.get("endpoints.tap.queue.size")),
         )

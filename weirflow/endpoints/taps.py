@@ -1,0 +1,215 @@
+"""Taps: ``WS /tap/<stream>?match=<regex>&field=<column>`` — every record of a stream whose field matches, from
+the moment of connection until the client disconnects (docs/endpoints.md).
+
+**Where the records come from.** The processor the client connected to reads the stream's partitions itself,
+through the system's consumer, from each partition's end at connection time (`SystemAdmin.partition_metadata`)
+onwards. Every processor can reach every partition of every system its job uses, so a tap needs no fan-in
+from the processors owning partitions, costs the running tasks nothing, does not break when a task moves,
+and works for streams no task reads (a job's outputs, dead letters). A tap therefore sees what was *written*
+to the stream, after the fence (`weirflow.spark.fence`): exactly what downstream tasks and consumers see.
+
+**What can be tapped**: any stream declared under ``streams.<id>``, the pipeline's intermediate streams (their
+rows unpacked; control messages left out) and each one's dead letters (``<id>.dlq``).
+
+**Messages** are JSON text frames ``{"stream", "partition", "offset", "key", "value"}`` (``value`` the record
+decoded as JSON when it is JSON, else text). A client that does not keep up — its queue holds
+``endpoints.tap.queue.size`` messages — is disconnected with close code 1008 and the reason, instead of the
+processor's memory growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+from weirflow.control import MalformedMessageError, MessageType, decode
+from weirflow.interfaces.system import IncomingRecord, SystemStreamPartition
+from weirflow.systems import DEAD_LETTER_SUFFIX, StreamRef, dead_letter_stream, stream_ref
+
+log = logging.getLogger("weirflow.endpoints")
+
+POLL_S = 0.1
+READ_BATCH = 1000
+CLOSE_TOO_SLOW = 1008
+
+
+class TapError(ValueError):
+    """A tap request that cannot be served (unknown stream, bad regex): the client's error, HTTP 400/404."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TapTarget:
+    ref: StreamRef
+    intermediate: bool  # records carry control framing and packed rows (`weirflow.control`)
+
+
+class TapService:
+    """Resolves tap requests and reads their streams. ``intermediates``: the pipeline's intermediate stream
+    ids (none for a record-task job)."""
+
+    def __init__(self, config: Any, systems: Any, intermediates: list[str], queue_size: int) -> None:
+        self.config = config
+        self.systems = systems
+        self.intermediates = list(intermediates)
+        self.queue_size = queue_size
+
+    def streams(self) -> list[str]:
+        declared = list(self.config.names("streams"))
+        return sorted({*declared, *self.intermediates, *(f"{s}{DEAD_LETTER_SUFFIX}" for s in declared)})
+
+    def target(self, stream: str) -> TapTarget:
+        base = stream.removesuffix(DEAD_LETTER_SUFFIX)
+        dlq = base != stream
+        if base in self.intermediates:
+            ref = stream_ref(self.config, base, intermediate=True)
+            intermediate = not dlq
+        elif base in self.config.names("streams"):
+            ref, intermediate = self.systems.resolve(base), False
+        else:
+            raise TapError(404, f"no stream '{stream}' in this job; tap one of: {', '.join(self.streams())}")
+        if dlq:
+            ref = StreamRef(stream, ref.system, dead_letter_stream(ref.physical))
+        return TapTarget(ref, intermediate)
+
+    @staticmethod
+    def matcher(pattern: str | None, field: str | None) -> Any:
+        try:
+            regex = re.compile(pattern or "")
+        except re.error as exc:
+            raise TapError(400, f"match={pattern!r} is not a regular expression: {exc}") from None
+        return _Matcher(regex, field or None)
+
+    async def run(self, target: TapTarget, matcher: Any, queue: asyncio.Queue[str | None]) -> None:
+        """Read ``target`` from its current end and put every matching record on ``queue`` until cancelled;
+        puts None and returns when the queue is full (the client is too slow)."""
+        admin = self.systems.admin(target.ref.system)
+        consumer = self.systems.consumer(target.ref.system)
+        physical = target.ref.physical
+        metadata = await asyncio.to_thread(admin.partition_metadata, physical)
+        positions = {p: m.upcoming for p, m in metadata.items()}
+        while True:
+            found = 0
+            for partition, position in list(positions.items()):
+                ssp = SystemStreamPartition(target.ref.system, physical, partition)
+                records = await asyncio.to_thread(consumer.read, ssp, position, READ_BATCH)
+                if not records:
+                    continue
+                found += len(records)
+                positions[partition] = records[-1].next_offset
+                for message in _messages(target, records, matcher):
+                    if queue.qsize() >= self.queue_size:
+                        queue.put_nowait(None)
+                        return
+                    queue.put_nowait(message)
+            if not found:
+                await asyncio.sleep(POLL_S)
+
+
+@dataclass(frozen=True)
+class _Matcher:
+    regex: re.Pattern[str]
+    field: str | None
+
+    def __call__(self, value: Any, text: str) -> bool:
+        if self.field is None:
+            return self.regex.search(text) is not None
+        if not isinstance(value, dict) or value.get(self.field) is None:
+            return False
+        item = value[self.field]
+        return self.regex.search(item if isinstance(item, str) else json.dumps(item, default=str)) is not None
+
+
+def _values(target: TapTarget, record: IncomingRecord) -> Iterator[Any]:
+    """The record's values: one per row of an intermediate stream's packed record, none for a control message."""
+    raw = record.value
+    if target.intermediate:
+        try:
+            kind, payload = decode(raw)
+        except MalformedMessageError:
+            yield raw.decode("utf-8", "replace")
+            return
+        if kind is MessageType.ROWS:
+            from weirflow.spark.packing import unpack
+
+            yield from unpack(raw).to_pylist()
+            return
+        if kind is not MessageType.USER:
+            return  # watermark, end-of-stream, drain: the runtime's, not the stream's records
+        raw = payload  # type: ignore[assignment]
+    try:
+        yield json.loads(raw)
+    except ValueError:
+        yield raw.decode("utf-8", "replace")
+
+
+def _messages(target: TapTarget, records: list[IncomingRecord], matcher: Any) -> Iterator[str]:
+    for record in records:
+        key = record.key.decode("utf-8", "replace") if record.key is not None else None
+        for value in _values(target, record):
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            if matcher(value, text):
+                yield json.dumps({"stream": target.ref.stream_id, "partition": record.ssp.partition,
+                                  "offset": record.offset, "key": key, "value": value}, default=str)  # fmt: skip
+
+
+def add_tap_routes(app: Any, taps: TapService | None) -> None:
+    """``WS /tap/<stream>`` on the FastAPI ``app``; a plain ``GET`` of it explains itself (426)."""
+    from fastapi import WebSocketDisconnect
+    from fastapi.responses import JSONResponse
+
+    @app.get("/tap/{stream}")
+    async def tap_http(stream: str) -> Any:
+        return JSONResponse({"error": f"/tap/{stream} is a WebSocket: connect with ws://.../tap/{stream}"
+                                      "?match=<regex>&field=<column>"}, status_code=426)  # fmt: skip
+
+    @app.websocket("/tap/{stream}")
+    async def tap(websocket: WebSocket, stream: str) -> None:
+        if taps is None:
+            await websocket.send_denial_response(JSONResponse({"error": "taps are off"}, status_code=404))
+            return
+        params = websocket.query_params
+        try:
+            target = taps.target(stream)
+            matcher = taps.matcher(params.get("match"), params.get("field"))
+        except TapError as exc:
+            await websocket.send_denial_response(JSONResponse({"error": str(exc)}, status_code=exc.status))
+            return
+        await websocket.accept()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        reader = asyncio.create_task(taps.run(target, matcher, queue))
+        closed = asyncio.create_task(websocket.receive())  # the client's close (taps take no input)
+        log.info("tap on %s opened (match=%r, field=%r)", stream, params.get("match"), params.get("field"))
+        try:
+            while True:
+                message = asyncio.create_task(queue.get())
+                done, _ = await asyncio.wait({message, closed, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if closed in done or (reader in done and reader.exception() is not None):
+                    message.cancel()
+                    if reader in done and reader.exception() is not None:
+                        await websocket.close(1011, f"reading {stream} failed: {reader.exception()}"[:120])
+                    return
+                if message not in done:
+                    message.cancel()
+                    continue
+                item = message.result()
+                if item is None:
+                    await websocket.close(CLOSE_TOO_SLOW, f"client too slow: {taps.queue_size} messages queued")
+                    return
+                await websocket.send_text(item)
+        except WebSocketDisconnect:
+            return
+        finally:
+            reader.cancel()
+            closed.cancel()
+            log.info("tap on %s closed", stream)
