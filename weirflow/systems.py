@@ -76,6 +76,16 @@ def stream_id_of(refs: Iterable[StreamRef], system: str, physical: str) -> str:
 DEAD_LETTER_SUFFIX = ".dlq"
 
 
+def is_http_stream(config: Any, stream_id: str) -> bool:
+    """Whether ``stream_id`` is on a system whose factory is ``http`` (request/response, docs/endpoints.md):
+    such a stream is both read (requests) and written (responses) by the job."""
+    from weirflow.factories import system_factory_value
+
+    if config is None:
+        return False
+    return system_factory_value(config, stream_ref(config, stream_id).system) == "http"
+
+
 def dead_letter_stream(physical: str) -> str:
     """Physical name of the dead-letter stream of the stream called ``physical``: ``<physical>.dlq``, on the
     same system and partition. The planner creates it for every input, the source and the sink write to it

@@ -82,6 +82,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "written; past it the client is disconnected (close code 1008, reason 'client too slow').",
         _E,
     ),
+    ConfigKey(
+        "endpoints.rpc.timeout.ms",
+        "duration_ms",
+        10_000,
+        "How long `POST /rpc/<stream>` gathers replies (then answers with `partial: true`) and `POST "
+        "/http/<stream>` waits for its response (then 504); a request may set `?timeout_ms=`.",
+        _E,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True

@@ -248,7 +248,8 @@ class StreamProcessor:
             return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
 
         app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot),
-                         self._table_service(settings), self._tap_service(settings))  # fmt: skip
+                         self._table_service(settings), self._tap_service(settings),
+                         self._conversations(settings))  # fmt: skip
         self._endpoints = EndpointServer(settings, app)
         self.endpoint_url = self._endpoints.start()
 
@@ -277,6 +278,18 @@ class StreamProcessor:
         plan = getattr(self.runner, "plan", None)
         intermediates = list(plan.app.intermediates) if plan is not None else []
         return TapService(self.config, self.ctx.systems, intermediates, settings.tap_queue_size)
+
+    def _conversations(self, settings: Any) -> Any:
+        """Clients' requests to the job's ``http`` streams, and its responses (None: the job has none)."""
+        from weirflow.endpoints.conversations import Conversations
+        from weirflow.systems import is_http_stream
+
+        assert self.ctx is not None
+        streams = {s: self.ctx.systems.resolve(s).system for s in self.config.names("streams")
+                   if is_http_stream(self.config, s)}  # fmt: skip
+        if not streams:
+            return None
+        return Conversations(self.ctx.systems, streams, self.processor_id, settings.rpc_timeout_ms / 1000)
 
     # --- state ----------------------------------------------------------------------------------------
     def _set_state(self, new: ProcessorState) -> None:

@@ -8,7 +8,9 @@ Routes so far (docs/endpoints.md):
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
 * ``GET /tables/<name>/<key>``, ``GET /tables/<name>?prefix=&after=&limit=`` — served tables, routed to the
   owner of the key (`weirflow.endpoints.tables`);
-* ``WS /tap/<stream>?match=&field=`` — a stream's matching records while connected (`weirflow.endpoints.taps`).
+* ``WS /tap/<stream>?match=&field=`` — a stream's matching records while connected (`weirflow.endpoints.taps`);
+* ``POST /rpc/<stream>``, ``POST /http/<stream>``, ``WS /http/<stream>`` — requests to the job through an
+  ``http`` stream, and its responses (`weirflow.endpoints.conversations`).
 
 Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set; errors are JSON
 ``{"error": ...}`` with a 4xx status.
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from weirflow.endpoints.conversations import Conversations, add_conversation_routes
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
 from weirflow.endpoints.taps import TapService, add_tap_routes
@@ -39,6 +42,7 @@ def create_app(
     metrics: Callable[[], bytes],
     tables: TableService | None = None,
     taps: TapService | None = None,
+    conversations: Conversations | None = None,
 ) -> Any:
     """The FastAPI application; the callables read the processor's live state on each request. ``tables``
     answers the served-table routes (pipeline jobs)."""
@@ -69,6 +73,7 @@ def create_app(
     if tables is None:
         add_table_routes(app, None)  # 404 naming the reason
     add_tap_routes(app, taps)
+    add_conversation_routes(app, conversations)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Exception) -> Any:

@@ -30,6 +30,7 @@ class EndpointSettings:
     token: str | None
     route_wait_ms: int = 2000
     tap_queue_size: int = 10_000
+    rpc_timeout_ms: int = 10_000
 
     @classmethod
     def from_config(cls, config: Any) -> EndpointSettings:
@@ -52,4 +53,5 @@ class EndpointSettings:
             token=token,
             route_wait_ms=int(config.get("endpoints.route.wait.ms")),
             tap_queue_size=int(config.get("endpoints.tap.queue.size")),
+            rpc_timeout_ms=int(config.get("endpoints.rpc.timeout.ms")),
         )

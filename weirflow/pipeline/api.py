@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weirflow.errors import WeirflowError
+from weirflow.systems import is_http_stream
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 ColumnLike = Any  # a column name or a pyspark Column
@@ -157,7 +158,10 @@ class App:
         return node
 
     def _sink(self, node: Node, stream_id: str, key: ColumnLike | None, *, intermediate: bool) -> None:
-        if not intermediate and (stream_id in self._inputs or stream_id in self.intermediates):
+        if not intermediate and (
+            stream_id in self.intermediates
+            or (stream_id in self._inputs and not is_http_stream(self.config, stream_id))
+        ):
             raise PipelineError(f"'{stream_id}' is read by this pipeline; a job cannot also write it")
         self.sinks.append(Sink(node, stream_id, key, intermediate))
 
