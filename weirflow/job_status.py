@@ -49,6 +49,7 @@ def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
     return {
         "job": f"{cfg.get('job.name')}-{cfg.get('job.id')}",
         "leader": leader,
+        "now_ms": now,
         "job_model_version": model.version,
         "task_count": len(model.tasks),
         "assignment": {p: list(t) for p, t in model.assignment.items()},

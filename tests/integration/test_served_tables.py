@@ -116,6 +116,19 @@ def check_reads(url: str, token: str | None, expected: dict[str, dict[str, Any]]
         assert get(f"{url}/tables/last_view/u1", None)[0] == 401
 
 
+def check_task_reports(url: str, token: str | None, owner_of: dict[str, str]) -> None:
+    """The Spark runner's per-task report, gathered from both processors by either one's ``/status``: every
+    view read (the first stage's records in add up to all the views), nothing left (lag 0), a checkpoint."""
+    status, doc = get(f"{url}/status", token)
+    assert status == 200 and sorted(doc["task_reports"]) == sorted(set(owner_of.values()))
+    reports = {task: r for by in doc["task_reports"].values() for task, r in by.items()}
+    assert sorted(reports) == sorted(owner_of)
+    assert sum(reports[f"page_views-{n}"]["records_in"] for n in range(TASKS)) == VIEWS
+    assert all(r["lag_total"] == 0 and r["last_checkpoint_ms"] > 0 and r["batches"] > 0 for r in reports.values())
+    assert sum(r["records_out"].get("views-by-user", 0) for task, r in reports.items()
+               if task.startswith("page_views")) >= VIEWS  # fmt: skip
+
+
 @pytest.mark.parametrize("backend", ["embedded", "azure"])
 def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, request: pytest.FixtureRequest,
                                                                   tmp_path: Path, measure) -> None:  # fmt: skip
@@ -150,6 +163,7 @@ def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, r
         proxied = [u for u in expected if owner_of[f"{STAGE}-{zlib.crc32(u.encode()) % TASKS}"] == victim]
         assert held[victim] > 0 and proxied
         check_reads(urls[entry], token, expected)
+        check_task_reports(urls[entry], token, owner_of)
 
         client = Client(urls[entry], token, expected)
         client.start()

@@ -59,6 +59,7 @@ class LeaseKeeper:
         self._retry_s = timings.renew_retry_ms() / 1000
         self._clock = clock
         self._held: dict[str, _Held] = {}
+        self.renewals = 0  # lock renewals confirmed by the store (GET /metrics)
         self._guard = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="lease-keeper")
         self._calls: set[Future[Any]] = set()  # submitted and not done: waited for by `close`
@@ -134,6 +135,7 @@ class LeaseKeeper:
             return False
         held.deadline = max(held.deadline, sent_at + self._lease_s)
         held.next_at = sent_at + self._renew_s
+        self.renewals += 1
         return True
 
     def _renew(self, lock: Lock) -> tuple[float, bool]:

@@ -173,6 +173,7 @@ class StreamProcessor:
         self._tenure: _Leadership | None = None
         self._endpoints: Any = None  # weirflow.endpoints.server.EndpointServer while it runs
         self.endpoint_url = ""
+        self.rebalances = 0  # job models this processor moved to (GET /metrics)
 
     # --- public ---------------------------------------------------------------------------------------
     @property
@@ -237,19 +238,30 @@ class StreamProcessor:
             return
         from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
         from weirflow.endpoints.server import EndpointServer, create_app
+        from weirflow.endpoints.task_report import TaskReport, gather
         from weirflow.job_status import job_status
+
+        assert self.ctx is not None and self.runner is not None
+        tasks = TaskReport(self.ctx.systems, self.runner.task_stats)
 
         def snapshot() -> ProcessorSnapshot:
             running = self.runner.running() if self.runner is not None else set()
             return ProcessorSnapshot(self.processor_id, self._state.value, self._working_version, len(running),
-                                     self.leading)  # fmt: skip
+                                     self.leading, tasks(), self._keeper.renewals, self.rebalances)  # fmt: skip
 
         def health() -> tuple[bool, str]:
             return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
 
-        app = create_app(settings, lambda: job_status(self.config, self.ctx), health, metrics_exposition(snapshot),
+        def status() -> dict[str, Any]:
+            """The job's picture, with every live processor's tasks (GET /tasks of each, this one's directly)."""
+            doc = job_status(self.config, self.ctx)
+            urls = {p["processor_id"]: p.get("endpoint") or "" for p in doc["processors"] if p["live"]}
+            doc["task_reports"] = gather(urls, self.processor_id, tasks, settings.token)
+            return doc
+
+        app = create_app(settings, status, health, metrics_exposition(snapshot),
                          self._table_service(settings), self._tap_service(settings),
-                         self._conversations(settings))  # fmt: skip
+                         self._conversations(settings), tasks)  # fmt: skip
         self._endpoints = EndpointServer(settings, app)
         self.endpoint_url = self._endpoints.start()
 
@@ -404,6 +416,7 @@ class StreamProcessor:
         if self._state in (ProcessorState.STARTED, ProcessorState.RUNNING):
             self._set_state(ProcessorState.IN_REBALANCE)
         mine = set(model.tasks_of(self.processor_id))
+        self.rebalances += 1
         log.info("job model v%d: %d tasks for this processor", model.version, len(mine))
         self._stop_tasks(sorted(self.runner.running() - mine), reason=f"moved away in v{model.version}")
         self._pending = {t: p for t, p in self._pending.items() if t in mine}

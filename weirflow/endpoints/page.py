@@ -28,6 +28,24 @@ def _table(headers: list[str], rows: list[list[str]], row_class: list[str] | Non
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _task_cells(report: dict[str, Any] | None, now_ms: int) -> list[str]:
+    """Lag (total, and per SSP as the cell's title), records in, last batch, checkpoint age, dead letters."""
+    if report is None:
+        return ["", "", "", "", ""]
+    lag = report.get("lag") or {}
+    per_ssp = ", ".join(f"{ssp}: {n}" for ssp, n in sorted(lag.items()))
+    total = report.get("lag_total")
+    checkpoint = report.get("last_checkpoint_ms") or 0
+    age = f"{max(0, now_ms - checkpoint) / 1000:.1f} s ago" if checkpoint and now_ms else ""
+    return [
+        f'<span title="{escape(per_ssp)}">{escape(str(total if total is not None else "?"))}</span>',
+        escape(str(report.get("records_in", 0))),
+        f'{report.get("last_batch_ms", 0)} ms',
+        escape(age),
+        escape(str(report.get("dead_letters", 0))),
+    ]
+
+
 def render_status_page(status: dict[str, Any]) -> str:
     processors = status.get("processors", [])
     owner = {task: p for p, tasks in status.get("assignment", {}).items() for task in tasks}
@@ -43,10 +61,15 @@ def render_status_page(status: dict[str, Any]) -> str:
         for p in processors
     ]
     classes = ["" if p.get("live") else "dead" for p in processors]
+    reports = {task: r for by in (status.get("task_reports") or {}).values() if "error" not in by
+               for task, r in by.items()}  # fmt: skip
+    now_ms = status.get("now_ms") or 0
     task_rows = [
-        [escape(task), escape(str(state)), escape(owner.get(task, ""))]
+        [escape(task), escape(str(state)), escape(owner.get(task, "")), *_task_cells(reports.get(task), now_ms)]
         for task, state in sorted(status.get("tasks", {}).items())
     ]
+    silent = [p for p, by in (status.get("task_reports") or {}).items() if "error" in by]
+    silent_html = (f'<p class="dead">No task report from {escape(", ".join(silent))}</p>' if silent else "")
     drain = status.get("drain")
     drain_html = (
         f'<p class="drain">Drain of run {escape(str(drain.get("run-id", "")))} requested</p>' if drain else ""
@@ -64,6 +87,8 @@ def render_status_page(status: dict[str, Any]) -> str:
 <h2>Processors</h2>
 {_table(["processor", "state", "live", "heartbeat", "tasks", "endpoint"], proc_rows, classes)}
 <h2>Tasks</h2>
-{_table(["task", "state", "processor"], task_rows)}
+{_table(["task", "state", "processor", "lag", "records in", "last batch", "last checkpoint", "dead letters"],
+         task_rows)}
+{silent_html}
 </body></html>
 """

@@ -5,6 +5,8 @@ Routes so far (docs/endpoints.md):
 * ``GET /`` — the job's status as a small HTML page (`weirflow.endpoints.page`);
 * ``GET /healthz`` — 200 with the processor's state while it runs (container health probes);
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
+* ``GET /tasks`` — this processor's tasks: records in/out, batches, last batch duration and checkpoint, dead
+  letters, lag per SSP (`weirflow.endpoints.task_report`; the status page gathers every processor's);
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
 * ``GET /tables/<name>/<key>``, ``GET /tables/<name>?prefix=&after=&limit=`` — served tables, routed to the
   owner of the key (`weirflow.endpoints.tables`);
@@ -43,6 +45,7 @@ def create_app(
     tables: TableService | None = None,
     taps: TapService | None = None,
     conversations: Conversations | None = None,
+    tasks: Callable[[], dict[str, Any]] | None = None,
 ) -> Any:
     """The FastAPI application; the callables read the processor's live state on each request. ``tables``
     answers the served-table routes (pipeline jobs)."""
@@ -65,6 +68,10 @@ def create_app(
     @app.get("/status")
     def status_route() -> Any:
         return status()
+
+    @app.get("/tasks")
+    def tasks_route() -> Any:
+        return tasks() if tasks is not None else {}
 
     @app.get("/metrics")
     def metrics_route() -> Any:

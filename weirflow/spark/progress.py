@@ -46,12 +46,15 @@ class ProgressView:
         self.observedMetrics = data.get("observedMetrics") or {}
         self.sources = [SourceView(s) for s in data.get("sources") or []]
         self.started_ms = parse_spark_time(data.get("timestamp"))  # when the batch's trigger fired
+        self.duration_ms = int((data.get("durationMs") or {}).get("triggerExecution") or 0)
 
 
 class SourceView:
     def __init__(self, data: dict[str, Any]) -> None:
         end = data.get("endOffset")
         self.end: dict[str, Any] | None = json.loads(end) if isinstance(end, str) else end
+        start = data.get("startOffset")
+        self.start: dict[str, Any] | None = json.loads(start) if isinstance(start, str) else start
 
     def watermark(self) -> int:
         """The watermark the source injected up to this batch (``w`` of its offset; -1 when none)."""

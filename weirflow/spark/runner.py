@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ _SETTLE_S = 0.05  # starts wait this long after the last change, so a rebalance 
 _START_THREADS = 4
 _MONITOR_GIVE_UP_S = 3.0  # a query whose health check fails this long fails its tasks
 _STATELESS_DIR = "_stateless"
+_COUNTS_DIR = "_written"  # per query: records written per output and batch, from the sink (records out)
 
 
 def _last_committed(location: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
@@ -101,6 +103,31 @@ def _last_committed(location: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     return metadata, [s for s in sources if isinstance(s, dict) and "p" in s]
 
 
+@dataclass
+class TaskStats:
+    """What a task did here, for ``GET /metrics`` and the status page (docs/endpoints.md)."""
+
+    batches: int = 0
+    records_in: int = 0  # records read from its input partitions (a packed intermediate record counts once)
+    last_batch_ms: int = 0  # duration of its query's last micro-batch
+    last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
+
+    def to_json(self) -> dict[str, int]:
+        return {"batches": self.batches, "records_in": self.records_in, "last_batch_ms": self.last_batch_ms,
+                "last_checkpoint_ms": self.last_checkpoint_ms}  # fmt: skip
+
+
+def _records_between(before: _Offsets, after: _Offsets) -> int:
+    """Records read between two checkpoints' offsets (systems whose offsets count records; 0 otherwise)."""
+    total = 0
+    for ssp, end in after.items():
+        try:
+            total += max(0, int(end) - int(before.get(ssp, end)))
+        except ValueError:
+            continue
+    return total
+
+
 class TaskState:
     """One task this processor runs: its lock and fence, control state, last offsets and progress."""
 
@@ -117,6 +144,8 @@ class TaskState:
         self.seen: dict[str, int] = {}  # SSP key -> latest event time read (ms): stateless output watermark
         self.done = False  # finished: its inputs ended and end-of-stream went downstream
         self.error: str | None = None
+        self.stats = TaskStats()
+        self.read_to: dict[SystemStreamPartition, str] = {}  # where its query's last batch ended (records in)
 
     @property
     def name(self) -> str:
@@ -141,6 +170,8 @@ class StageQuery:
         self.stopped = False
         self.terminated: str | None = None  # set when Spark reports the query ended ("" without an error)
         self.location: Path | None = None
+        self.counts_dir: Path | None = None
+        self.records_out: dict[str, int] = {}  # output stream -> records written by this query
         self._alive_checked = time.monotonic()
 
     @property
@@ -160,6 +191,8 @@ class StageQuery:
             task_of={key: t.name for key, t in self.by_ssp.items()},
             inject="" if self.merged else self.tasks[0].name,
         )
+        for t in self.tasks:
+            t.read_to = {ssp: str(starts[ssp.key()]["o"]) for ssp in t.task.ssps}
         self.inputs, frames = runner.builder.build(self.stage, scope, starts)
         sink, sinks = runner.builder.sink_frame(self.stage, frames)
         if self.merged:
@@ -177,12 +210,14 @@ class StageQuery:
                 if self.tasks[0].done:
                     return
         self.location = location
+        self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
             .option("sinks", json.dumps(sinks))
             .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
             .option("served_dir", str(location) if self.stage.serves else "")
+            .option("counts_dir", str(self.counts_dir))
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
@@ -270,6 +305,7 @@ class StageQuery:
 
     def _apply(self, report: ProgressView) -> None:
         """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
+        self._count_written(report.batchId)
         offsets, positions = self._batch_ends(report)
         dead = self._apply_control_rows(report)
         spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
@@ -291,6 +327,11 @@ class StageQuery:
                 out = self._output_watermark(t, report, spark_watermark)
             if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
                 continue
+            t.stats.batches += 1
+            t.stats.records_in += _records_between(t.read_to, offsets[t.name])
+            t.read_to.update(offsets[t.name])
+            t.stats.last_batch_ms = report.duration_ms
+            t.stats.last_checkpoint_ms = clock.now_ms()
             if finishing:
                 t.done = True
                 if t.control.drained:
@@ -298,6 +339,19 @@ class StageQuery:
                 else:
                     log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
                 self.runner.wake()
+
+    def _count_written(self, batch: int) -> None:
+        """Add the sink's counts of ``batch`` (written by its ``commit``) to ``records_out``."""
+        if self.counts_dir is None:
+            return
+        path = self.counts_dir / f"{batch}.json"
+        try:
+            counts = json.loads(path.read_text())
+            path.unlink()
+        except (FileNotFoundError, ValueError):
+            return
+        for stream, n in counts.items():
+            self.records_out[stream] = self.records_out.get(stream, 0) + int(n)
 
     def _batch_ends(self, report: ProgressView) -> tuple[dict[str, _Offsets], dict[str, _Positions]]:
         """Per task, the next offset of each of its SSPs after the batch, and the systems' native positions."""
@@ -544,6 +598,8 @@ class StageQuery:
             self.stopped = True
         if self.merged and self.location is not None:
             shutil.rmtree(self.location, ignore_errors=True)
+        if self.counts_dir is not None:
+            shutil.rmtree(self.counts_dir, ignore_errors=True)
 
     def failure(self) -> str | None:
         """Why the query died, or None while it runs (or after it was stopped on purpose)."""
@@ -750,6 +806,19 @@ class SparkTaskRunner(TaskRunner):
     def starting(self) -> set[str]:
         with self._guard:
             return {n for n in self._tasks if n not in self._query_of}
+
+    def task_stats(self) -> dict[str, dict[str, Any]]:
+        """Per task running here: `TaskStats`, its next offset per SSP and its dead letters so far."""
+        with self._guard:
+            tasks = [(t, self._query_of.get(t.name)) for t in self._tasks.values()]
+        return {
+            t.name: {**t.stats.to_json(), "dead_letters": t.control.dead_letters,
+                     "offsets": {ssp.key(): str(o) for ssp, o in t.offsets.items()},
+                     # written by the task's query: its own, or (a stateless stage's) the merged query's
+                     "records_out": dict(q.records_out) if q is not None else {},
+                     "query": q.name if q is not None else None}  # fmt: skip
+            for t, q in tasks
+        }
 
     def table_location(self, task_name: str) -> Path | None:
         with self._guard:

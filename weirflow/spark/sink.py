@@ -79,7 +79,9 @@ class WeirflowSink(DataSource):
         workergc.before_task()
         fence = decode_fence(self.options.get("fence"))
         served_dir = self.options.get("served_dir") or None
-        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence, served_dir)
+        counts_dir = self.options.get("counts_dir") or None
+        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence, served_dir,
+                                    counts_dir)  # fmt: skip
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
@@ -88,12 +90,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(
         self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None,
-        served_dir: str | None = None,
+        served_dir: str | None = None, counts_dir: str | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.sinks = sinks
         self.fence = fence or []
         self.served_dir = served_dir  # the task's Spark checkpoint directory, where served tables are kept
+        self.counts_dir = counts_dir  # where commit leaves each batch's counts for the runner (records out)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
         workergc.before_task()
@@ -203,10 +206,18 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch."""
         workergc.before_task()
         tables: dict[str, dict[str, str]] = {}
+        counts: dict[str, int] = {}
         for message in messages:
             if isinstance(message, WrittenCount):
                 for table, rows in message.served.items():
                     tables.setdefault(table, {}).update(rows)
+                for stream, n in message.counts.items():
+                    counts[stream] = counts.get(stream, 0) + n
+        if counts and self.counts_dir is not None:
+            directory = Path(self.counts_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / f".{batchId}.tmp").write_text(json.dumps(counts))
+            (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
         if not tables or self.served_dir is None:
             return
         check_fence(self.snapshot, self.fence)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from weirflow.interfaces.coordination import Lock
 from weirflow.job_model import TaskModel
@@ -63,6 +64,12 @@ class TaskRunner(ABC):
     def starting(self) -> set[str]:
         """Tasks of `running` whose start is still under way (the runner starts them in the background)."""
         return set()
+
+    def task_stats(self) -> dict[str, dict[str, Any]]:
+        """Per running task: ``batches``, ``records_in``, ``last_batch_ms``, ``last_checkpoint_ms``,
+        ``dead_letters`` and ``offsets`` (SSP key -> next offset), for ``GET /metrics`` and the status page;
+        a runner that keeps none returns {}."""
+        return {}
 
     def table_location(self, task_name: str) -> Path | None:
         """Where the task keeps its served tables (`weirflow.served_tables`), once it runs here and they are

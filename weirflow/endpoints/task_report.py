@@ -1,0 +1,89 @@
+"""What each task does right now, for ``GET /tasks``, ``GET /metrics`` and the status page (docs/endpoints.md).
+
+A processor knows its own tasks: the runner's counts (`TaskRunner.task_stats`: batches, records in, last batch
+duration, last checkpoint, dead letters, next offset per SSP) and, from the systems' admins, each SSP's
+**lag** — the records between the task's next offset and the partition's end. The status page of any
+processor shows every task of the job by asking each live processor's ``GET /tasks`` (in parallel, with a
+short time limit); a processor that does not answer shows as such instead of holding the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from weirflow.interfaces.system import SystemStreamPartition
+
+log = logging.getLogger("weirflow.endpoints")
+
+_ENDS_TTL_S = 2.0
+_PEER_TIMEOUT_S = 2.0
+
+
+class TaskReport:
+    """This processor's tasks with their lag; partition ends are cached for `_ENDS_TTL_S`."""
+
+    def __init__(self, systems: Any, stats: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self.systems = systems
+        self.stats = stats
+        self._ends: dict[tuple[str, str], dict[int, str]] = {}
+        self._ends_at: dict[tuple[str, str], float] = {}
+        self._guard = threading.Lock()
+
+    def _upcoming(self, system: str, stream: str) -> dict[int, str]:
+        key = (system, stream)
+        with self._guard:
+            if time.monotonic() - self._ends_at.get(key, float("-inf")) < _ENDS_TTL_S:
+                return self._ends[key]
+        try:
+            ends = {p: m.upcoming for p, m in self.systems.admin(system).partition_metadata(stream).items()}
+        except Exception as exc:  # the system unreachable: no lag rather than no report
+            log.debug("partition ends of %s/%s unavailable: %s", system, stream, exc)
+            ends = {}
+        with self._guard:
+            self._ends[key], self._ends_at[key] = ends, time.monotonic()
+        return ends
+
+    def __call__(self) -> dict[str, dict[str, Any]]:
+        report = {}
+        for task, stats in self.stats().items():
+            lag: dict[str, int] = {}
+            for key, offset in stats.get("offsets", {}).items():
+                ssp = SystemStreamPartition.parse(key)
+                upcoming = self._upcoming(ssp.system, ssp.stream).get(ssp.partition)
+                try:
+                    lag[key] = max(0, int(upcoming) - int(offset)) if upcoming is not None else -1
+                except ValueError:
+                    lag[key] = -1  # offsets that do not count records
+            known = [n for n in lag.values() if n >= 0]
+            report[task] = {**stats, "lag": lag, "lag_total": sum(known) if known else None}
+        return report
+
+
+def gather(
+    urls: dict[str, str], me: str, local: Callable[[], dict[str, Any]], token: str | None
+) -> dict[str, Any]:
+    """Every live processor's ``GET /tasks`` (this one's without HTTP): processor -> report, or an error."""
+
+    def one(processor: str, url: str) -> tuple[str, Any]:
+        if processor == me:
+            return processor, local()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(url + "/tasks", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=_PEER_TIMEOUT_S) as response:
+                return processor, json.loads(response.read())
+        except Exception as exc:
+            return processor, {"error": f"{type(exc).__name__}: {exc}"}
+
+    targets = [(p, u) for p, u in urls.items() if u]
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
+        return dict(pool.map(lambda t: one(*t), targets))
