@@ -15,6 +15,11 @@ from weirflow.job_model import TaskModel
 _STAGE = re.compile(r"^[A-Za-z0-9_]+$")
 
 
+def partition_task(stage: str, partition: int) -> str:
+    """The name of the task of ``stage`` holding partition ``partition`` of its inputs."""
+    return f"{stage}-{partition}"
+
+
 def group_by_partition(stage: str, ssps: Iterable[SystemStreamPartition]) -> dict[str, TaskModel]:
     if not _STAGE.match(stage):
         raise ValueError(f"stage name {stage!r} must match [A-Za-z0-9_]+ (task names are '<stage>-<n>')")
@@ -22,6 +27,6 @@ def group_by_partition(stage: str, ssps: Iterable[SystemStreamPartition]) -> dic
     for ssp in ssps:
         by_partition.setdefault(ssp.partition, []).append(ssp)
     return {
-        f"{stage}-{n}": TaskModel(f"{stage}-{n}", stage, tuple(sorted(set(group))))
+        partition_task(stage, n): TaskModel(partition_task(stage, n), stage, tuple(sorted(set(group))))
         for n, group in sorted(by_partition.items())
     }

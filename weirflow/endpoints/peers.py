@@ -17,8 +17,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from weirflow.errors import WeirflowError
 
-class PeerError(Exception):
+
+class PeerError(WeirflowError):
     """The peer could not be reached, closed the connection, or did not answer in time."""
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.grouper import group_by_partition
+from weirflow.grouper import group_by_partition, partition_task
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
@@ -152,11 +152,11 @@ class PipelinePlan:
         partitioner (crc32 of the key's text, `StageBuilder.sink_frame`) puts it in."""
         served = self.tables[table]
         partition = zlib.crc32(key.encode("utf-8")) % self.partition_count(served.stream_id)
-        return f"{served.stage}-{partition}"
+        return partition_task(served.stage, partition)
 
     def table_tasks(self, table: str) -> list[str]:
         served = self.tables[table]
-        return [f"{served.stage}-{n}" for n in range(self.task_count(self.stage(served.stage)))]
+        return [partition_task(served.stage, n) for n in range(self.task_count(self.stage(served.stage)))]
 
     # --- streams ----------------------------------------------------------------------------------------
     def ref(self, stream_id: str) -> StreamRef:
