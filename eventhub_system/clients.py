@@ -159,6 +159,13 @@ class EventHubSystemAdmin(SystemAdmin):
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
         return self.partition_metadata_of(stream, range(self.partition_count(stream)))
 
+    def partition_for_key(self, stream: str, key: bytes) -> int | None:
+        """Where the service puts a record with partition key ``key`` (lookup3, as the producer predicts it);
+        None under ``partition.method: key_as_partition`` or ``round_robin``."""
+        if self._clients.settings.partition_method != "hash":
+            return None
+        return partition_for_key(key.decode("utf-8", "replace"), self.partition_count(stream))
+
     def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
         """One management round trip per partition asked for, all at once: the SDK opens a management link
         per call and polls it ready in 50 ms steps (~0.35 s each on the emulator), so N partitions one after

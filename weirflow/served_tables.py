@@ -22,6 +22,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 SERVED_DIR = "served"
 COMPACT_EVERY = 16  # deltas between snapshots: a reader replays at most this many files after a snapshot
@@ -95,6 +96,37 @@ def last_committed(location: Path) -> int:
     except FileNotFoundError:
         return -1
     return max((int(n) for n in names if n.isdigit()), default=-1)
+
+
+class ServedTable(Protocol):
+    """What answers lookups of one task's copy of a table: `TableReader` (files, Spark tasks) or `MemoryTable`
+    (record tasks)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def scan(self, prefix: str = "", after: str | None = None) -> Iterator[tuple[str, str]]: ...
+
+
+class MemoryTable:
+    """A record task's table: rows (key -> JSON text) in memory, rebuilt from the table's changelog stream when
+    the task starts (`weirflow.tasks.record_task`)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, str] = {}
+
+    def put(self, key: str, row: str) -> None:
+        self._rows[key] = row
+
+    def get(self, key: str) -> str | None:
+        return self._rows.get(key)
+
+    def scan(self, prefix: str = "", after: str | None = None) -> Iterator[tuple[str, str]]:
+        rows = self._rows
+        for key in sorted(k for k in list(rows) if k.startswith(prefix) and (after is None or k > after)):
+            yield key, rows[key]
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 class TableReader:

@@ -128,10 +128,10 @@ class _Job:
         self.dirs = {task: tmp / task for task in ("s-0", "s-1")}
 
     def service(self, me: str, token: str | None) -> TableService:
-        def location(task: str) -> Path | None:
-            return self.dirs[task] if task in self.serving[me] else None
+        def table(task: str, name: str) -> TableReader | None:
+            return TableReader(self.dirs[task], name) if task in self.serving[me] else None
 
-        return TableService(_Plan(), me, self.owner.get, location, lambda: dict(self.urls), token, wait_s=0.5)
+        return TableService(_Plan(), me, self.owner.get, table, lambda: dict(self.urls), token, wait_s=0.5)
 
 
 def get(url: str, token: str | None = None) -> tuple[int, Any, dict[str, str]]:

@@ -237,6 +237,14 @@ KEYS: tuple[ConfigKey, ...] = (
         _T,
     ),
     ConfigKey(
+        "task.tables",
+        "list",
+        [],
+        "Served tables of a record-task job: names the record function may write with `{\"table\": name, "
+        "\"key\": ..., \"value\": ...}`, queryable at `GET /tables/<name>/<key>` (docs/endpoints.md).",
+        _T,
+    ),
+    ConfigKey(
         "task.function",
         "str",
         None,

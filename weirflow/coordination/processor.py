@@ -266,21 +266,22 @@ class StreamProcessor:
         self.endpoint_url = self._endpoints.start()
 
     def _table_service(self, settings: Any) -> Any:
-        """The served tables' routing (pipeline jobs whose pipeline serves a table), else None."""
-        plan = getattr(self.runner, "plan", None)
-        if plan is None or not plan.tables:
-            return None
+        """The served tables' routing: a pipeline's (``Stream.serve``) or a record job's (``task.tables``);
+        None when the job serves none."""
         from weirflow.endpoints.tables import TableService
+
+        assert self.ctx is not None and self.runner is not None
+        routes = getattr(self.runner, "plan", None) or getattr(self.runner, "tables", None)
+        if routes is None or not routes.tables:
+            return None
 
         def endpoints() -> dict[str, str]:
             assert self.ctx is not None
             rows = self.ctx.coordination.processor_registry().processors()
             return {row.processor_id: row.endpoint for row in rows}
 
-        runner = self.runner
-        assert runner is not None
-        return TableService(plan, self.processor_id, lambda task: self._model.owner_of(task),
-                            runner.table_location, endpoints, settings.token,
+        return TableService(routes, self.processor_id, lambda task: self._model.owner_of(task),
+                            self.runner.table, endpoints, settings.token,
                             settings.route_wait_ms / 1000)  # fmt: skip
 
     def _tap_service(self, settings: Any) -> Any:

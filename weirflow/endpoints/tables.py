@@ -20,12 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from weirflow.endpoints.peers import PeerClient, PeerError
-from weirflow.served_tables import TableReader
+from weirflow.served_tables import ServedTable
 
 log = logging.getLogger("weirflow.endpoints")
 
@@ -52,37 +51,29 @@ class TableService:
     """Answers ``GET /tables/...`` for one processor: locally for the tasks it serves, by proxy otherwise.
 
     ``plan``: the job's `PipelinePlan`; ``owner_of(task)``: the processor the current job model assigns the
-    task to; ``table_location(task)``: the runner's answer (None unless the task is served here now);
+    task to; ``table(task, name)``: the runner's copy of the task's table (None unless served here now);
     ``endpoints()``: processor id -> URL from the registry (a store read: called off the event loop).
     """
 
     def __init__(
         self, plan: Any, me: str, owner_of: Callable[[str], str | None],
-        table_location: Callable[[str], Path | None], endpoints: Callable[[], dict[str, str]],
+        table: Callable[[str, str], ServedTable | None], endpoints: Callable[[], dict[str, str]],
         token: str | None, wait_s: float,
     ) -> None:  # fmt: skip
         self.plan = plan
         self.me = me
         self.owner_of = owner_of
-        self.table_location = table_location
+        self.table = table
         self._endpoints = endpoints
         self.token = token
         self.wait_s = wait_s
         self._urls: dict[str, str] = {}
         self._urls_at = float("-inf")
-        self._readers: dict[tuple[str, str], TableReader] = {}
         self._client: Any = None
 
     # --- local -----------------------------------------------------------------------------------------
-    def reader(self, table: str, task: str) -> TableReader | None:
-        location = self.table_location(task)
-        if location is None:
-            self._readers.pop((table, task), None)
-            return None
-        reader = self._readers.get((table, task))
-        if reader is None or reader.location != location:
-            reader = self._readers[(table, task)] = TableReader(location, table)
-        return reader
+    def reader(self, table: str, task: str) -> ServedTable | None:
+        return self.table(task, table)
 
     # --- remote ----------------------------------------------------------------------------------------
     async def _url(self, processor: str) -> str | None:

@@ -207,6 +207,11 @@ class SystemAdmin(ABC):
         cannot seek by time raise `NotImplementedError` (the runtime turns it into a config error)."""
         raise NotImplementedError(f"{type(self).__name__} cannot seek by time")
 
+    def partition_for_key(self, stream: str, key: bytes) -> int | None:
+        """The partition a record sent with ``key`` (and no partition) lands in, or None when the system cannot
+        say. Routes lookups of a record job's served tables (docs/endpoints.md) to the task holding the key."""
+        return None
+
     def native_position(self, record: IncomingRecord) -> Mapping[str, str] | None:
         """The system's own description of where ``record`` is (Event Hubs: its ``offset`` and
         ``sequence_number``), for checkpoints' ``positions`` when the system's native checkpoint layout needs

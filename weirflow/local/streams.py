@@ -69,6 +69,9 @@ class LocalSystemAdmin(SystemAdmin):
     def partition_count(self, stream: str) -> int:
         return self._store.partitions(stream)
 
+    def partition_for_key(self, stream: str, key: bytes) -> int | None:
+        return zlib.crc32(key) % self._store.partitions(stream)  # as LocalSystemProducer places keyed records
+
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
         return self.partition_metadata_of(stream, range(self._store.partitions(stream)))
 

@@ -64,6 +64,7 @@ from weirflow.interfaces.spark_state import SparkStateStore
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.served_tables import TableReader
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressFeed, ProgressView, parse_spark_time
 from weirflow.spark.query import QueryScope, StageBuilder, observation_name
@@ -655,6 +656,7 @@ class SparkTaskRunner(TaskRunner):
         self._query_of: dict[str, StageQuery] = {}
         self._by_id: dict[str, StageQuery] = {}
         self._merged: dict[str, StageQuery] = {}  # stateless stage -> its query
+        self._readers: dict[tuple[str, str], TableReader] = {}  # served tables of tasks running here
         self._busy: dict[str, Future[None]] = {}  # start unit -> its start in progress
         self._failed: dict[str, str] = {}
         self._finished: set[str] = set()
@@ -820,14 +822,22 @@ class SparkTaskRunner(TaskRunner):
             for t, q in tasks
         }
 
-    def table_location(self, task_name: str) -> Path | None:
+    def table(self, task_name: str, table: str) -> TableReader | None:
         with self._guard:
+            location: Path | None
             if task_name in self._finished:
-                return self.spark_checkpoint_dir(task_name)
-            t, query = self._tasks.get(task_name), self._query_of.get(task_name)
-            if t is None or t.error is not None or query is None or query.merged:
+                location = self.spark_checkpoint_dir(task_name)
+            else:
+                t, query = self._tasks.get(task_name), self._query_of.get(task_name)
+                ok = t is not None and t.error is None and query is not None and not query.merged
+                location = query.location if ok and query is not None else None
+            if location is None:
+                self._readers.pop((task_name, table), None)
                 return None
-            return query.location
+            reader = self._readers.get((task_name, table))
+            if reader is None or reader.location != location:
+                reader = self._readers[(task_name, table)] = TableReader(location, table)
+            return reader
 
     def failures(self) -> dict[str, str]:
         with self._guard:

@@ -11,7 +11,9 @@ per record::
      "value": "<text>" (bytes when not UTF-8), "timestamp_ms": 1700000000000}
 
 and returns an iterable of outgoing dicts ``{"stream": <stream id>, "value": str | bytes | dict | list,
-"key": str | bytes | None, "partition": int | None}`` (dicts and lists are sent as JSON).
+"key": str | bytes | None, "partition": int | None}`` (dicts and lists are sent as JSON), or
+``{"table": <name in task.tables>, "key": str, "value": <row>}`` to serve the row as the key's latest in a
+table (`weirflow.tasks.record_tables`, docs/endpoints.md).
 
 Inside the function, `current_task()` tells which task calls it: its name, the processor running it
 (``processor_id``, and ``instance``, this run of it) and the ``epoch`` of the task's lock (the fencing token of
@@ -45,10 +47,12 @@ from weirflow.errors import ConfigError, LockLostError, WeirflowError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
-from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
+from weirflow.served_tables import MemoryTable
 from weirflow.start_position import parse_start, start_offset
 from weirflow.systems import Systems
+from weirflow.tasks.record_tables import RecordTables
 from weirflow.tasks.runner import TaskRunner
 from weirflow.user_code import load_callable
 
@@ -105,6 +109,7 @@ class _TaskThread:
         self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
         self.thread = threading.Thread(target=self._run, args=(runner,), name=f"task-{task.name}", daemon=True)
         self._abandoned = False
+        self.tables: dict[str, MemoryTable] = {}  # served tables, once rebuilt from their changelogs
         self._gate = threading.Lock()  # held by each send; every send and checkpoint checks the flags under it
         self._lease_valid = runner.lease_valid
 
@@ -171,8 +176,10 @@ class RecordTaskRunner(TaskRunner):
         *,
         commit_ms: int = 1000,
         max_records: int = 500,
+        tables: RecordTables | None = None,
     ) -> None:
         self.systems = systems
+        self.tables = tables
         self.checkpoints = checkpoints
         self.fn = fn
         self.commit_ms = commit_ms
@@ -186,12 +193,18 @@ class RecordTaskRunner(TaskRunner):
     def from_config(cls, config: Any, systems: Systems, checkpoints: CheckpointManager) -> RecordTaskRunner:
         for stream_id in config.get("task.inputs") or []:
             parse_start(config, stream_id)  # a bad start fails the processor now, naming the key
+        tables = RecordTables(config, systems)
+        tables.check()
+        for name in tables.tables:
+            ref = tables.changelog(name)
+            systems.admin(ref.system).create_stream(StreamSpec(ref.physical, tables.partitions()))
         return cls(
             systems,
             checkpoints,
             load_record_function(config),
             commit_ms=config.get("task.commit.ms"),
             max_records=config.get("task.poll.max.records"),
+            tables=tables if tables.tables else None,
         )
 
     # --- TaskRunner -----------------------------------------------------------------------------------
@@ -255,6 +268,13 @@ class RecordTaskRunner(TaskRunner):
         with self._guard:
             self._failed.pop(task_name, None)
 
+    def table(self, task_name: str, table: str) -> MemoryTable | None:
+        with self._guard:
+            handle = self._tasks.get(task_name)
+        if handle is None or not handle.thread.is_alive() or handle.error is not None:
+            return None
+        return handle.tables.get(table)
+
     # --- the task loop --------------------------------------------------------------------------------
     def _start_offsets(self, handle: _TaskThread) -> dict[SystemStreamPartition, str]:
         """Where the task resumes; the checkpoint it read is claimed with this holder's epoch first, so that
@@ -272,9 +292,31 @@ class RecordTaskRunner(TaskRunner):
                 offsets[ssp] = start_offset(self.systems.config, stream_id, self.systems.admin(ssp.system), ssp)
         return offsets
 
+    def _restore_tables(self, handle: _TaskThread) -> None:
+        """Rebuild the task's served tables from their changelog partitions (the task's partition)."""
+        if self.tables is None or not handle.task.ssps:
+            return
+        partition = handle.task.ssps[0].partition
+        for name in self.tables.tables:
+            ref = self.tables.changelog(name)
+            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+            consumer = self.systems.consumer(ref.system)
+            admin = self.systems.admin(ref.system)
+            end = admin.partition_metadata_of(ref.physical, [partition])[partition].upcoming
+            table = MemoryTable()
+            position = "0"
+            while records := consumer.read(ssp, position, 5000, end):
+                for record in records:
+                    key = (record.key or b"").decode("utf-8", "replace")
+                    table.put(key, record.value.decode("utf-8", "replace"))
+                position = records[-1].next_offset
+            handle.tables[name] = table
+            log.info("task %s: table %s rebuilt from its changelog (%d keys)", handle.task.name, name, len(table))
+
     def run_task(self, handle: _TaskThread) -> None:
         task = handle.task
         offsets = self._start_offsets(handle)
+        self._restore_tables(handle)
         log.info("task %s started at %s", task.name, {str(k): v for k, v in offsets.items()})
         # the systems' own description of each SSP's last record, for their native checkpoint layouts
         positions: dict[SystemStreamPartition, Mapping[str, str]] = {}
@@ -290,8 +332,10 @@ class RecordTaskRunner(TaskRunner):
                 records = self.systems.consumer(ssp.system).read(ssp, offsets[ssp], self.max_records)
                 if not records:
                     continue
-                outgoing = self._process(ssp, records)
+                outgoing, rows = self._process(ssp, records)
                 handle.guarded(lambda out=outgoing: self._send(out))
+                for table, key, row in rows:  # sent to the changelog: now the table may show them
+                    handle.tables[table].put(key, row)
                 offsets[ssp] = records[-1].next_offset
                 position = self.systems.admin(ssp.system).native_position(records[-1])
                 if position:
@@ -307,9 +351,13 @@ class RecordTaskRunner(TaskRunner):
             handle.guarded(lambda: handle.writer.write(checkpoint()), hold=False)
         log.info("task %s stopped at %s", task.name, {str(k): v for k, v in offsets.items()})
 
-    def _process(self, ssp: SystemStreamPartition, records: list[Any]) -> dict[str, list[OutgoingRecord]]:
+    def _process(
+        self, ssp: SystemStreamPartition, records: list[Any]
+    ) -> tuple[dict[str, list[OutgoingRecord]], list[tuple[str, str, str]]]:
+        """The records' outputs by system, and the served-table rows among them (table, key, row as JSON)."""
         stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
         by_system: dict[str, list[OutgoingRecord]] = {}
+        rows: list[tuple[str, str, str]] = []
         for record in records:
             try:
                 value: str | bytes = record.value.decode()
@@ -324,6 +372,9 @@ class RecordTaskRunner(TaskRunner):
                 "timestamp_ms": record.timestamp_ms,
             }
             for out in self.fn(message) or ():
+                if "table" in out:
+                    rows.append(self._table_row(out, ssp.partition, by_system))
+                    continue
                 if "stream" not in out or "value" not in out:
                     raise ConfigError(
                         f"task.function returned {out!r}; each outgoing dict needs 'stream' and 'value'"
@@ -338,7 +389,22 @@ class RecordTaskRunner(TaskRunner):
                         partition=out.get("partition"),
                     )
                 )
-        return by_system
+        return by_system, rows
+
+    def _table_row(self, out: dict[str, Any], partition: int, by_system: dict[str, list[OutgoingRecord]]
+                   ) -> tuple[str, str, str]:  # fmt: skip
+        """A served-table row: to the table's changelog, in the task's partition."""
+        name, key = out.get("table"), out.get("key")
+        if self.tables is None or name not in self.tables.tables:
+            known = ", ".join(self.tables.tables) if self.tables else "none"
+            raise ConfigError(f"task.function wrote table {name!r}, which task.tables does not list ({known})")
+        if key is None or "value" not in out:
+            raise ConfigError(f"task.function returned {out!r}; a table row needs 'key' and 'value'")
+        row = _encode(out["value"])
+        ref = self.tables.changelog(str(name))
+        by_system.setdefault(ref.system, []).append(OutgoingRecord(ref.physical, row, key=_encode(key),
+                                                                   partition=partition))  # fmt: skip
+        return str(name), key.decode() if isinstance(key, bytes) else str(key), row.decode("utf-8", "replace")
 
     def _send(self, outgoing: dict[str, list[OutgoingRecord]]) -> None:
         for system, records in outgoing.items():

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from weirflow.interfaces.coordination import Lock
 from weirflow.job_model import TaskModel
+from weirflow.served_tables import ServedTable
 
 
 class TaskRunner(ABC):
@@ -71,9 +71,9 @@ class TaskRunner(ABC):
         a runner that keeps none returns {}."""
         return {}
 
-    def table_location(self, task_name: str) -> Path | None:
-        """Where the task keeps its served tables (`weirflow.served_tables`), once it runs here and they are
-        current (restored, its query started); None otherwise."""
+    def table(self, task_name: str, table: str) -> ServedTable | None:
+        """The task's copy of served table ``table`` (`weirflow.served_tables`), once the task runs here and
+        the copy is current (restored, its query started); None otherwise."""
         return None
 
     @abstractmethod
