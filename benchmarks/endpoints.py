@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import shutil
 import statistics
@@ -39,9 +40,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "endpoints"
-sys.path.insert(0, str(EXAMPLE))
-
-from views import send, view  # noqa: E402
+_spec = importlib.util.spec_from_file_location("endpoints_example_views", EXAMPLE / "views.py")
+assert _spec is not None and _spec.loader is not None
+_views = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_views)
+send, view = _views.send, _views.view
 
 from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402

@@ -1,11 +1,15 @@
-"""Served tables through any processor, while the processor owning them is SIGKILLed (docs/endpoints.md).
+"""Every endpoint of a running job, and served tables while the processor owning them is SIGKILLed
+(docs/endpoints.md).
 
-The served-table example (`examples/endpoints`: each user's latest page view, table ``last_view``, 4 tasks)
-runs as two `weirflow run` processes. Clients only ever ask the processor that owns *fewer* of the table's
-tasks (the entry), so most lookups are proxied. While a client thread keeps asking, the other processor is
-SIGKILLed: every answer must be the right row or a 503 (never a wrong row, never another status), and after
-the failover every user's row is back, then follows new views written after the kill (the moved tasks go on
-updating their tables).
+The job is both examples at once, as two `weirflow run` processes: `examples/endpoints` (each user's latest
+page view, served as table ``last_view`` by 4 tasks) and `examples/rpc` (an ``http`` stream ``work``: primes
+below a limit, each of 4 tasks counting its share). Clients only ever ask the processor that owns *fewer* of
+the table's tasks (the entry), so most lookups are forwarded. Checked, in order: lookups, listings and bad
+requests; every task's report; fan-out, partial, single and WebSocket requests through the ``http`` system;
+then, while a client thread keeps asking, the other processor is SIGKILLed: every answer must be the right row
+or a 503 (never a wrong row, never another status), and after the failover every user's row is back; taps on
+the survivor get exactly the matching records of an input and an intermediate stream; the moved tables follow
+new views.
 
 On the embedded default both processors share a disk. On Azure (Azurite) each has its **own state
 directory**, as on two machines, so the survivor can answer only if the tables came with the tasks' Spark
@@ -14,10 +18,10 @@ state from Blob Storage; there a bearer token is required, and the processors pa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import signal
-import sys
 import threading
 import time
 import urllib.error
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import unique_job_name
@@ -36,16 +41,23 @@ from weirflow.local.launcher import ProcessorProcess, start_processor, wait_unti
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoints"
-sys.path.insert(0, str(EXAMPLE))
-from views import send, view  # noqa: E402
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "endpoints"
+# the example's views.py, loaded without putting its folder on sys.path (its pipeline.py would shadow the
+# `pipeline` module of every other job a test runs in this process)
+_spec = importlib.util.spec_from_file_location("endpoints_example_views", EXAMPLE / "views.py")
+assert _spec is not None and _spec.loader is not None
+_views = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_views)
+send, view = _views.send, _views.view
 
 USERS = 300
 VIEWS = 3000
 STAGE, TASKS = "views_by_user", 4
 TOKEN = "t0ken-for-tests"
-FAST = ["job.coordinator.lease.duration.ms=15000", "job.coordinator.heartbeat.interval.ms=1000",
-        "job.coordinator.liveness.timeout.ms=4000", "job.debounce.time.ms=1000"]  # fmt: skip
+# shipped lease (15 s) and liveness (10 s): four Spark processes start at once on two cores here, and a
+# processor starting its queries must not be declared dead for a slow heartbeat
+FAST = ["job.debounce.time.ms=1000"]
 
 
 def latest(views: int) -> dict[str, dict[str, Any]]:
@@ -55,7 +67,7 @@ def latest(views: int) -> dict[str, dict[str, Any]]:
 def get(url: str, token: str | None) -> tuple[int, Any]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -90,11 +102,26 @@ class Client(threading.Thread):
                 self.wrong.append((user, status, body))
 
 
+PIPELINE = """
+from endpoints_pipeline import pipeline as served_table
+from rpc_pipeline import answer
+
+
+def pipeline(app):
+    served_table(app)
+    app.input("work").transform(answer).send_to("work", key="connection")
+"""
+PRIMES_BELOW = {10: 4, 100: 25, 1000: 168, 10_000: 1229}
+
+
 def job_overrides(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> tuple[list[str], str | None]:
-    """The example copied into ``tmp_path``; the settings of ``backend`` and its bearer token (Azure only)."""
-    for name in ("job.yaml", "pipeline.py", "views.py"):
-        shutil.copy(EXAMPLE / name, tmp_path / name)
-    overrides = [f"job.name={unique_job_name('served')}", *FAST]
+    """Both examples in ``tmp_path`` as one job; the settings of ``backend`` and its bearer token (Azure only)."""
+    shutil.copy(EXAMPLE / "job.yaml", tmp_path / "job.yaml")
+    shutil.copy(EXAMPLE / "pipeline.py", tmp_path / "endpoints_pipeline.py")
+    shutil.copy(EXAMPLES / "rpc" / "pipeline.py", tmp_path / "rpc_pipeline.py")
+    (tmp_path / "pipeline.py").write_text(PIPELINE)
+    overrides = [f"job.name={unique_job_name('served')}", *FAST, "systems.http.factory=http",
+                 "streams.work.system=http", "streams.work.partitions=4"]  # fmt: skip
     if backend == "embedded":
         return overrides, None
     storage = request.getfixturevalue("azure_storage")
@@ -116,6 +143,58 @@ def check_reads(url: str, token: str | None, expected: dict[str, dict[str, Any]]
         assert get(f"{url}/tables/last_view/u1", None)[0] == 401
 
 
+def post(url: str, token: str | None, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, data=data, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def check_requests(urls: list[str], token: str | None) -> None:
+    """The ``http`` stream: a fan-out gets one reply from every task through either processor, and the shares
+    add up; a time limit too short gives a partial answer; a single request is answered by one task; a
+    WebSocket conversation carries several requests and is ended by the job; bad requests get a JSON 4xx."""
+    def answered() -> bool:  # the first answers wait for the stage's queries to start
+        status, answer = post(f"{urls[0]}/rpc/work?timeout_ms=5000", token, {"limit": 100})
+        return status == 200 and not answer["partial"]
+
+    wait_until(answered, 120, "a complete fan-out answer", interval_s=1)
+    for url in urls:
+        status, answer = post(f"{url}/rpc/work", token, {"limit": 10_000})
+        assert status == 200 and answer["tasks"] == 4 and answer["answered"] == 4 and not answer["partial"]
+        shares = {r["body"]["partition"]: r["body"]["primes"] for r in answer["replies"]}
+        assert sorted(shares) == [0, 1, 2, 3] and sum(shares.values()) == PRIMES_BELOW[10_000]
+    status, partial = post(f"{urls[1]}/rpc/work?timeout_ms=1", token, {"limit": 10_000})
+    assert status == 200 and partial["partial"] and partial["answered"] < 4
+    status, single = post(f"{urls[1]}/http/work", token, {"limit": 1000})
+    assert status == 200 and single["body"] == {"partition": 0, "tasks": 1, "limit": 1000, "primes": 168}
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    ws_url = urls[0].replace("http://", "ws://")
+    with connect(f"{ws_url}/http/work", additional_headers=headers) as ws:
+        for limit in (100, 1000):
+            ws.send(json.dumps({"limit": limit}))
+        ws.send(json.dumps({"limit": 10, "bye": True}))
+        replies = [json.loads(ws.recv(timeout=60)) for _ in range(3)]
+        with pytest.raises(ConnectionClosedOK) as ended:
+            ws.recv(timeout=30)
+    assert [(r["request"], r["body"]["primes"], r["close"]) for r in replies] == [
+        ("0", PRIMES_BELOW[100], False), ("1", PRIMES_BELOW[1000], False), ("2", PRIMES_BELOW[10], True)]
+    assert ended.value.rcvd is not None and ended.value.rcvd.reason == "closed by the job"
+
+    assert post(f"{urls[0]}/rpc/nope", token, {}) == (404, {"error": "'nope' is not an http stream of this job "
+                                                                     "(http streams: work)"})  # fmt: skip
+    status, bad = post(f"{urls[0]}/rpc/work", token, raw=b"{not json")
+    assert status == 400 and "not JSON" in bad["error"]
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{ws_url}/http/nope", additional_headers=headers)
+    assert refused.value.response.status_code == 404
+
+
 def check_task_reports(url: str, token: str | None, owner_of: dict[str, str]) -> None:
     """The Spark runner's per-task report, gathered from both processors by either one's ``/status``: every
     view read (the first stage's records in add up to all the views), nothing left (lag 0), a checkpoint."""
@@ -124,13 +203,14 @@ def check_task_reports(url: str, token: str | None, owner_of: dict[str, str]) ->
     reports = {task: r for by in doc["task_reports"].values() for task, r in by.items()}
     assert sorted(reports) == sorted(owner_of)
     assert sum(reports[f"page_views-{n}"]["records_in"] for n in range(TASKS)) == VIEWS
-    assert all(r["lag_total"] == 0 and r["last_checkpoint_ms"] > 0 and r["batches"] > 0 for r in reports.values())
+    assert all(r["lag_total"] == 0 and r["last_checkpoint_ms"] > 0 and r["batches"] > 0
+               for task, r in reports.items() if not task.startswith("work"))  # work-*: no request yet
     assert sum(r["records_out"].get("views-by-user", 0) for task, r in reports.items()
                if task.startswith("page_views")) >= VIEWS  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["embedded", "azure"])
-def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, request: pytest.FixtureRequest,
+def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill(backend: str, request: pytest.FixtureRequest,
                                                                   tmp_path: Path, measure) -> None:  # fmt: skip
     overrides, token = job_overrides(backend, request, tmp_path)
     config_path = tmp_path / "job.yaml"
@@ -164,6 +244,7 @@ def test_lookups_through_a_non_owner_survive_the_owner_s_sigkill(backend: str, r
         assert held[victim] > 0 and proxied
         check_reads(urls[entry], token, expected)
         check_task_reports(urls[entry], token, owner_of)
+        check_requests([urls[entry], urls[victim]], token)
 
         client = Client(urls[entry], token, expected)
         client.start()

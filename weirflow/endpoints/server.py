@@ -137,10 +137,11 @@ class EndpointServer:
                                         name="endpoints", daemon=True)  # fmt: skip
         self._thread.start()
         deadline = time.monotonic() + timeout_s
+        pause = threading.Event()  # not time.sleep: under libfaketime (clock-skew tests) it fails with EINVAL
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the endpoint server did not start on {self.settings.host}:{port}")
-            time.sleep(0.02)
+            pause.wait(0.02)
         self.url = self.settings.advertised_url or f"http://{self.settings.host}:{port}"
         log.info("endpoints at %s", self.url)
         return self.url

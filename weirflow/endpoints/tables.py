@@ -30,6 +30,7 @@ log = logging.getLogger("weirflow.endpoints")
 
 HOP = "x-weirflow-hop"
 _REGISTRY_TTL_S = 1.0
+_REREAD_AFTER_FAILURE_S = 0.5  # a peer unreachable: read the registry again soon (it may have moved), not at once
 _RETRY_S = 0.05
 MAX_PAGE = 1000
 
@@ -95,7 +96,7 @@ class TableService:
             status, body = await self._client.get(url, target)
         except PeerError as exc:
             log.debug("proxy to %s failed: %s", url, exc)
-            self._urls_at = float("-inf")
+            self._urls_at = min(self._urls_at, time.monotonic() - _REGISTRY_TTL_S + _REREAD_AFTER_FAILURE_S)
             return None
         if status == 409:
             return None

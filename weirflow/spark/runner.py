@@ -823,21 +823,23 @@ class SparkTaskRunner(TaskRunner):
         }
 
     def table(self, task_name: str, table: str) -> TableReader | None:
-        with self._guard:
-            location: Path | None
-            if task_name in self._finished:
-                location = self.spark_checkpoint_dir(task_name)
-            else:
-                t, query = self._tasks.get(task_name), self._query_of.get(task_name)
-                ok = t is not None and t.error is None and query is not None and not query.merged
-                location = query.location if ok and query is not None else None
-            if location is None:
-                self._readers.pop((task_name, table), None)
-                return None
-            reader = self._readers.get((task_name, table))
-            if reader is None or reader.location != location:
-                reader = self._readers[(task_name, table)] = TableReader(location, table)
-            return reader
+        """Called on the endpoint server's event loop for every lookup, so it takes no lock: the runner's guard
+        can be held while a query starts or stops, and a lookup must not wait for that. Single dict reads
+        are atomic; the reader cache is only touched from the event loop."""
+        location: Path | None
+        if task_name in self._finished:
+            location = self.spark_checkpoint_dir(task_name)
+        else:
+            t, query = self._tasks.get(task_name), self._query_of.get(task_name)
+            ok = t is not None and t.error is None and query is not None and not query.merged
+            location = query.location if ok and query is not None else None
+        if location is None:
+            self._readers.pop((task_name, table), None)
+            return None
+        reader = self._readers.get((task_name, table))
+        if reader is None or reader.location != location:
+            reader = self._readers[(task_name, table)] = TableReader(location, table)
+        return reader
 
     def failures(self) -> dict[str, str]:
         with self._guard:
