@@ -210,8 +210,9 @@ def check_task_reports(url: str, token: str | None, owner_of: dict[str, str]) ->
 
 
 @pytest.mark.parametrize("backend", ["embedded", "azure"])
-def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill(backend: str, request: pytest.FixtureRequest,
-                                                                  tmp_path: Path, measure) -> None:  # fmt: skip
+def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, measure
+) -> None:
     overrides, token = job_overrides(backend, request, tmp_path)
     config_path = tmp_path / "job.yaml"
     config = load_config(config_path, overrides)
