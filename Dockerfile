@@ -17,6 +17,7 @@ COPY weirflow ./weirflow
 COPY azure_coordinator ./azure_coordinator
 COPY checkpoint ./checkpoint
 COPY eventhub_system ./eventhub_system
+COPY kinesis_system ./kinesis_system
 RUN make install VENV=/opt/weirflow/venv EXTRAS=azure EDITABLE= \
  && rm -rf /var/lib/apt/lists/* /root/.cache
 

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # What `make install` puts in the venv: the Dockerfile runs the same target with EXTRAS=azure EDITABLE= (a
 # plain install of the Azure extra, in the image's own venv), so the image installs exactly as `make run` does.
-EXTRAS ?= dev,azure,emulator
+EXTRAS ?= dev,azure,emulator,kinesis
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 

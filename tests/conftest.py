@@ -66,6 +66,33 @@ def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
         emulator.stop()
 
 
+@pytest.fixture(scope="session")
+def kinesalite() -> Iterator[object]:
+    """A kinesalite for the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
+    credentials are put in the environment, where boto3's chain (and spawned processors) find them."""
+    from tests.kinesalite import Kinesalite, use_dummy_credentials
+
+    use_dummy_credentials()
+    server = Kinesalite().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_kinesalite() -> Iterator[object]:
+    """A kinesalite of this test alone (holding no streams)."""
+    from tests.kinesalite import Kinesalite, use_dummy_credentials
+
+    use_dummy_credentials()
+    server = Kinesalite().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def unique_job_name(prefix: str = "t") -> str:
     """A job name no other test (or earlier run on a real account) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

@@ -314,7 +314,8 @@ def streams_list(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = Fals
             admin = systems.admin(system)
             for stream, count in sorted(admin.list_streams().items()):
                 meta = admin.partition_metadata(stream)
-                records = sum(int(m.upcoming) - int(m.oldest) for m in meta.values() if m.upcoming.isdigit())
+                counts = [admin.records_between(stream, p, m.oldest, m.upcoming) for p, m in meta.items()]
+                records = sum(n for n in counts if n is not None) if None not in counts else None
                 rows.append({"system": system, "stream": stream, "partitions": count, "records": records})
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -323,7 +324,8 @@ def streams_list(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = Fals
     for column in ("system", "stream", "partitions", "records"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["system"], row["stream"], str(row["partitions"]), str(row["records"]))
+        records = "?" if row["records"] is None else str(row["records"])  # positions count nothing unread
+        table.add_row(row["system"], row["stream"], str(row["partitions"]), records)
     console.print(table)
 
 

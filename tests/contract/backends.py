@@ -84,3 +84,15 @@ def eventhub_backend(emulator: Any) -> EventHubsOnEmulator:
         creates_streams=False,
         emulator=emulator,
     )
+
+
+def kinesis_backend(kinesalite: Any, state_dir: Path) -> FactoryBackend:
+    """The ``kinesis`` system on a kinesalite of its own (the contract needs a system holding no streams); the
+    spool under the test's directory. Streams get 2 shards, so a partition (virtual task) may span two."""
+    from weirflow_kinesis.factory import KinesisSystemFactory
+
+    return FactoryBackend(
+        {**kinesalite.config("kin"), "systems.kin.shards": 2, "job.state.dir": str(state_dir)},
+        systems=KinesisSystemFactory(),
+        system_name="kin",
+    )

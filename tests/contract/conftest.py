@@ -14,7 +14,7 @@ from tests.contract.backends import azure_backend, local_backend
 from weirflow.testing import Backend
 
 BACKENDS = ["local", "azure"]
-SYSTEMS = ["local", "eventhub"]
+SYSTEMS = ["local", "eventhub", "kinesis"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -29,20 +29,31 @@ def task(offset: int) -> SimpleNamespace:
     return SimpleNamespace(name="views-by-page-1", offsets={SSP: str(offset)})
 
 
+def query() -> StageQuery:
+    """A StageQuery with nothing but its runner's systems, whose admin compares dense offsets (the default
+    `SystemAdmin.compare_offsets`)."""
+    from weirflow.local.streams import LocalSystemAdmin
+
+    stage_query = StageQuery.__new__(StageQuery)
+    admin = LocalSystemAdmin.__new__(LocalSystemAdmin)
+    stage_query.runner = SimpleNamespace(plan=SimpleNamespace(systems=SimpleNamespace(admin=lambda _: admin)))
+    return stage_query
+
+
 def test_a_spark_checkpoint_behind_the_store_is_stale_and_discarded_with_a_warning(tmp_path: Path, caplog) -> None:
     location = spark_checkpoint(tmp_path / "t", batch=7, end=400)
-    assert StageQuery._stale(None, task(900), location)  # type: ignore[arg-type]
+    assert query()._stale(task(900), location)
     assert "behind the checkpoint store" in caplog.text and "views-by-page-1" in caplog.text
 
 
 def test_a_spark_checkpoint_level_with_or_ahead_of_the_store_is_kept(tmp_path: Path) -> None:
     location = spark_checkpoint(tmp_path / "t", batch=7, end=400)
-    assert not StageQuery._stale(None, task(400), location)  # type: ignore[arg-type]
-    assert not StageQuery._stale(None, task(250), location)  # type: ignore[arg-type]  # caught up instead
+    assert not query()._stale(task(400), location)
+    assert not query()._stale(task(250), location)  # caught up instead
 
 
 def test_a_spark_checkpoint_without_a_committed_batch_is_discarded(tmp_path: Path) -> None:
     """A query stopped during its first batch leaves offsets/0 and no commit; Spark 4 refuses to rerun batch 0
     over it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so the task must start a new one."""
     location = spark_checkpoint(tmp_path / "t", batch=0, end=40, committed=False)
-    assert StageQuery._stale(None, task(0), location)  # type: ignore[arg-type]
+    assert query()._stale(task(0), location)

@@ -57,10 +57,14 @@ class TaskReport:
             for key, offset in stats.get("offsets", {}).items():
                 ssp = SystemStreamPartition.parse(key)
                 upcoming = self._upcoming(ssp.system, ssp.stream).get(ssp.partition)
-                try:
-                    lag[key] = max(0, int(upcoming) - int(offset)) if upcoming is not None else -1
-                except ValueError:
-                    lag[key] = -1  # offsets that do not count records
+                count = None
+                if upcoming is not None:
+                    try:  # systems of positions count nothing without reading (`SystemAdmin.records_between`)
+                        admin = self.systems.admin(ssp.system)
+                        count = admin.records_between(ssp.stream, ssp.partition, offset, upcoming)
+                    except ValueError:
+                        count = None
+                lag[key] = count if count is not None else -1
             known = [n for n in lag.values() if n >= 0]
             report[task] = {**stats, "lag": lag, "lag_total": sum(known) if known else None}
         return report

@@ -5,14 +5,20 @@ Kinesis. The runtime never talks to a system directly; it asks the configured `S
 (`systems.<name>.factory`) for an admin, a consumer or a producer. These are plain-value interfaces so a new
 system needs nothing but this module's docstrings.
 
-**Offsets** are strings defined by the system. Coordination and checkpoints treat them as opaque: they store
-the *next offset to read*, which every system can resume from without comparing
-(`SystemAdmin.offset_comparator` is deliberately absent). The Spark data plane asks more, because it plans
-micro-batches as offset ranges and read budgets (`weirflow.spark.source`): a system read by a pipeline must
-use **decimal sequence numbers, one per record, dense within a partition** (a record at offset n is followed
-by n + 1). The embedded log and Event Hubs (sequence numbers) do; a system whose native positions are not
-dense (Kinesis sequence numbers) maps them to such offsets itself and keeps its native position in the
-record's ``attributes`` and `PartitionMetadata.newest_position`.
+**Offsets** are strings defined by the system: an offset names a place in one SSP to read from. Coordination
+and checkpoints treat them as opaque and store the *next offset to read*, which every system can resume from.
+Everything else that must reason about offsets asks the system's admin, as Samza's
+``SystemAdmin.offsetComparator`` does: `SystemAdmin.compare_offsets` (which of two is further),
+`SystemAdmin.records_between` (lag, when countable) and `SystemAdmin.plan_read` (where a read of at most n
+records from an offset ends: how the Spark data plane plans micro-batches). Two kinds of offsets exist:
+
+* **dense** (``SystemAdmin.dense_offsets`` True, the default): decimal sequence numbers, one per record, dense
+  within a partition (a record at offset n is followed by n + 1): the embedded log, Event Hubs. Hot paths
+  may do arithmetic on them (the Spark source plans budgets by subtraction, without a round trip per SSP).
+* **positions** (False): any other string, compared and advanced only through the admin. Kinesis's offsets
+  are JSON of shard id → last sequence number processed, since a virtual task reads several shards whose
+  sequence numbers are not contiguous (docs/kinesis.md). ``PartitionMetadata.newest`` is then None and
+  ``upcoming`` is a position at the partition's end *now*, not the offset the next record will carry.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 from weirflow.interfaces.config import ConfigView
 
@@ -166,12 +172,24 @@ class OutgoingRecord:
     partition: int | None = None
 
 
+class ReadPlan(NamedTuple):
+    """Where a read from an offset ends (`SystemAdmin.plan_read`): the offset after it and how many records it
+    holds. ``at_end`` is True when the read reaches what the partition holds now."""
+
+    end: str
+    records: int
+    at_end: bool
+
+
 class SystemAdmin(ABC):
     """Metadata and stream management for one system.
 
     Thread-safety: one admin may be used from several threads of one process. Every method may be called
     from several processes at once; ``create_stream`` must be idempotent across them.
     """
+
+    # Whether offsets are dense decimal sequence numbers (the module docstring); False: opaque positions.
+    dense_offsets: ClassVar[bool] = True
 
     @abstractmethod
     def partition_count(self, stream: str) -> int:
@@ -196,6 +214,26 @@ class SystemAdmin(ABC):
     @abstractmethod
     def list_streams(self) -> dict[str, int]:
         """Physical stream names and their partition counts."""
+
+    def compare_offsets(self, a: str, b: str) -> int | None:
+        """Negative, 0 or positive as offset ``a`` of one SSP is before, at or after ``b``; None when neither is
+        (a position ahead in one shard and behind in another). The default compares dense offsets."""
+        x, y = int(a), int(b)
+        return (x > y) - (x < y)
+
+    def records_between(self, stream: str, partition: int, start: str, end: str) -> int | None:
+        """Records from offset ``start`` up to ``end`` (lag, record counts), or None when the system cannot count
+        them without reading. The default subtracts dense offsets."""
+        return max(0, int(end) - int(start))
+
+    def plan_read(self, stream: str, partition: int, start: str, max_records: int) -> ReadPlan:
+        """Where a read of at most ``max_records`` records from ``start`` ends, given what the partition holds
+        now. The Spark source plans each micro-batch with it (the range must then read back exactly the same
+        records); a system of positions may read ahead to answer. The default uses `partition_metadata_of`."""
+        upcoming = int(self.partition_metadata_of(stream, [partition])[partition].upcoming)
+        position = int(start)
+        take = max(0, min(max_records, upcoming - position))
+        return ReadPlan(str(position + take), take, position + take >= upcoming)
 
     def record_fields(self) -> Sequence[RecordField]:
         """The system-specific columns its records carry in `IncomingRecord.attributes` (none by default)."""

@@ -254,6 +254,7 @@ class StageBuilder:
                 [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
             ).jsonValue()),
             "max_records": str(self._read_limit(settings)),
+            "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()

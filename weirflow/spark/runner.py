@@ -249,14 +249,12 @@ class StageQuery:
         if committed is None:
             log.info("task %s: Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
             return True
-        spark_at: dict[str, int] = {}
+        spark_at: dict[str, str] = {}
         for source in committed[1] if committed else []:
             for key, end in source["p"].items():
-                spark_at[key] = int(end["o"])
+                spark_at[key] = str(end["o"])
         behind = [
-            ssp.key()
-            for ssp, offset in t.offsets.items()
-            if int(offset) > spark_at.get(ssp.key(), -1) and (committed or int(offset) > 0)
+            ssp.key() for ssp, offset in t.offsets.items() if self._ahead(ssp, offset, spark_at.get(ssp.key()))
         ]
         if behind:
             log.warning(
@@ -267,6 +265,14 @@ class StageQuery:
                 {k: spark_at.get(k) for k in behind[:4]},
             )  # fmt: skip
         return bool(behind)
+
+    def _ahead(self, ssp: SystemStreamPartition, offset: str, spark: str | None) -> bool:
+        """Whether the checkpoint store's ``offset`` is past Spark's (or Spark has none); offsets are compared by
+        their system (`SystemAdmin.compare_offsets`), and incomparable ones count as ahead (the store wins)."""
+        if spark is None:
+            return True
+        order = self.runner.plan.systems.admin(ssp.system).compare_offsets(offset, spark)
+        return order is None or order > 0
 
     def _start_offset(self, t: TaskState, ssp: SystemStreamPartition) -> str:
         if ssp in t.offsets:
@@ -557,7 +563,9 @@ class StageQuery:
             for key, end in source["p"].items():
                 ssp = SystemStreamPartition.parse(key)
                 start = offsets.get(ssp)
-                if plan.is_intermediate(stream_id) and start is not None and int(start) < int(end["o"]):
+                if plan.is_intermediate(stream_id) and start is not None and (
+                    plan.systems.admin(ssp.system).compare_offsets(start, end["o"]) or 0
+                ) < 0:
                     consumer = plan.systems.consumer(ssp.system)
                     position = start
                     while records := consumer.read(ssp, position, 5000, end["o"]):

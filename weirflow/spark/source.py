@@ -138,6 +138,9 @@ class SourceSpec:
         # whose drain messages count (docs/drain.md)
         self.drain_flag: str = options.get("drain_flag", "")
         self.run_id: str = options.get("run_id", "")
+        # whether the system's offsets are dense sequence numbers (`SystemAdmin.dense_offsets`); positions are
+        # planned and compared only through the system's admin
+        self.dense: bool = options.get("dense", "true") == "true"
         # the system's record columns asked for (streams.<id>.system-columns)
         self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
 
@@ -202,6 +205,8 @@ class WeirflowStreamReader(DataSourceStreamReader):
         """The offsets up to which the next batch reads: everything available, but at most the read limit
         per task (a stateless stage's query reads for several tasks, each with its own budget)."""
         per_task = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if not self.spec.dense:
+            return self._latest_positions(start, per_task)
         budgets: dict[str, int] = {}
         ends: dict[str, Any] = {}
         open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
@@ -247,6 +252,42 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 watermark = MAX_TIMESTAMP_MS
         return {"s": self.spec.stream_id, "p": ends, "w": watermark}
 
+    def _latest_positions(self, start: dict[str, Any], per_task: int | None) -> dict[str, Any]:
+        """`latestOffset` for a system of positions (`SystemAdmin.dense_offsets` False): each open SSP asks the
+        admin where a read of its task's remaining budget ends (`SystemAdmin.plan_read`). A drain cut is the
+        position the query has read to."""
+        admin = systems_for(self.spec.snapshot).admin(self.spec.system)
+        budgets: dict[str, int] = {}
+        ends: dict[str, Any] = {}
+        if self._draining() and self._cut is None:
+            self._cut = {key: 0 for key in self.spec.ssps if not start["p"][key]["e"]}
+        for key in self.spec.ssps:
+            current = start["p"][key]
+            if current["e"]:
+                ends[key] = current
+                continue
+            if self._cut is not None and key in self._cut:  # drained: no new input, the partition ends here
+                ends[key] = {"o": current["o"], "e": True, "d": True}
+                continue
+            owner = self.spec.tasks.get(key, "")
+            budget = budgets.setdefault(owner, per_task if per_task is not None else 1 << 62)
+            plan = admin.plan_read(self.spec.physical, _partition(key), current["o"], budget) if budget else None
+            if plan is None or plan.end == current["o"]:
+                ended = self.spec.bounded and plan is not None and plan.at_end
+                ends[key] = current if ended == current["e"] else {"o": current["o"], "e": ended}
+                continue
+            budgets[owner] -= plan.records
+            ends[key] = {"o": plan.end, "e": self.spec.bounded and plan.at_end}
+        watermark = int(start.get("w", -1))
+        if self.spec.inject:
+            injected = self._injected()
+            if injected is not None and injected > watermark:
+                watermark = injected
+            finite = self.spec.bounded or self._cut is not None
+            if finite and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
+                watermark = MAX_TIMESTAMP_MS
+        return {"s": self.spec.stream_id, "p": ends, "w": watermark}
+
     def _refresh(self, start: dict[str, Any], open_keys: list[str], per_task: int | None) -> dict[int, Any]:
         """Ask the system for the ends of those of ``open_keys`` whose tasks' budget the last known ends may not
         fill; returns its metadata by partition. A task known to have more waiting than it may read now needs
@@ -274,7 +315,8 @@ class WeirflowStreamReader(DataSourceStreamReader):
         for key in self.spec.ssps:
             a, b = start["p"][key], end["p"][key]
             marker = ("drain" if b.get("d") else "eos") if b["e"] and not a["e"] else ""
-            if int(b["o"]) > int(a["o"]) or marker:
+            moved = int(b["o"]) > int(a["o"]) if self.spec.dense else b["o"] != a["o"]
+            if moved or marker:
                 ranges.append(("ssp", key, a["o"], b["o"], marker))
         groups = self.spec.read_groups
         if groups and len(ranges) > groups:  # see `SystemConsumer.warm`
@@ -347,7 +389,7 @@ class _BatchReader:
         parts = value[1] if value[0] == "group" else (value,)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         for _, key, start, end, _marker in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
-            if int(end) > int(start):
+            if self.spec.dense and int(end) > int(start):
                 ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
                 consumer.warm(ssp, start, end)
         if value[0] == "group":
@@ -359,9 +401,9 @@ class _BatchReader:
         ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         position = start
-        while int(position) < int(end):
+        while int(position) < int(end) if self.spec.dense else position != end:
             chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end, attributes=bool(self.system_fields))
-            if not len(chunk):
+            if not len(chunk) and (self.spec.dense or chunk.next_offset == position):
                 raise RuntimeError(f"{key}: offsets [{position}, {end}) were planned but cannot be read")
             yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)

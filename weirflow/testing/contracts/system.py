@@ -1,4 +1,7 @@
-"""System contract (admin, consumer, producer): streams, exact offsets, key routing, concurrent producers."""
+"""System contract (admin, consumer, producer): streams, exact offsets, key routing, concurrent producers.
+
+Offsets are checked as `weirflow.interfaces.system` defines them: dense sequence numbers exactly, positions
+(``SystemAdmin.dense_offsets`` False) through the admin's comparisons and planned reads."""
 
 from __future__ import annotations
 
@@ -99,8 +102,15 @@ class SystemContract(Contract):
         everything = system.consumer.read(ssp, meta[1].oldest, 100)
         assert [r.value for r in everything] == [f"v{i}".encode() for i in range(10)]
         assert all(r.next_offset == nxt.offset for r, nxt in zip(everything, everything[1:], strict=False))
-        assert everything[-1].next_offset == meta[1].upcoming
-        assert meta[1].newest == everything[-1].offset
+        if system.admin.dense_offsets:
+            assert everything[-1].next_offset == meta[1].upcoming
+            assert meta[1].newest == everything[-1].offset
+        else:  # positions: the end is known by reading, and ordered by the admin
+            assert meta[1].newest is None
+            assert system.admin.compare_offsets(everything[0].offset, everything[-1].next_offset) == -1
+            assert system.admin.compare_offsets(everything[-1].next_offset, everything[3].offset) == 1
+            plan = system.admin.plan_read("views", 1, meta[1].oldest, 4)
+            assert plan.records == 4 and plan.end == everything[4].offset, "a planned read ends after 4 records"
 
         middle = system.consumer.read(ssp, everything[3].offset, 4)
         assert [r.value for r in middle] == [b"v3", b"v4", b"v5", b"v6"]
@@ -112,7 +122,12 @@ class SystemContract(Contract):
         system.declare("views", 2)
         meta = system.admin.partition_metadata("views")
         assert set(meta) == {0, 1}
-        assert meta[0].newest is None and meta[0].oldest == meta[0].upcoming
+        assert meta[0].newest is None
+        if system.admin.dense_offsets:
+            assert meta[0].oldest == meta[0].upcoming
+        ssp = SystemStreamPartition(system.name, "views", 0)
+        assert system.consumer.read(ssp, meta[0].oldest, 10) == []
+        assert system.admin.plan_read("views", 0, meta[0].oldest, 10).records == 0
 
     def test_a_key_always_lands_on_the_same_partition(self, system) -> None:
         system.declare("views", 8)
@@ -163,6 +178,12 @@ class SystemContract(Contract):
         assert [r.value for r in system.consumer.read(ssp, at, 100)] == [b"b0", b"b1", b"b2"]
         from_a2 = system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, first[2].timestamp_ms), 100)
         assert [r.value for r in from_a2][-6:] == [b"a2", b"a3", b"a4", b"b0", b"b1", b"b2"]
-        assert system.admin.offset_for_time("timed", 1, 0) == meta[1].oldest
-        assert system.admin.offset_for_time("timed", 1, cutoff + 3_600_000) == meta[1].upcoming
-        assert system.admin.offset_for_time("timed", 0, 0) == meta[0].upcoming, "an empty partition"
+        if system.admin.dense_offsets:
+            assert system.admin.offset_for_time("timed", 1, 0) == meta[1].oldest
+            assert system.admin.offset_for_time("timed", 1, cutoff + 3_600_000) == meta[1].upcoming
+            assert system.admin.offset_for_time("timed", 0, 0) == meta[0].upcoming, "an empty partition"
+        from_zero = system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, 0), 100)
+        assert [r.value for r in from_zero] == [r.value for r in system.consumer.read(ssp, meta[1].oldest, 100)]
+        assert system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, cutoff + 3_600_000), 100) == []
+        empty = SystemStreamPartition(system.name, "timed", 0)
+        assert system.consumer.read(empty, system.admin.offset_for_time("timed", 0, 0), 100) == []

@@ -1,0 +1,431 @@
+"""Admin, consumer and producer of a ``kinesis`` system, through the unmodified boto3 client.
+
+A stream's partitions are its **virtual tasks** (``systems.<name>.virtual.tasks``), not its shards: partition k
+is slice k of the MD5 hash space (`weirflow_kinesis.hashing`), and its offsets are positions across the
+shards feeding it (`weirflow_kinesis.positions`). Reading goes through the processor's spool
+(`weirflow_kinesis.spool`) so each shard is read once however many tasks it feeds.
+
+The producer sends by partition key (Kinesis routes by its MD5) in `PutRecords` calls within the service
+limits (500 records, 5 MiB, 1 MiB per record; a larger record raises `RecordTooLargeError` before anything is
+sent, which the data plane turns into a dead letter). A key appears at most once per call, so a failed entry
+is retried (throttling, internal errors; exponential backoff) before the key's next record is sent: retries
+never reorder a key's records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from weirflow.errors import RecordTooLargeError, ServiceUnavailableError, StreamNotFoundError, WeirflowError
+from weirflow.interfaces.system import (
+    IncomingRecord,
+    OutgoingRecord,
+    PartitionMetadata,
+    ReadPlan,
+    RecordColumns,
+    RecordField,
+    StreamSpec,
+    SystemAdmin,
+    SystemConsumer,
+    SystemProducer,
+    SystemStreamPartition,
+)
+from weirflow_kinesis import positions
+from weirflow_kinesis.hashing import key_hash, partition_key, pinning_key, slice_of
+from weirflow_kinesis.reader import SliceReader, Walk
+from weirflow_kinesis.settings import KinesisSettings
+from weirflow_kinesis.shards import Shard, ShardMap
+from weirflow_kinesis.spool import Spool
+
+log = logging.getLogger(__name__)
+
+# PutRecords limits (AWS documentation, "Quotas and limits").
+MAX_RECORDS_PER_CALL = 500
+MAX_BYTES_PER_CALL = 5 * 1024 * 1024
+MAX_RECORD_BYTES = 1024 * 1024  # data + partition key
+
+# The stream tag holding a stream's virtual task count (docs/kinesis.md).
+VIRTUAL_TASKS_TAG = "weirflow.virtual.tasks"
+
+RECORD_FIELDS = (
+    RecordField("partition_key", "string", "The record's Kinesis partition key."),
+    RecordField("sequence_number", "string", "Its sequence number in its shard."),
+    RecordField("shard_id", "string", "The shard it was read from."),
+    RecordField("approximate_arrival_time", "timestamp", "When Kinesis received it (its arrival timestamp)."),
+)
+
+
+class KinesisError(WeirflowError):
+    """A Kinesis call failed for a reason retrying does not fix; the message names the stream and the service."""
+
+
+class KinesisClients:
+    """One boto3 client, the shard listings and the spools of one system, shared by its admin, consumer and
+    producer in a process."""
+
+    def __init__(self, settings: KinesisSettings) -> None:
+        self.settings = settings
+        self._client: Any = None
+        self._probe_client: Any = None
+        self._guard = threading.Lock()
+        self._maps: dict[str, tuple[float, ShardMap]] = {}
+        self._readers: dict[str, SliceReader] = {}
+        self._virtual: dict[str, int] = {}
+
+    def virtual_tasks(self, stream: str) -> int:
+        """The stream's virtual task count: its ``weirflow.virtual.tasks`` tag (set when weirflow created it),
+        else ``systems.<name>.virtual.tasks``. Fixed for the stream's life, so asked once per process."""
+        found = self._virtual.get(stream)
+        if found is None:
+            with self.errors(stream):
+                tags = self.client.list_tags_for_stream(StreamName=stream).get("Tags", [])
+            value = next((t.get("Value") for t in tags if t.get("Key") == VIRTUAL_TASKS_TAG), None)
+            found = self._virtual[stream] = int(value) if value else self.settings.virtual_tasks
+        return found
+
+    def _make_client(self, read_timeout_s: float, attempts: int) -> Any:
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        return boto3.client(
+            "kinesis",
+            region_name=self.settings.region,
+            endpoint_url=self.settings.endpoint,
+            config=BotoConfig(retries={"max_attempts": attempts, "mode": "standard"}, connect_timeout=5,
+                              read_timeout=read_timeout_s, max_pool_connections=32),
+        )
+
+    @property
+    def client(self) -> Any:
+        """The client of every call; boto3 retries transient errors itself (``standard`` mode, 5 attempts)."""
+        with self._guard:
+            if self._client is None:
+                self._client = self._make_client(30, 5)
+            return self._client
+
+    @property
+    def probe_client(self) -> Any:
+        """A client whose calls give up after 2 s, for looking up a start time (`Spool.resolve_time`)."""
+        with self._guard:
+            if self._probe_client is None:
+                self._probe_client = self._make_client(2, 1)
+            return self._probe_client
+
+    @contextmanager
+    def errors(self, stream: str) -> Iterator[None]:
+        """Service errors as weirflow's: a missing stream names it, an unreachable service names the endpoint
+        (boto3 has retried it already, `standard` mode)."""
+        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+        try:
+            yield
+        except EndpointConnectionError as exc:
+            raise ServiceUnavailableError(
+                f"Kinesis at {self.settings.where} is unreachable (stream '{stream}', system "
+                f"'{self.settings.system}'): {exc}"
+            ) from exc
+        except NoCredentialsError as exc:
+            raise KinesisError(
+                f"no AWS credentials for Kinesis system '{self.settings.system}': set them the boto3 way "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role)"
+            ) from exc
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "ResourceNotFoundException":
+                raise StreamNotFoundError(
+                    f"Kinesis stream '{stream}' does not exist at {self.settings.where}; create it with "
+                    f"`weirflow streams create CONFIG {stream} --partitions {self.settings.virtual_tasks}`"
+                ) from exc
+            raise
+
+    def shard_map(self, stream: str, force: bool = False) -> ShardMap:
+        """The stream's shards, listed at most every ``shard.refresh.ms`` unless ``force``."""
+        now = time.monotonic()
+        cached = self._maps.get(stream)
+        if cached is not None and not force and now - cached[0] < self.settings.shard_refresh_ms / 1000:
+            return cached[1]
+        shards: list[Shard] = []
+        with self.errors(stream):
+            response = self.client.list_shards(StreamName=stream)
+            while True:
+                shards.extend(Shard.from_api(s) for s in response.get("Shards", []))
+                token = response.get("NextToken")
+                if not token:
+                    break
+                response = self.client.list_shards(NextToken=token)
+        found = ShardMap(shards)
+        self._maps[stream] = (now, found)
+        return found
+
+    def reader(self, stream: str) -> SliceReader:
+        with self._guard:
+            reader = self._readers.get(stream)
+        if reader is None:
+            virtual = self.virtual_tasks(stream)
+            with self._guard:
+                spool = Spool(self.settings.spool_dir, stream, None, virtual, self.settings.read_interval_ms,
+                              self.settings.spool_retention_ms)
+                reader = self._readers[stream] = SliceReader(
+                    spool, lambda force: self.shard_map(stream, force), virtual
+                )
+        reader.spool.client = self.client
+        reader.spool.probe_client = self.probe_client
+        return reader
+
+    def forget(self, stream: str) -> None:
+        """Drop what is cached of ``stream`` (it was just created)."""
+        self._virtual.pop(stream, None)
+        self._maps.pop(stream, None)
+
+    def close(self) -> None:
+        with self._guard:
+            for reader in self._readers.values():
+                reader.spool.close()
+            self._readers.clear()
+
+
+class KinesisSystemAdmin(SystemAdmin):
+    dense_offsets = False
+
+    def __init__(self, clients: KinesisClients) -> None:
+        self.clients = clients
+        self.settings = clients.settings
+
+    def partition_count(self, stream: str) -> int:
+        return self.clients.virtual_tasks(stream)
+
+    def _now_position(self, stream: str, partition: int, at_ms: int) -> str:
+        """Every shard feeding ``partition``: closed ones processed, open ones from ``at_ms``."""
+        virtual = self.clients.virtual_tasks(stream)
+        shards = self.clients.shard_map(stream, force=True).feeding(partition, virtual)
+        return positions.encode({s.id: positions.ENDED if s.closed else positions.at_time(at_ms) for s in shards})
+
+    def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
+        return self.partition_metadata_of(stream, range(self.partition_count(stream)))
+
+    def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
+        # Arrival times are whole milliseconds: a record that arrived in this very millisecond is before "now".
+        now = int(time.time() * 1000) + 1
+        return {
+            p: PartitionMetadata(positions.EARLIEST, None, self._now_position(stream, p, now)) for p in partitions
+        }
+
+    def create_stream(self, spec: StreamSpec) -> bool:
+        """Create the stream with ``systems.<name>.shards`` shards (or ``spec.properties["shards"]``) and tag it
+        with its virtual task count, ``spec.partitions``; an existing stream must have that count."""
+        client = self.clients.client
+        shards = int(spec.properties.get("shards", self.settings.shards))
+        try:
+            with self.clients.errors(spec.stream):
+                client.create_stream(StreamName=spec.stream, ShardCount=shards)
+            created = True
+        except client.exceptions.ResourceInUseException:
+            created = False
+        with self.clients.errors(spec.stream):
+            client.get_waiter("stream_exists").wait(StreamName=spec.stream, WaiterConfig={"Delay": 1})
+            if created:
+                client.add_tags_to_stream(StreamName=spec.stream, Tags={VIRTUAL_TASKS_TAG: str(spec.partitions)})
+        self.clients.forget(spec.stream)
+        existing = self.clients.virtual_tasks(spec.stream)
+        if existing != spec.partitions:
+            raise ValueError(
+                f"Kinesis stream '{spec.stream}' has {existing} virtual tasks (its partitions), "
+                f"not {spec.partitions}"
+            )
+        return created
+
+    def list_streams(self) -> dict[str, int]:
+        names: list[str] = []
+        with self.clients.errors("*"):
+            response = self.clients.client.list_streams()
+            while True:
+                names.extend(response.get("StreamNames", []))
+                if not response.get("HasMoreStreams") or not names:
+                    break
+                response = self.clients.client.list_streams(ExclusiveStartStreamName=names[-1])
+        return {name: self.clients.virtual_tasks(name) for name in names}
+
+    def record_fields(self) -> Sequence[RecordField]:
+        return RECORD_FIELDS
+
+    def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
+        virtual = self.clients.virtual_tasks(stream)
+        shards = self.clients.shard_map(stream, force=True).feeding(partition, virtual)
+        return positions.encode({s.id: positions.at_time(timestamp_ms) for s in shards})
+
+    def partition_for_key(self, stream: str, key: bytes) -> int | None:
+        return slice_of(key_hash(partition_key(key)), self.clients.virtual_tasks(stream))
+
+    def compare_offsets(self, a: str, b: str) -> int | None:
+        return positions.compare(a, b)
+
+    def records_between(self, stream: str, partition: int, start: str, end: str) -> int | None:
+        return 0 if start == end else None  # sequence numbers count nothing (docs/kinesis.md)
+
+    def plan_read(self, stream: str, partition: int, start: str, max_records: int) -> ReadPlan:
+        with self.clients.errors(stream):
+            walk = self.clients.reader(stream).walk(partition, start, max_records, values=False)
+        return ReadPlan(walk.end, len(walk.records), walk.at_end)
+
+    def close(self) -> None:
+        self.clients.close()
+
+
+class KinesisSystemConsumer(SystemConsumer):
+    def __init__(self, clients: KinesisClients) -> None:
+        self.clients = clients
+
+    def _walk(self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None,
+              before: bool) -> Walk:
+        with self.clients.errors(ssp.stream):
+            return self.clients.reader(ssp.stream).walk(ssp.partition, start, max_records, end,
+                                                        positions_before=before)
+
+    def read(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
+    ) -> list[IncomingRecord]:
+        walk = self._walk(ssp, start, max_records, end, before=True)
+        after = walk.before[1:] + [walk.end] if walk.records else []
+        return [
+            IncomingRecord(
+                ssp=ssp, offset=offset, next_offset=following, key=r.partition_key.encode(), value=r.data,
+                timestamp_ms=r.arrival_ms, attributes=_attributes(r, shard),
+            )
+            for r, shard, offset, following in zip(walk.records, walk.shards, walk.before, after, strict=True)
+        ]
+
+    def read_columns(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
+        *, attributes: bool = False,
+    ) -> RecordColumns:
+        walk = self._walk(ssp, start, max_records, end, before=False)
+        records = walk.records
+        return RecordColumns(
+            # a record's own offset (dead letters name it): its shard and sequence number
+            offsets=[f"{shard}/{r.sequence_number}" for r, shard in zip(records, walk.shards, strict=True)],
+            keys=[r.partition_key.encode() for r in records],
+            values=[r.data for r in records],
+            timestamps_ms=[r.arrival_ms for r in records],
+            next_offset=walk.end,
+            attributes=[_attributes(r, s) for r, s in zip(records, walk.shards, strict=True)] * attributes,
+        )
+
+    def close(self) -> None:
+        self.clients.close()
+
+
+def _attributes(record: Any, shard: str) -> Mapping[str, Any]:
+    from datetime import UTC, datetime
+
+    return {
+        "partition_key": record.partition_key,
+        "sequence_number": record.sequence_number,
+        "shard_id": shard,
+        "approximate_arrival_time": datetime.fromtimestamp(record.arrival_ms / 1000, tz=UTC),
+    }
+
+
+class KinesisSystemProducer(SystemProducer):
+    def __init__(self, clients: KinesisClients) -> None:
+        self.clients = clients
+        self.settings = clients.settings
+
+    def max_record_bytes(self, stream: str) -> int | None:
+        return MAX_RECORD_BYTES - 256  # room for the longest partition key
+
+    def _partition_key(self, record: OutgoingRecord) -> str:
+        if record.partition is not None:
+            virtual = self.clients.virtual_tasks(record.stream)
+            if not 0 <= record.partition < virtual:
+                raise ValueError(f"partition {record.partition} of Kinesis stream '{record.stream}' does not "
+                                 f"exist ({virtual} virtual tasks)")
+            return pinning_key(record.partition, virtual)
+        if record.key:
+            return partition_key(record.key)
+        return uuid.uuid4().hex  # no key: Kinesis spreads the records
+
+    def send(self, records: Sequence[OutgoingRecord]) -> None:
+        """Send by stream in rounds (round r holds the r-th record of every partition key, so a retried entry
+        never lands after a later record of its key), each round in calls within the service limits."""
+        entries: list[tuple[OutgoingRecord, str]] = [(r, self._partition_key(r)) for r in records]
+        too_large = [
+            (r, f"record of {len(r.value) + len(k.encode())} bytes (data and partition key) exceeds Kinesis's "
+                f"{MAX_RECORD_BYTES} byte limit")
+            for r, k in entries if len(r.value) + len(k.encode()) > MAX_RECORD_BYTES
+        ]
+        if too_large:
+            raise RecordTooLargeError([r for r, _ in too_large], [reason for _, reason in too_large])
+        by_stream: dict[str, list[tuple[OutgoingRecord, str]]] = {}
+        for record, key in entries:
+            by_stream.setdefault(record.stream, []).append((record, key))
+        for stream, items in by_stream.items():
+            for round_ in _rounds(items):
+                for call in _calls(round_):
+                    self._put(stream, call)
+
+    def _put(self, stream: str, call: list[tuple[OutgoingRecord, str]]) -> None:
+        """One `PutRecords` call, its failed entries retried with exponential backoff until all are written."""
+        pending = call
+        client = self.clients.client
+        for attempt in range(1, self.settings.send_attempts + 1):
+            try:
+                with self.clients.errors(stream):
+                    response = client.put_records(
+                        StreamName=stream, Records=[{"Data": r.value, "PartitionKey": k} for r, k in pending]
+                    )
+                results = response["Records"]
+            except (client.exceptions.ProvisionedThroughputExceededException,
+                    client.exceptions.KMSThrottlingException) as exc:
+                results = [{"ErrorCode": type(exc).__name__, "ErrorMessage": str(exc)}] * len(pending)
+            failed = [(entry, res) for entry, res in zip(pending, results, strict=True) if "ErrorCode" in res]
+            if not failed:
+                return
+            pending = [entry for entry, _ in failed]
+            reason = f"{failed[0][1]['ErrorCode']}: {failed[0][1].get('ErrorMessage', '')}"
+            if attempt == self.settings.send_attempts:
+                raise ServiceUnavailableError(
+                    f"Kinesis at {self.settings.where} refused {len(pending)} record(s) of stream '{stream}' "
+                    f"{attempt} times ({reason}); raise systems.{self.settings.system}.send.attempts or the "
+                    "stream's shards"
+                )
+            delay = min(5.0, 0.1 * 2 ** (attempt - 1))
+            log.info("kinesis %s: %d of %d record(s) not written (%s); retrying in %.1fs", stream, len(pending),
+                     len(call), reason, delay)
+            time.sleep(delay)
+
+    def close(self) -> None:
+        self.clients.close()
+
+
+def _rounds(items: list[tuple[OutgoingRecord, str]]) -> Iterator[list[tuple[OutgoingRecord, str]]]:
+    """Round r: the r-th record of every partition key, in their original order."""
+    seen: dict[str, int] = {}
+    rounds: list[list[tuple[OutgoingRecord, str]]] = []
+    for item in items:
+        n = seen.get(item[1], 0)
+        seen[item[1]] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(item)
+    yield from rounds
+
+
+def _calls(items: list[tuple[OutgoingRecord, str]]) -> Iterator[list[tuple[OutgoingRecord, str]]]:
+    """Consecutive runs of at most 500 records and 5 MiB."""
+    call: list[tuple[OutgoingRecord, str]] = []
+    size = 0
+    for record, key in items:
+        n = len(record.value) + len(key.encode())
+        if call and (len(call) == MAX_RECORDS_PER_CALL or size + n > MAX_BYTES_PER_CALL):
+            yield call
+            call, size = [], 0
+        call.append((record, key))
+        size += n
+    if call:
+        yield call

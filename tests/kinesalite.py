@@ -1,0 +1,81 @@
+"""Run kinesalite (npm ``kinesalite``, a local Kinesis implementation) for tests and benchmarks.
+
+The suite reads and writes Kinesis through the unmodified boto3 client against it (moto's server gets splits
+and merges wrong; docs/kinesis.md). `Kinesalite.start` runs the pinned copy from ``node_modules`` (installed
+by ``make test`` from ``package.json``) through a few lines of node, with the stream-state delays at 0 so
+streams are ACTIVE at once and can be resharded straight away, on a free port, in memory (each start is
+empty).
+
+This is a development tool of the test tree (not installed with weirflow); production jobs leave
+``systems.<name>.endpoint`` unset and reach AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Dummy credentials: kinesalite checks that a request is signed, not by whom.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "weirflow", "AWS_SECRET_ACCESS_KEY": "weirflow", "AWS_DEFAULT_REGION": "us-east-1"
+}
+
+_LAUNCHER = """
+const kinesalite = require(process.argv[1]);
+const server = kinesalite({createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0, shardLimit: 10000});
+server.listen(0, '127.0.0.1', (err) => {
+  if (err) { console.error(err); process.exit(1); }
+  console.log(server.address().port);
+});
+"""
+
+
+class Kinesalite:
+    """One kinesalite process on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Kinesalite:
+        module = PROJECT_ROOT / "node_modules" / "kinesalite"
+        if not module.exists():
+            raise FileNotFoundError(f"kinesalite is missing: run `npm ci` in {PROJECT_ROOT} (make test does)")
+        self._proc = subprocess.Popen(
+            ["node", "-e", _LAUNCHER, str(module)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()  # the port, once it listens
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"kinesalite did not start (printed {line!r})")
+        self.port = int(line)
+        return self
+
+    def config(self, system: str = "kinesis") -> dict[str, str]:
+        """The ``systems.<system>.*`` keys of a job that uses this kinesalite."""
+        return {
+            f"systems.{system}.factory": "kinesis",
+            f"systems.{system}.endpoint": self.endpoint,
+            f"systems.{system}.region": "us-east-1",
+        }
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        self._proc = None
+
+
+def use_dummy_credentials() -> None:
+    """Give boto3's default chain credentials (kinesalite needs a signed request; none are real)."""
+    for key, value in CREDENTIALS.items():
+        os.environ.setdefault(key, value)
