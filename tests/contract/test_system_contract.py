@@ -1,5 +1,6 @@
 """System contract (`weirflow.testing.contracts.system`) on each system: the embedded log, Event Hubs on the
-emulator, and Kinesis on kinesalite. The module's ``weirflow_backend`` replaces the conftest's, whose backends are stores."""
+emulator, and Kinesis on kinesalite. The module's ``weirflow_backend`` replaces the conftest's, whose backends
+are stores."""
 
 from __future__ import annotations
 
