@@ -192,6 +192,7 @@ class KinesisClients:
 
 class KinesisSystemAdmin(SystemAdmin):
     dense_offsets = False
+    task_prefix = "v"  # tasks are <stage>-v<k>: virtual task k
 
     def __init__(self, clients: KinesisClients) -> None:
         self.clients = clients

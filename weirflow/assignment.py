@@ -7,17 +7,29 @@ previously held the most still-valid tasks (an exchange argument: swapping a lar
 fewer previous tasks can only lower ``sum(min(previous_i, slot_i))``), letting each keep
 ``min(previous_i, slot_i)`` of its tasks, and filling the remaining room with the freed and new tasks. Ties
 and choices are broken by sorted ids, so the result does not depend on input order.
+
+Tasks are taken in natural order (``s-2`` before ``s-10``), so a fresh assignment gives each processor a run of
+neighbouring tasks: Kinesis's virtual tasks ``s-v<k>`` fed by one shard are neighbours, and land together
+(docs/kinesis.md).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def natural(task: str) -> tuple[tuple[int, str | int], ...]:
+    """Sort key of a task id: digit runs compare as numbers."""
+    return tuple((1, int(part)) if part.isdigit() else (0, part) for part in _NUMBER.split(task) if part)
 
 
 def assign(
     tasks: Iterable[str], processors: Iterable[str], previous: Mapping[str, Iterable[str]] | None = None
 ) -> dict[str, tuple[str, ...]]:
-    all_tasks = sorted(set(tasks))
+    all_tasks = sorted(set(tasks), key=natural)
     procs = sorted(set(processors))
     if not procs:
         return {}
@@ -25,7 +37,7 @@ def assign(
     prev: dict[str, list[str]] = {p: [] for p in procs}
     claimed: set[str] = set()
     for p in procs:
-        for t in sorted(set((previous or {}).get(p, ()))):
+        for t in sorted(set((previous or {}).get(p, ())), key=natural):
             if t in task_set and t not in claimed:
                 prev[p].append(t)
                 claimed.add(t)

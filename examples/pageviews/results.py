@@ -22,8 +22,8 @@ def read_counts(config: Any, stream_id: str = "page-counts") -> dict[Window, int
         ref = systems.resolve(stream_id)
         counts: dict[Window, int] = {}
         consumer = systems.consumer(ref.system)
-        for partition in range(systems.admin(ref.system).partition_count(ref.physical)):
-            offset = "0"
+        for partition, metadata in systems.admin(ref.system).partition_metadata(ref.physical).items():
+            offset = metadata.oldest
             ssp = SystemStreamPartition(ref.system, ref.physical, partition)
             while batch := consumer.read(ssp, offset, 10_000):
                 for record in batch:
@@ -45,7 +45,8 @@ def expected_counts(events: Iterable[dict[str, Any]]) -> dict[Window, int]:
 
 
 def consumed(config: Any, stream_id: str = "page-views") -> int:
-    """Events of ``stream_id`` the job has checkpointed as processed (sum of next offsets)."""
+    """Events of ``stream_id`` the job has checkpointed as processed (sum of next offsets: systems whose offsets
+    are dense sequence numbers, `SystemAdmin.dense_offsets`)."""
     from weirflow.factories import checkpoint_factory
 
     manager = checkpoint_factory(config).get_checkpoint_manager(config)

@@ -190,6 +190,8 @@ class SystemAdmin(ABC):
 
     # Whether offsets are dense decimal sequence numbers (the module docstring); False: opaque positions.
     dense_offsets: ClassVar[bool] = True
+    # Put before a task's partition number in its name (`weirflow.grouper`): Kinesis's virtual tasks are "v".
+    task_prefix: ClassVar[str] = ""
 
     @abstractmethod
     def partition_count(self, stream: str) -> int:

@@ -152,11 +152,21 @@ class PipelinePlan:
         partitioner (crc32 of the key's text, `StageBuilder.sink_frame`) puts it in."""
         served = self.tables[table]
         partition = zlib.crc32(key.encode("utf-8")) % self.partition_count(served.stream_id)
-        return partition_task(served.stage, partition)
+        return partition_task(served.stage, partition, self.task_prefix(self.stage(served.stage)))
 
     def table_tasks(self, table: str) -> list[str]:
         served = self.tables[table]
-        return [partition_task(served.stage, n) for n in range(self.task_count(self.stage(served.stage)))]
+        stage = self.stage(served.stage)
+        return [partition_task(stage.name, n, self.task_prefix(stage)) for n in range(self.task_count(stage))]
+
+    def task_prefix(self, stage: Stage) -> str:
+        """What the stage's task names put before their partition number: its inputs' systems' (Kinesis's
+        virtual tasks are ``v<k>``)."""
+        for stream_id in stage.input_ids:
+            prefix = self.systems.admin(self.ref(stream_id).system).task_prefix
+            if prefix:
+                return prefix
+        return ""
 
     # --- streams ----------------------------------------------------------------------------------------
     def ref(self, stream_id: str) -> StreamRef:
@@ -237,7 +247,7 @@ class PipelinePlan:
         tasks: dict[str, TaskModel] = {}
         for stage in self.stages:
             self.check_joins(stage)
-            tasks.update(group_by_partition(stage.name, self.stage_ssps(stage)))
+            tasks.update(group_by_partition(stage.name, self.stage_ssps(stage), self.task_prefix(stage)))
         return tasks
 
     def task_count(self, stage: Stage) -> int:

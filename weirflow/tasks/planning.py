@@ -22,8 +22,11 @@ def plan_record_tasks(config: Any, systems: Systems) -> dict[str, TaskModel]:
     if not inputs:
         raise config.error("task.inputs", "names no input stream; list the stream ids this job reads")
     ssps: list[SystemStreamPartition] = []
+    prefix = ""
     for stream_id in inputs:
         ref = systems.resolve(stream_id)
-        count = systems.admin(ref.system).partition_count(ref.physical)
+        admin = systems.admin(ref.system)
+        count = admin.partition_count(ref.physical)
         ssps.extend(SystemStreamPartition(ref.system, ref.physical, p) for p in range(count))
-    return group_by_partition(RECORD_STAGE, ssps)
+        prefix = prefix or admin.task_prefix
+    return group_by_partition(RECORD_STAGE, ssps, prefix)

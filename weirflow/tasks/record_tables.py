@@ -60,7 +60,10 @@ class RecordTables:
     def table_task(self, table: str, key: str) -> str:
         assert self.input is not None
         partition = self.systems.admin(self.input.system).partition_for_key(self.input.physical, key.encode())
-        return partition_task(RECORD_STAGE, int(partition or 0))
+        return partition_task(RECORD_STAGE, int(partition or 0), self._prefix())
 
     def table_tasks(self, table: str) -> list[str]:
-        return [partition_task(RECORD_STAGE, n) for n in range(self.partitions())]
+        return [partition_task(RECORD_STAGE, n, self._prefix()) for n in range(self.partitions())]
+
+    def _prefix(self) -> str:
+        return self.systems.admin(self.input.system).task_prefix if self.input is not None else ""

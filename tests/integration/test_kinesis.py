@@ -1,0 +1,199 @@
+"""The pageviews example on Kinesis (examples/pageviews/kinesis.yaml) against kinesalite, through unmodified
+boto3: virtual tasks over the MD5 hash space keep every task, and its window state, in place while the input
+stream is split from 2 to 4 shards and merged back to 3 under the running job (docs/kinesis.md).
+
+The input is written with raw boto3 `PutRecords` (the test learns each record's shard and sequence number),
+keyed by user; the job's window counts are compared with pandas over every event once the job has consumed
+them all and is drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import drain_job
+from tests.integration.example_job import ExampleJob, generate, results
+from weirflow.config import load_config
+from weirflow.local.launcher import wait_until
+from weirflow_kinesis import positions
+from weirflow_kinesis.hashing import key_hash, slice_of
+
+pytestmark = pytest.mark.integration
+
+FINISH_S = 240
+VIRTUAL_TASKS = 4
+
+
+class KinesisPageViews(ExampleJob):
+    """The example job on its own input and output streams and job id, on the session's kinesalite."""
+
+    def __init__(self, tmp_path: Path, kinesalite: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        job_id = uuid.uuid4().hex[:8]
+        monkeypatch.setenv("KINESIS_ENDPOINT", kinesalite.endpoint)
+        self.input = f"views-{job_id}"
+        self.overrides = [
+            f"job.state.dir={tmp_path / 'state'}",
+            f"job.id={job_id}",
+            f"streams.page-views.physical.name={self.input}",
+            f"streams.page-counts.physical.name=counts-{job_id}",
+            "streams.page-views.bounded=false",
+            "app.run.id=blue",
+            "systems.kin.shard.refresh.ms=1000",
+            "task.max.records.per.trigger=1500",
+        ]
+        super().__init__("kinesis.yaml", self.overrides, tmp_path / "logs", FINISH_S)
+        self.config = load_config(self.config_path, self.overrides)
+        import boto3
+
+        self.client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
+        self.client.create_stream(StreamName=self.input, ShardCount=2)
+        self.client.get_waiter("stream_exists").wait(StreamName=self.input, WaiterConfig={"Delay": 0.2})
+        self.client.add_tags_to_stream(StreamName=self.input, Tags={"weirflow.virtual.tasks": str(VIRTUAL_TASKS)})
+        self.written: list[tuple[dict[str, Any], str, str]] = []  # (event, shard, sequence number)
+
+    def write(self, events: Iterable[dict[str, Any]]) -> None:
+        """Append events keyed by user, 500 per `PutRecords`, remembering where each landed."""
+        batch = list(events)
+        for i in range(0, len(batch), 500):
+            chunk = batch[i : i + 500]
+            response = self.client.put_records(StreamName=self.input, Records=[
+                {"Data": json.dumps(e).encode(), "PartitionKey": e["user"]} for e in chunk
+            ])
+            assert response["FailedRecordCount"] == 0
+            for event, entry in zip(chunk, response["Records"], strict=True):
+                self.written.append((event, entry["ShardId"], entry["SequenceNumber"]))
+
+    def open_shards(self) -> list[dict[str, Any]]:
+        shards = self.client.list_shards(StreamName=self.input)["Shards"]
+        return [s for s in shards if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})]
+
+    def split_all(self) -> None:
+        """Split every open shard at a third of its hash range (not on a slice boundary)."""
+        for shard in self.open_shards():
+            low, high = (int(shard["HashKeyRange"][k]) for k in ("StartingHashKey", "EndingHashKey"))
+            self.client.split_shard(StreamName=self.input, ShardToSplit=shard["ShardId"],
+                                    NewStartingHashKey=str(low + (high - low) // 3))
+            self.wait_active()
+
+    def merge_lowest(self) -> None:
+        """Merge the two open shards with the lowest hash ranges."""
+        shards = sorted(self.open_shards(), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
+        self.client.merge_shards(StreamName=self.input, ShardToMerge=shards[0]["ShardId"],
+                                 AdjacentShardToMerge=shards[1]["ShardId"])
+        self.wait_active()
+
+    def wait_active(self) -> None:
+        wait_until(lambda: self.client.describe_stream_summary(StreamName=self.input)[
+            "StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE", 30, "the stream to be ACTIVE", 0.1)
+
+    def consumed(self) -> bool:
+        """Whether every written event is at or before its virtual task's checkpointed position in its shard."""
+        done = {
+            ssp.partition: positions.decode(offset)
+            for checkpoint in drain_job.checkpoints(self.config).values()
+            for ssp, offset in checkpoint.offsets.items()
+            if ssp.stream == self.input
+        }
+        for event, shard, sequence in self.written:
+            state = done.get(slice_of(key_hash(event["user"]), VIRTUAL_TASKS), {}).get(shard)
+            if state != positions.ENDED and not (
+                positions.is_sequence(state)
+                and positions.sequence_key(state) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
+            ):
+                return False
+        return True
+
+    def wait_consumed(self, what: str) -> None:
+        try:
+            wait_until(self.consumed, FINISH_S, f"the job to consume {what}", 0.5)
+        except TimeoutError:
+            for p in self.processors:
+                print(p.log_text()[-4000:])
+            raise
+
+
+@pytest.fixture
+def job(tmp_path: Path, kinesalite: Any, monkeypatch: pytest.MonkeyPatch):
+    j = KinesisPageViews(tmp_path, kinesalite, monkeypatch)
+    yield j
+    j.stop_all()
+
+
+def _started(text: str) -> list[str]:
+    return [line.split("started task ")[1].split()[0] for line in text.splitlines() if "started task " in line]
+
+
+def test_a_split_and_a_merge_under_a_running_windowed_job_move_no_task_and_lose_no_window(job, measure) -> None:
+    events = list(generate.events(9000, seed=23))
+    job.write(events[:3000])
+    proc = job.start("p0")
+    job.wait_consumed("the first third (2 shards)")
+
+    began = time.monotonic()
+    job.split_all()  # 2 → 4 shards, none on a slice boundary
+    assert len(job.open_shards()) == 4
+    job.write(events[3000:6000])
+    job.wait_consumed("the second third (4 shards)")
+    job.merge_lowest()  # 4 → 3
+    assert len(job.open_shards()) == 3
+    job.write(events[6000:])
+    job.wait_consumed("the last third (3 shards)")
+    resharded = time.monotonic() - began
+
+    done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "180")
+    assert done.returncode == 0, done.stdout + done.stderr + proc.log_text()[-4000:]
+    assert proc.popen.wait(60) == 0, proc.log_text()[-4000:]
+
+    log = proc.log_text()
+    started = _started(log)
+    stages = ("page_views", "views_by_page")
+    assert sorted(started) == sorted(f"{s}-v{k}" for s in stages for k in range(VIRTUAL_TASKS)), (
+        "every virtual task started exactly once: no reshard moved or restarted one"
+    )
+    assert "behind the checkpoint store" not in log and "starting a new one" not in log
+    got, twice = drain_job.window_counts_once(job.config)
+    assert not twice, f"{len(twice)} windows written more than once"
+    assert got == results.expected_counts(events), "window counts differ from pandas"
+    shards = job.client.list_shards(StreamName=job.input)["Shards"]
+    assert len(shards) == 7  # 2 parents, 4 children, 1 merged
+    measure(f"[kinesis] split 2→4 and merge 4→3 under a running job: {len(got)} windows equal pandas, "
+            f"{len(started)} tasks each started once; resharding phases took {resharded:.1f} s")
+
+
+def test_md5_routing_equals_kinesis_s_own_shard_choice_for_10000_keys(kinesalite: Any) -> None:
+    """The hash of a partition key (`key_hash`) falls in the hash range of the shard Kinesis put it in, on a
+    stream with uneven shards (one split at a third)."""
+    import boto3
+
+    client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
+    stream = f"routing-{uuid.uuid4().hex[:8]}"
+    client.create_stream(StreamName=stream, ShardCount=3)
+    client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
+    first = client.list_shards(StreamName=stream)["Shards"][0]
+    high = int(first["HashKeyRange"]["EndingHashKey"])
+    client.split_shard(StreamName=stream, ShardToSplit=first["ShardId"], NewStartingHashKey=str(high // 3))
+    client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
+    ranges = {
+        s["ShardId"]: (int(s["HashKeyRange"]["StartingHashKey"]), int(s["HashKeyRange"]["EndingHashKey"]))
+        for s in client.list_shards(StreamName=stream)["Shards"]
+        if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {})
+    }
+    keys = [f"user-{i}-{os.urandom(3).hex()}" for i in range(10_000)]
+    mismatched = []
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        response = client.put_records(StreamName=stream, Records=[{"Data": b"x", "PartitionKey": k} for k in chunk])
+        for key, entry in zip(chunk, response["Records"], strict=True):
+            low, high = ranges[entry["ShardId"]]
+            if not low <= key_hash(key) <= high:
+                mismatched.append(key)
+    assert len(ranges) == 4
+    assert mismatched == []
