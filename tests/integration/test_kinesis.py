@@ -190,7 +190,8 @@ def test_md5_routing_equals_kinesis_s_own_shard_choice_for_10000_keys(kinesalite
     mismatched = []
     for i in range(0, len(keys), 500):
         chunk = keys[i : i + 500]
-        response = client.put_records(StreamName=stream, Records=[{"Data": b"x", "PartitionKey": k} for k in chunk])
+        entries = [{"Data": b"x", "PartitionKey": k} for k in chunk]
+        response = client.put_records(StreamName=stream, Records=entries)
         for key, entry in zip(chunk, response["Records"], strict=True):
             low, high = ranges[entry["ShardId"]]
             if not low <= key_hash(key) <= high:
