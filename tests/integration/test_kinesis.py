@@ -198,3 +198,38 @@ def test_md5_routing_equals_kinesis_s_own_shard_choice_for_10000_keys(kinesalite
                 mismatched.append(key)
     assert len(ranges) == 4
     assert mismatched == []
+
+
+def test_a_processor_sigkilled_during_a_split_loses_no_window(job, measure) -> None:
+    """Two processors share the virtual tasks; one is SIGKILLed right after the split, while the children
+    begin to fill; the survivor takes its tasks (from their checkpointed positions, parents read to their end
+    first) and the windows still equal pandas."""
+    events = list(generate.events(6000, seed=29))
+    job.write(events[:2000])
+    procs = [job.start("p0"), job.start("p1")]
+    wait_until(lambda: all(_started(p.log_text()) for p in procs), FINISH_S, "both processors to run tasks", 0.2)
+    job.wait_consumed("the first third")
+
+    readers = [p for p in procs if any(t.startswith("page_views-") for t in _started(p.log_text()))]
+    victim = readers[0]  # a processor reading the resharded input
+    job.split_all()
+    job.write(events[2000:2600])
+    victim.kill()  # SIGKILL while the parents end and the children start
+    killed_at = time.monotonic()
+    job.write(events[2600:4000])
+    job.wait_consumed("the second third, on the survivor")
+    recovered = time.monotonic() - killed_at
+    job.merge_lowest()
+    job.write(events[4000:])
+    job.wait_consumed("the rest")
+
+    survivor = next(p for p in procs if p is not victim)
+    done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "180")
+    assert done.returncode == 0, done.stdout + done.stderr + survivor.log_text()[-4000:]
+    assert survivor.popen.wait(60) == 0, survivor.log_text()[-4000:]
+    got = results.read_counts(job.config)
+    assert got == results.expected_counts(events), "window counts differ from pandas"
+    moved = set(_started(victim.log_text())) & set(_started(survivor.log_text()))
+    assert any(t.startswith("page_views-") for t in moved), "the survivor took the killed processor's readers"
+    measure(f"[kinesis] SIGKILL during a split: {len(moved)} tasks moved, every event consumed {recovered:.1f} s "
+            f"after the kill, {len(got)} windows equal pandas")
