@@ -233,3 +233,52 @@ def test_a_processor_sigkilled_during_a_split_loses_no_window(job, measure) -> N
     assert any(t.startswith("page_views-") for t in moved), "the survivor took the killed processor's readers"
     measure(f"[kinesis] SIGKILL during a split: {len(moved)} tasks moved, every event consumed {recovered:.1f} s "
             f"after the kill, {len(got)} windows equal pandas")
+
+
+def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_or_reordering_per_key(
+    kinesalite: Any, tmp_path: Path
+) -> None:
+    """The producer through a proxy refusing every 4th `PutRecords` whole and failing ~20% of the entries of
+    the others (tests/kinesis_faults.py): every record is written once, each key's records in the order sent."""
+    import boto3
+
+    from tests.kinesis_faults import KinesisFaults
+    from weirflow.config.loader import Config
+    from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+    from weirflow_kinesis.factory import KinesisSystemFactory
+
+    faults = KinesisFaults(kinesalite.endpoint).start()
+    stream = f"retried-{uuid.uuid4().hex[:8]}"
+    config = Config.from_dict({
+        "job.name": "faults", "job.state.dir": str(tmp_path), "systems.kin.factory": "kinesis",
+        "systems.kin.endpoint": faults.endpoint, "systems.kin.region": "us-east-1", "systems.kin.shards": 2,
+        "systems.kin.send.attempts": 20,
+    })
+    factory = KinesisSystemFactory()
+    admin, producer = factory.get_admin("kin", config), factory.get_producer("kin", config)
+    try:
+        admin.create_stream(StreamSpec(stream, 8))
+        sent = [OutgoingRecord(stream, f"{i % 40}:{i}".encode(), key=f"key-{i % 40}".encode()) for i in range(800)]
+        for i in range(0, len(sent), 400):
+            producer.send(sent[i : i + 400])
+    finally:
+        producer.close()
+        admin.close()
+        faults.stop()
+    assert faults.throttled > 0 and faults.failed_entries > 50, (faults.throttled, faults.failed_entries)
+
+    client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
+    read: dict[str, list[int]] = {}
+    for shard in client.list_shards(StreamName=stream)["Shards"]:
+        iterator = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
+                                             ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        while iterator:
+            response = client.get_records(ShardIterator=iterator, Limit=10_000)
+            for record in response["Records"]:
+                key, n = record["Data"].decode().split(":")
+                read.setdefault(key, []).append(int(n))
+            if not response["Records"]:
+                break
+            iterator = response.get("NextShardIterator")
+    assert sum(len(v) for v in read.values()) == len(sent), "every record once"
+    assert read == {str(k): list(range(k, 800, 40)) for k in range(40)}, "each key's records in the order sent"
