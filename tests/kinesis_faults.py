@@ -40,7 +40,7 @@ class KinesisFaults:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 status, payload = proxy.handle(self.headers.get("X-Amz-Target", ""), dict(self.headers), body)
                 self.send_response(status)
