@@ -1,0 +1,83 @@
+"""The pure parts of the Kinesis system (docs/kinesis.md): slices of the MD5 hash space, positions and their
+order, which shards may be read (parents before children), and the producer's rounds and calls."""
+
+from __future__ import annotations
+
+from weirflow.assignment import assign
+from weirflow.grouper import group_by_partition
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow_kinesis import positions
+from weirflow_kinesis.clients import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds
+from weirflow_kinesis.hashing import HASH_SPACE, key_hash, partition_key, pinning_key, slice_of, slice_range
+from weirflow_kinesis.shards import Shard, ShardMap
+
+
+def test_slices_tile_the_hash_space_and_agree_with_slice_of() -> None:
+    for virtual in (1, 3, 16, 1024):
+        ranges = [slice_range(k, virtual) for k in range(virtual)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == HASH_SPACE - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        for k, (low, high) in enumerate(ranges):
+            assert slice_of(low, virtual) == k and slice_of(high, virtual) == k
+
+
+def test_a_key_s_hash_is_the_md5_kinesis_uses_and_pinning_keys_land_in_their_slice() -> None:
+    assert key_hash("a") == 0x0CC175B9C0F1B6A831C399E269772661  # md5("a")
+    assert partition_key(b"user-1") == "user-1"
+    assert partition_key(b"\xff\xfe") != partition_key(b"\xff\xfd")  # not UTF-8: a hex digest, still distinct
+    assert len(partition_key(b"x" * 300)) == 32
+    for k in range(16):
+        assert slice_of(key_hash(pinning_key(k, 16)), 16) == k
+
+
+def test_positions_compare_shard_by_shard_and_encode_canonically() -> None:
+    a = positions.encode({"s1": "100", "s0": "E"})
+    assert a == '{"s0":"E","s1":"100"}'
+    assert positions.compare(a, positions.encode({"s0": "E", "s1": "99"})) == 1
+    assert positions.compare(positions.EARLIEST, a) == -1
+    assert positions.compare(a, a) == 0
+    assert positions.compare(positions.encode({"s0": "5", "s1": "9"}), positions.encode({"s0": "6", "s1": "8"})) is None
+    assert positions.compare(positions.encode({"s0": "@10"}), positions.encode({"s0": "@20"})) is None
+    assert positions.sequence_key("9") < positions.sequence_key("10")
+
+
+def _shard(shard_id: str, low: int, high: int, parents: tuple[str, ...] = (), closed: bool = False) -> Shard:
+    return Shard(shard_id, low, high, parents, "1" + shard_id[-1] * 3, "9" if closed else None)
+
+
+def test_children_are_read_only_after_every_parent_holding_the_slice_ends() -> None:
+    half = HASH_SPACE // 2
+    parent = _shard("p0", 0, half - 1, closed=True)
+    other = _shard("p1", half, HASH_SPACE - 1, closed=True)
+    left = _shard("c2", 0, half // 2 - 1, ("p0",))
+    merged = _shard("c3", half // 2, HASH_SPACE - 1, ("p0", "p1"))  # a merge of p0's upper part and p1
+    shards = ShardMap([merged, left, other, parent])
+    assert [s.id for s in shards.ordered][:2] == ["p0", "p1"], "parents first"
+    assert [s.id for s in shards.feeding(0, 4)] == ["p0", "c2"]
+    assert not shards.readable(left, {}, 0, 4)
+    assert shards.readable(left, {"p0": "E"}, 0, 4)
+    # slice 3 lies in p1 and c3 only: p0 holds none of its keys, so p1 alone must end first
+    assert not shards.readable(merged, {}, 3, 4)
+    assert shards.readable(merged, {"p1": "E"}, 3, 4)
+    assert not shards.readable(merged, {"p1": "E"}, 1, 4), "slice 1 lies in p0 too"
+    assert shards.readable(_shard("c4", 0, 1, ("expired",)), {}, 0, 4), "an expired parent does not block"
+
+
+def test_a_key_appears_once_per_round_and_calls_keep_the_service_limits() -> None:
+    items = [(OutgoingRecord("s", b"v"), k) for k in ["a", "b", "a", "c", "a", "b"]]
+    rounds = list(_rounds(items))
+    assert [[k for _, k in r] for r in rounds] == [["a", "b", "c"], ["a", "b"], ["a"]]
+    many = [(OutgoingRecord("s", b"x" * 20_000), str(i)) for i in range(1200)]
+    calls = list(_calls(many))
+    assert all(len(c) <= MAX_RECORDS_PER_CALL for c in calls)
+    assert all(sum(len(r.value) + len(k) for r, k in c) <= MAX_BYTES_PER_CALL for c in calls)
+    assert [item for call in calls for item in call] == many
+
+
+def test_a_shard_s_neighbouring_virtual_tasks_are_assigned_together() -> None:
+    ssps = [SystemStreamPartition("kin", "views", k) for k in range(16)]
+    tasks = group_by_partition("views", ssps, "v")
+    assert sorted(tasks) == sorted(f"views-v{k}" for k in range(16))
+    model = assign(tasks, ["p0", "p1"])
+    assert set(model["p0"]) == {f"views-v{k}" for k in range(8)}
+    assert set(model["p1"]) == {f"views-v{k}" for k in range(8, 16)}
