@@ -36,7 +36,8 @@ def test_positions_compare_shard_by_shard_and_encode_canonically() -> None:
     assert positions.compare(a, positions.encode({"s0": "E", "s1": "99"})) == 1
     assert positions.compare(positions.EARLIEST, a) == -1
     assert positions.compare(a, a) == 0
-    assert positions.compare(positions.encode({"s0": "5", "s1": "9"}), positions.encode({"s0": "6", "s1": "8"})) is None
+    ahead_and_behind = positions.encode({"s0": "5", "s1": "9"}), positions.encode({"s0": "6", "s1": "8"})
+    assert positions.compare(*ahead_and_behind) is None
     assert positions.compare(positions.encode({"s0": "@10"}), positions.encode({"s0": "@20"})) is None
     assert positions.sequence_key("9") < positions.sequence_key("10")
 
