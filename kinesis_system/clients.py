@@ -41,7 +41,7 @@ from weirflow_kinesis.hashing import key_hash, partition_key, pinning_key, slice
 from weirflow_kinesis.reader import SliceReader, Walk
 from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
-from weirflow_kinesis.spool import Spool
+from weirflow_kinesis.spool import Spool, raw_get_records
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class KinesisClients:
         with self._guard:
             if self._client is None:
                 self._client = self._make_client(30, 5)
+                self._client.meta.events.register("before-parse.kinesis.GetRecords", raw_get_records)
             return self._client
 
     @property
@@ -271,7 +272,7 @@ class KinesisSystemAdmin(SystemAdmin):
 
     def plan_read(self, stream: str, partition: int, start: str, max_records: int) -> ReadPlan:
         with self.clients.errors(stream):
-            walk = self.clients.reader(stream).walk(partition, start, max_records, values=False)
+            walk = self.clients.reader(stream).walk(partition, start, max_records, values=False, patient=False)
         return ReadPlan(walk.end, len(walk.records), walk.at_end)
 
     def close(self) -> None:
@@ -316,6 +317,12 @@ class KinesisSystemConsumer(SystemConsumer):
             next_offset=walk.end,
             attributes=[_attributes(r, s) for r, s in zip(records, walk.shards, strict=True)] * attributes,
         )
+
+    def warm(self, ssp: SystemStreamPartition, start: str, end: str | None = None) -> bool:
+        """Nothing to start: the processor's spool holds the range (it was read ahead to plan it). True, so that
+        the Spark source reads many virtual tasks per Spark task instead of one each (16 small Spark tasks
+        per micro-batch cost more than the reads)."""
+        return True
 
     def close(self) -> None:
         self.clients.close()

@@ -12,8 +12,10 @@ end is a position a planned read returned (a sequence number or ``"E"`` per shar
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from weirflow_kinesis import positions
@@ -23,6 +25,10 @@ from weirflow_kinesis.spool import Spool, SpooledRecord
 log = logging.getLogger(__name__)
 # A read up to an end position gives up when the spool cannot reach it in this time.
 _READ_TIMEOUT_S = 120.0
+# Shards read by a walk within this time are read ahead in the background; the prefetcher's idle tick.
+_INTEREST_S = 60.0
+_PREFETCH_TICK_S = 0.02
+_PREFETCH_THREADS = 4
 
 
 @dataclass
@@ -57,6 +63,7 @@ class _WalkState:
     values: bool
     positions_before: bool
     deadline: float
+    patient: bool = True
     done: set[str] = field(default_factory=set)  # shards whose goal is reached (walks with an end)
     walk: Walk = field(default_factory=Walk)
 
@@ -76,12 +83,52 @@ class SliceReader:
         self.spool = spool
         self.shard_map = shard_map
         self.virtual_tasks = virtual_tasks
+        self._interest: dict[str, float] = {}  # shard → when a walk last read it
+        self._prefetcher: threading.Thread | None = None
+        self._guard = threading.Lock()
+
+    def _start_prefetcher(self) -> None:
+        with self._guard:
+            if self._prefetcher is None:
+                name = f"kinesis-prefetch-{self.spool.stream}"
+                self._prefetcher = threading.Thread(target=self._prefetch, name=name, daemon=True)
+                self._prefetcher.start()
+
+    def _prefetch(self) -> None:
+        """Keep reading ahead, in the background, every shard a walk read in the last minute and not yet read to
+        its end: one `GetRecords` per shard per read interval (the spool's rate and lock hold across processes),
+        several shards at once, so planning a micro-batch finds its records spooled instead of waiting for the
+        network (planning itself never reads Kinesis)."""
+        with ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="kinesis-prefetch") as pool:
+            while True:
+                now = time.monotonic()
+                wanted = []
+                for shard, seen in list(self._interest.items()):
+                    if now - seen > _INTEREST_S:
+                        self._interest.pop(shard, None)
+                        continue
+                    run = self.spool.run(shard)
+                    if run is not None and not run.ended:
+                        wanted.append(shard)
+                if not any(list(pool.map(self._fetch_quietly, wanted))):
+                    time.sleep(_PREFETCH_TICK_S)
+
+    def _fetch_quietly(self, shard: str) -> bool:
+        try:
+            return self.spool.fetch(shard, wait=False)
+        except Exception as exc:  # the next walk that needs it reports it; reading ahead tries again later
+            log.debug("kinesis %s/%s: reading ahead failed: %s", self.spool.stream, shard, exc)
+            return False
 
     def walk(self, task: int, start: str, limit: int, end: str | None = None, values: bool = True,
-             positions_before: bool = False) -> Walk:
-        """The task's records after ``start``: at most ``limit``, and only up to ``end`` when given."""
+             positions_before: bool = False, patient: bool = True) -> Walk:
+        """The task's records after ``start``: at most ``limit``, and only up to ``end`` when given. A
+        ``patient`` walk without an end waits out a shard's read interval when the spool has nothing for it
+        (a poll right after a write sees the write); planning a micro-batch is not patient: the next trigger
+        plans again, and the prefetcher keeps the spool filled meanwhile."""
+        self._start_prefetcher()
         state = _WalkState(task, positions.decode(start), positions.decode(end) if end is not None else None,
-                           limit, values, positions_before, time.monotonic() + _READ_TIMEOUT_S)
+                           limit, values, positions_before, time.monotonic() + _READ_TIMEOUT_S, patient)
         force_listing = False
         while len(state.walk.records) < limit:
             progress = False
@@ -131,8 +178,9 @@ class SliceReader:
                 state.position[shard_id] = current
                 return True, True
         walk = state.walk
-        took, finished, reached = self._shard(state.task, shard_id, current or "", state.limit - len(walk.records),
-                                              goal, state.values, state.deadline)
+        self._interest[shard_id] = time.monotonic()
+        room = state.limit - len(walk.records)
+        took, finished, reached = self._shard(state, shard_id, current or "", room, goal)
         state.take(shard_id, took)
         if finished:
             state.position[shard_id] = positions.ENDED
@@ -157,10 +205,11 @@ class SliceReader:
             return _Goal(upto=goal[1:], inclusive=False)
         return _Goal(upto=goal)
 
-    def _shard(self, task: int, shard: str, state: str, room: int, goal: _Goal | None, values: bool,
-               deadline: float) -> tuple[list[SpooledRecord], bool, bool]:
+    def _shard(self, walk: _WalkState, shard: str, state: str, room: int, goal: _Goal | None
+               ) -> tuple[list[SpooledRecord], bool, bool]:
         """Up to ``room`` records of the task's slice in ``shard`` after ``state`` (up to ``goal`` when given);
         whether the shard is then processed to its end, and whether the goal is reached."""
+        task, values, deadline = walk.task, walk.values, walk.deadline
         self.spool.ensure(shard, state)
         upto = goal.upto if goal is not None else None
         inclusive = goal.inclusive if goal is not None else True
@@ -170,8 +219,8 @@ class SliceReader:
             assert run is not None
             if len(took) >= room:
                 return took, False, False
-            if goal is None or goal.now:  # one try at more, waiting (at most a read interval) only for nothing
-                if not run.ended and self.spool.fetch(shard, wait=not took):
+            if goal is None or goal.now:  # a poll: what is spooled (a patient one reads once when nothing is)
+                if not run.ended and walk.patient and self.spool.fetch(shard, wait=not took):
                     took = self.spool.records(shard, task, state, room, upto, values, inclusive)
                     run = self.spool.run(shard)
                     assert run is not None

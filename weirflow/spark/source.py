@@ -389,7 +389,7 @@ class _BatchReader:
         parts = value[1] if value[0] == "group" else (value,)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         for _, key, start, end, _marker in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
-            if self.spec.dense and int(end) > int(start):
+            if int(end) > int(start) if self.spec.dense else end != start:
                 ssp = SystemStreamPartition(self.spec.system, self.spec.physical, _partition(key))
                 consumer.warm(ssp, start, end)
         if value[0] == "group":
