@@ -187,7 +187,7 @@ class KinesisClients:
     def close(self) -> None:
         with self._guard:
             for reader in self._readers.values():
-                reader.spool.close()
+                reader.close()
             self._readers.clear()
 
 

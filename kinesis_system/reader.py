@@ -86,6 +86,16 @@ class SliceReader:
         self._interest: dict[str, float] = {}  # shard → when a walk last read it
         self._prefetcher: threading.Thread | None = None
         self._guard = threading.Lock()
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Stop reading ahead, then close the spool."""
+        self._closed.set()
+        with self._guard:
+            prefetcher = self._prefetcher
+        if prefetcher is not None:
+            prefetcher.join(timeout=30)
+        self.spool.close()
 
     def _start_prefetcher(self) -> None:
         with self._guard:
@@ -100,23 +110,25 @@ class SliceReader:
         several shards at once, so planning a micro-batch finds its records spooled instead of waiting for the
         network (planning itself never reads Kinesis)."""
         with ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="kinesis-prefetch") as pool:
-            while True:
+            while not self._closed.is_set():
                 now = time.monotonic()
                 wanted = []
                 for shard, seen in list(self._interest.items()):
                     if now - seen > _INTEREST_S:
                         self._interest.pop(shard, None)
-                        continue
-                    run = self.spool.run(shard)
-                    if run is not None and not run.ended:
+                    else:
                         wanted.append(shard)
-                if not any(list(pool.map(self._fetch_quietly, wanted))):
-                    time.sleep(_PREFETCH_TICK_S)
+                if not any(list(pool.map(self._fetch_quietly, wanted))):  # nothing due: wait a little
+                    self._closed.wait(max(_PREFETCH_TICK_S, self.spool.read_interval_ms / 4000))
 
     def _fetch_quietly(self, shard: str) -> bool:
+        """One read ahead of ``shard`` if it is still open; failures are left to the next walk that needs it."""
+        if self._closed.is_set():
+            return False
         try:
-            return self.spool.fetch(shard, wait=False)
-        except Exception as exc:  # the next walk that needs it reports it; reading ahead tries again later
+            run = self.spool.run(shard)
+            return run is not None and not run.ended and self.spool.fetch(shard, wait=False)
+        except Exception as exc:
             log.debug("kinesis %s/%s: reading ahead failed: %s", self.spool.stream, shard, exc)
             return False
 

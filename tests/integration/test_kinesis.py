@@ -133,6 +133,7 @@ def _started(text: str) -> list[str]:
 
 def test_a_split_and_a_merge_under_a_running_windowed_job_move_no_task_and_lose_no_window(job, measure) -> None:
     events = list(generate.events(9000, seed=23))
+    job.client.put_record(StreamName=job.input, Data=b"{not json", PartitionKey="bad")
     job.write(events[:3000])
     proc = job.start("p0")
     job.wait_consumed("the first third (2 shards)")
@@ -164,6 +165,10 @@ def test_a_split_and_a_merge_under_a_running_windowed_job_move_no_task_and_lose_
     assert got == results.expected_counts(events), "window counts differ from pandas"
     shards = job.client.list_shards(StreamName=job.input)["Shards"]
     assert len(shards) == 7  # 2 parents, 4 children, 1 merged
+    letters = drain_job.dead_letters(job.config)
+    assert len(letters) == 1 and "not valid JSON" in letters[0]["error"], letters
+    assert letters[0]["ssp"] == f"kin.{job.input}.{slice_of(key_hash('bad'), VIRTUAL_TASKS)}"
+    assert letters[0]["offset"].startswith("shardId-"), "a dead letter names its shard and sequence number"
     measure(f"[kinesis] split 2→4 and merge 4→3 under a running job: {len(got)} windows equal pandas, "
             f"{len(started)} tasks each started once; resharding phases took {resharded:.1f} s")
 
@@ -244,7 +249,8 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
 
     from tests.kinesis_faults import KinesisFaults
     from weirflow.config.loader import Config
-    from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+    from weirflow.errors import RecordTooLargeError
+    from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory
 
     faults = KinesisFaults(kinesalite.endpoint).start()
@@ -266,6 +272,24 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
         admin.close()
         faults.stop()
     assert faults.throttled > 0 and faults.failed_entries > 50, (faults.throttled, faults.failed_entries)
+
+    direct = Config.from_dict({"job.name": "faults", "job.state.dir": str(tmp_path), **kinesalite.config("kin")})
+    admin, producer = factory.get_admin("kin", direct), factory.get_producer("kin", direct)
+    consumer = factory.get_consumer("kin", direct)
+    try:
+        with pytest.raises(RecordTooLargeError, match="exceeds Kinesis's 1048576 byte limit"):
+            producer.send([OutgoingRecord(stream, b"x" * (1024 * 1024)), OutgoingRecord(stream, b"fits")])
+        ssp = SystemStreamPartition("kin", stream, 3)
+        oldest = admin.partition_metadata_of(stream, [3])[3].oldest
+        columns = consumer.read_columns(ssp, oldest, 10, attributes=True)
+        assert len(columns) == 10 and all(a["shard_id"].startswith("shardId-") for a in columns.attributes)
+        assert [a["partition_key"].encode() for a in columns.attributes] == list(columns.keys)
+        assert all(slice_of(key_hash(a["partition_key"]), 8) == 3 for a in columns.attributes)
+        assert all(a["approximate_arrival_time"].tzinfo is not None for a in columns.attributes)
+        assert positions.compare(columns.next_offset, positions.EARLIEST) == 1
+    finally:
+        for client in (admin, producer, consumer):
+            client.close()
 
     client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
     read: dict[str, list[int]] = {}
