@@ -64,6 +64,7 @@ class _WalkState:
     positions_before: bool
     deadline: float
     patient: bool = True
+    behind: bool = False  # a shard visited was not read to what it held (its run not caught up)
     done: set[str] = field(default_factory=set)  # shards whose goal is reached (walks with an end)
     walk: Walk = field(default_factory=Walk)
 
@@ -158,7 +159,7 @@ class SliceReader:
                 break
             if not progress:
                 if state.target is None:
-                    state.walk.at_end = True
+                    state.walk.at_end = not state.behind
                     break
                 if time.monotonic() > state.deadline:
                     raise RuntimeError(f"kinesis {self.spool.stream} task v{task}: could not read up to {end} "
@@ -237,6 +238,8 @@ class SliceReader:
                     run = self.spool.run(shard)
                     assert run is not None
                 finished = run.ended and len(took) < room  # took holds everything the run has
+                if not run.caught_up and not run.ended:
+                    walk.behind = True
                 return took, finished, goal is not None
             if upto is not None and run.hi and positions.sequence_key(run.hi) >= positions.sequence_key(upto):
                 return took, False, True

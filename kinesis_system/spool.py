@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS records (shard TEXT NOT NULL, seq TEXT NOT NULL, task
     read_ms INTEGER NOT NULL, PRIMARY KEY (shard, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS records_by_task ON records (shard, task, seq);
 CREATE TABLE IF NOT EXISTS runs (shard TEXT PRIMARY KEY, lo TEXT NOT NULL, hi TEXT NOT NULL,
-    ended INTEGER NOT NULL, iterator TEXT, iterator_ms INTEGER NOT NULL, next_call_ms INTEGER NOT NULL);
+    ended INTEGER NOT NULL, iterator TEXT, iterator_ms INTEGER NOT NULL, next_call_ms INTEGER NOT NULL,
+    caught_up INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS probes (shard TEXT NOT NULL, at_ms INTEGER NOT NULL, found TEXT,
     next_call_ms INTEGER NOT NULL, PRIMARY KEY (shard, at_ms)) WITHOUT ROWID;
 """
@@ -48,6 +49,8 @@ _GET_RECORDS_LIMIT = 10_000
 _TRIM_EVERY_S = 30.0
 # Where `raw_get_records` puts a GetRecords response's records.
 RAW_RECORDS = "WeirflowRawRecords"
+# Part of the spool file's name: a spool written by another layout is not read (it is a cache).
+SPOOL_VERSION = "s2"
 
 
 def _now_ms() -> int:
@@ -97,6 +100,7 @@ class Run:
     lo: str  # "" = from the shard's beginning, "<q" = from q inclusive, "q" = after q
     hi: str  # the last sequence number read ("" when none yet)
     ended: bool  # read to SHARD_END: nothing after hi, ever
+    caught_up: bool = False  # the last read reached what the shard held then (a bounded read may end here)
 
     def covers(self, state: str) -> bool:
         return _order(state) >= _order(self.lo)
@@ -124,14 +128,16 @@ class Spool:
         self.virtual_tasks = virtual_tasks
         self.read_interval_ms = read_interval_ms
         self.retention_ms = retention_ms
-        self.db = Database(self.directory / f"{stream}.v{virtual_tasks}.sqlite", SCHEMA)
+        self.db = Database(self.directory / f"{stream}.v{virtual_tasks}.{SPOOL_VERSION}.sqlite", SCHEMA)
         self.probe_client: Any = None  # a client with a short read timeout, for `resolve_time`
         self._last_trim = time.monotonic()
 
     # --- what is there ------------------------------------------------------------------------------------
     def run(self, shard: str) -> Run | None:
-        row = self.db.connection().execute("SELECT lo, hi, ended FROM runs WHERE shard = ?", (shard,)).fetchone()
-        return Run(row[0], row[1], bool(row[2])) if row else None
+        row = self.db.connection().execute(
+            "SELECT lo, hi, ended, caught_up FROM runs WHERE shard = ?", (shard,)
+        ).fetchone()
+        return Run(row[0], row[1], bool(row[2]), bool(row[3])) if row else None
 
     def records(self, shard: str, task: int, after: str, limit: int, upto: str | None = None,
                 values: bool = True, inclusive: bool = True) -> list[SpooledRecord]:
@@ -163,8 +169,8 @@ class Spool:
                              "reading the shard again from there", self.stream, shard, state, row[0])
                 conn.execute("DELETE FROM records WHERE shard = ?", (shard,))
                 conn.execute(
-                    "INSERT OR REPLACE INTO runs (shard, lo, hi, ended, iterator, iterator_ms, next_call_ms) "
-                    "VALUES (?, ?, '', 0, NULL, 0, 0)", (shard, state),
+                    "INSERT OR REPLACE INTO runs (shard, lo, hi, ended, iterator, iterator_ms, next_call_ms, "
+                    "caught_up) VALUES (?, ?, '', 0, NULL, 0, 0, 0)", (shard, state),
                 )
         run = self.run(shard)
         assert run is not None
@@ -198,6 +204,11 @@ class Spool:
                 return False
             records = _records(response)
             following = response.get("NextShardIterator")
+            # nothing more was there: fewer records than asked for and none behind (AWS may return fewer while
+            # more wait, with MillisBehindLatest > 0)
+            caught_up = following is None or (
+                len(records) < _GET_RECORDS_LIMIT and int(response.get("MillisBehindLatest") or 0) == 0
+            )
             now = _now_ms()
             rows = [
                 (shard, positions.sequence_key(seq), slice_of(key_hash(key), self.virtual_tasks), seq, key, data,
@@ -207,10 +218,10 @@ class Spool:
             with self.db.transaction() as tx:
                 tx.executemany("INSERT OR IGNORE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 tx.execute(
-                    "UPDATE runs SET hi = ?, ended = ?, iterator = ?, iterator_ms = ?, next_call_ms = ? "
-                    "WHERE shard = ?",
+                    "UPDATE runs SET hi = ?, ended = ?, iterator = ?, iterator_ms = ?, next_call_ms = ?, "
+                    "caught_up = ? WHERE shard = ?",
                     (records[-1][0] if records else hi, int(following is None), following, now,
-                     now + self.read_interval_ms, shard),
+                     now + self.read_interval_ms, int(caught_up), shard),
                 )
         self._trim()
         return bool(records) or following is None

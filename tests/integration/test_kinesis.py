@@ -306,3 +306,40 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
             iterator = response.get("NextShardIterator")
     assert sum(len(v) for v in read.values()) == len(sent), "every record once"
     assert read == {str(k): list(range(k, 800, 40)) for k in range(40)}, "each key's records in the order sent"
+
+
+def test_a_planned_read_is_at_the_end_only_once_every_record_the_shards_hold_is_planned(
+    kinesalite: Any, tmp_path: Path
+) -> None:
+    """What a bounded input relies on (`ReadPlan.at_end` ends it): planning never reads Kinesis itself (the
+    prefetcher does), so a plan must not claim the end while the spool is still behind the shard."""
+    import boto3
+
+    from weirflow.config.loader import Config
+    from weirflow_kinesis.factory import KinesisSystemFactory
+
+    client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
+    stream = f"bounded-{uuid.uuid4().hex[:8]}"
+    client.create_stream(StreamName=stream, ShardCount=1)
+    client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
+    for start in range(0, 25_000, 500):  # more than two GetRecords pages
+        client.put_records(StreamName=stream, Records=[
+            {"Data": b"%d" % i, "PartitionKey": f"k{i}"} for i in range(start, start + 500)
+        ])
+    config = Config.from_dict({"job.name": "bounded", "job.state.dir": str(tmp_path), **kinesalite.config("kin"),
+                               "systems.kin.virtual.tasks": 1})
+    admin = KinesisSystemFactory().get_admin("kin", config)
+    try:
+        position, planned, plans = positions.EARLIEST, 0, 0
+        while True:
+            plan = admin.plan_read(stream, 0, position, 50_000)
+            plans += 1
+            planned += plan.records
+            position = plan.end
+            if plan.at_end:
+                break
+            time.sleep(0.05)
+        assert planned == 25_000, f"the end claimed after {planned} records"
+        assert plans > 1, "the first plan, before anything was read ahead, is not the end"
+    finally:
+        admin.close()
