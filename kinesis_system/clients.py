@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from weirflow.clock import now_ms
 from weirflow.errors import RecordTooLargeError, ServiceUnavailableError, StreamNotFoundError, WeirflowError
 from weirflow.interfaces.system import (
     IncomingRecord,
@@ -213,7 +214,7 @@ class KinesisSystemAdmin(SystemAdmin):
 
     def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
         # Arrival times are whole milliseconds: a record that arrived in this very millisecond is before "now".
-        now = int(time.time() * 1000) + 1
+        now = now_ms() + 1
         return {
             p: PartitionMetadata(positions.EARLIEST, None, self._now_position(stream, p, now)) for p in partitions
         }

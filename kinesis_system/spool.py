@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weirflow.clock import now_ms
 from weirflow.local.database import Database
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
@@ -53,8 +54,6 @@ RAW_RECORDS = "WeirflowRawRecords"
 SPOOL_VERSION = "s2"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _order(state: str) -> tuple[str, int]:
@@ -190,17 +189,17 @@ class Spool:
             if row is None or row[2]:
                 return False
             lo, hi, _, iterator, iterator_ms, next_call_ms = row
-            pause = next_call_ms - _now_ms()
+            pause = next_call_ms - now_ms()
             if pause > 0:
                 if not wait:
                     return False
                 time.sleep(pause / 1000)
-            now = _now_ms()
+            now = now_ms()
             if not iterator or now - iterator_ms > _ITERATOR_TTL_MS:
                 iterator = self._iterator(shard, lo, hi)
             response = self._get_records(shard, iterator, lo, hi)
             if response is None:  # throttled: try again a second later
-                conn.execute("UPDATE runs SET next_call_ms = ? WHERE shard = ?", (_now_ms() + 1000, shard))
+                conn.execute("UPDATE runs SET next_call_ms = ? WHERE shard = ?", (now_ms() + 1000, shard))
                 return False
             records = _records(response)
             following = response.get("NextShardIterator")
@@ -209,7 +208,7 @@ class Spool:
             caught_up = following is None or (
                 len(records) < _GET_RECORDS_LIMIT and int(response.get("MillisBehindLatest") or 0) == 0
             )
-            now = _now_ms()
+            now = now_ms()
             rows = [
                 (shard, positions.sequence_key(seq), slice_of(key_hash(key), self.virtual_tasks), seq, key, data,
                  arrival, now)
@@ -259,7 +258,7 @@ class Spool:
                                (shard, at_ms)).fetchone()
             if row is not None and row[0]:
                 return str(row[0])
-            pause = (row[1] - _now_ms()) if row is not None else 0
+            pause = (row[1] - now_ms()) if row is not None else 0
             if pause > 0:
                 if not wait:
                     return None
@@ -271,7 +270,7 @@ class Spool:
                 found = self._probe(shard, at_ms)
                 conn.execute(
                     "INSERT OR REPLACE INTO probes (shard, at_ms, found, next_call_ms) VALUES (?, ?, ?, ?)",
-                    (shard, at_ms, found, _now_ms() + self.read_interval_ms),
+                    (shard, at_ms, found, now_ms() + self.read_interval_ms),
                 )
             if found is not None or not wait:
                 return found
@@ -281,7 +280,7 @@ class Spool:
         time (kinesalite never answers while no record is at or after the time) counts as "none yet"."""
         from botocore.exceptions import ReadTimeoutError
 
-        if at_ms > _now_ms():
+        if at_ms > now_ms():
             return None  # a time still to come: no record yet (Kinesis refuses the question)
         client = self.probe_client or self.client
         try:
@@ -324,7 +323,7 @@ class Spool:
         if time.monotonic() - self._last_trim < _TRIM_EVERY_S:
             return
         self._last_trim = time.monotonic()
-        cutoff = _now_ms() - self.retention_ms
+        cutoff = now_ms() - self.retention_ms
         with self.db.transaction() as conn:
             for shard, seq in conn.execute(
                 "SELECT shard, MAX(seq) FROM records WHERE read_ms < ? GROUP BY shard", (cutoff,)

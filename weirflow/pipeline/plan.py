@@ -161,7 +161,9 @@ class PipelinePlan:
 
     def task_prefix(self, stage: Stage) -> str:
         """What the stage's task names put before their partition number: its inputs' systems' (Kinesis's
-        virtual tasks are ``v<k>``)."""
+        virtual tasks are ``v<k>``); none for a plan built without systems (validating a pipeline)."""
+        if self.systems is None:
+            return ""
         for stream_id in stage.input_ids:
             prefix = self.systems.admin(self.ref(stream_id).system).task_prefix
             if prefix:
