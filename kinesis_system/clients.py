@@ -22,6 +22,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from weirflow.clock import now_ms
 from weirflow.errors import RecordTooLargeError, ServiceUnavailableError, StreamNotFoundError, WeirflowError
 from weirflow.interfaces.system import (
@@ -60,6 +62,10 @@ RECORD_FIELDS = (
     RecordField("shard_id", "string", "The shard it was read from."),
     RecordField("approximate_arrival_time", "timestamp", "When Kinesis received it (its arrival timestamp)."),
 )
+
+
+class _NotWritten(Exception):
+    """Some entries of a `PutRecords` call were not written (retried)."""
 
 
 class KinesisError(WeirflowError):
@@ -379,10 +385,13 @@ class KinesisSystemProducer(SystemProducer):
                     self._put(stream, call)
 
     def _put(self, stream: str, call: list[tuple[OutgoingRecord, str]]) -> None:
-        """One `PutRecords` call, its failed entries retried with exponential backoff until all are written."""
+        """One `PutRecords` call, its failed entries (and throttled calls) retried with exponential backoff
+        (tenacity) until all are written, or `ServiceUnavailableError` after ``send.attempts`` tries."""
         pending = call
         client = self.clients.client
-        for attempt in range(1, self.settings.send_attempts + 1):
+
+        def attempt() -> None:
+            nonlocal pending
             try:
                 with self.clients.errors(stream):
                     response = client.put_records(
@@ -393,20 +402,29 @@ class KinesisSystemProducer(SystemProducer):
                     client.exceptions.KMSThrottlingException) as exc:
                 results = [{"ErrorCode": type(exc).__name__, "ErrorMessage": str(exc)}] * len(pending)
             failed = [(entry, res) for entry, res in zip(pending, results, strict=True) if "ErrorCode" in res]
-            if not failed:
-                return
-            pending = [entry for entry, _ in failed]
-            reason = f"{failed[0][1]['ErrorCode']}: {failed[0][1].get('ErrorMessage', '')}"
-            if attempt == self.settings.send_attempts:
-                raise ServiceUnavailableError(
-                    f"Kinesis at {self.settings.where} refused {len(pending)} record(s) of stream '{stream}' "
-                    f"{attempt} times ({reason}); raise systems.{self.settings.system}.send.attempts or the "
-                    "stream's shards"
-                )
-            delay = min(5.0, 0.1 * 2 ** (attempt - 1))
+            if failed:
+                pending = [entry for entry, _ in failed]
+                raise _NotWritten(f"{failed[0][1]['ErrorCode']}: {failed[0][1].get('ErrorMessage', '')}")
+
+        def before_sleep(state: RetryCallState) -> None:
             log.info("kinesis %s: %d of %d record(s) not written (%s); retrying in %.1fs", stream, len(pending),
-                     len(call), reason, delay)
-            time.sleep(delay)
+                     len(call), state.outcome.exception() if state.outcome else "", state.upcoming_sleep)
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(_NotWritten),
+            wait=wait_exponential(multiplier=0.1, max=5),
+            stop=stop_after_attempt(self.settings.send_attempts),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            retrying(attempt)
+        except _NotWritten as exc:
+            raise ServiceUnavailableError(
+                f"Kinesis at {self.settings.where} refused {len(pending)} record(s) of stream '{stream}' "
+                f"{self.settings.send_attempts} times ({exc}); raise systems.{self.settings.system}.send.attempts "
+                "or the stream's shards"
+            ) from exc
 
     def close(self) -> None:
         self.clients.close()

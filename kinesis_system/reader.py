@@ -106,10 +106,10 @@ class SliceReader:
                 self._prefetcher.start()
 
     def _prefetch(self) -> None:
-        """Keep reading ahead, in the background, every shard a walk read in the last minute and not yet read to
-        its end: one `GetRecords` per shard per read interval (the spool's rate and lock hold across processes),
-        several shards at once, so planning a micro-batch finds its records spooled instead of waiting for the
-        network (planning itself never reads Kinesis)."""
+        """Keep reading ahead, in the background, every shard a planning walk read in the last minute and not yet
+        read to its end: one `GetRecords` per shard per read interval (the spool's rate and lock hold across
+        processes), several shards at once, so planning a micro-batch finds its records spooled instead of
+        waiting for the network (planning itself never reads Kinesis)."""
         with ThreadPoolExecutor(_PREFETCH_THREADS, thread_name_prefix="kinesis-prefetch") as pool:
             while not self._closed.is_set():
                 now = time.monotonic()
@@ -139,7 +139,8 @@ class SliceReader:
         ``patient`` walk without an end waits out a shard's read interval when the spool has nothing for it
         (a poll right after a write sees the write); planning a micro-batch is not patient: the next trigger
         plans again, and the prefetcher keeps the spool filled meanwhile."""
-        self._start_prefetcher()
+        if not patient:
+            self._start_prefetcher()
         state = _WalkState(task, positions.decode(start), positions.decode(end) if end is not None else None,
                            limit, values, positions_before, time.monotonic() + _READ_TIMEOUT_S, patient)
         force_listing = False
@@ -191,7 +192,8 @@ class SliceReader:
                 state.position[shard_id] = current
                 return True, True
         walk = state.walk
-        self._interest[shard_id] = time.monotonic()
+        if not state.patient:  # a planner: read this shard ahead from now on
+            self._interest[shard_id] = time.monotonic()
         room = state.limit - len(walk.records)
         took, finished, reached = self._shard(state, shard_id, current or "", room, goal)
         state.take(shard_id, took)

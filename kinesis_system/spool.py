@@ -8,7 +8,8 @@ of its slice after its position. The spool keeps, per shard, one contiguous run 
 (``lo`` < sequence ≤ ``hi``) with every record's virtual task precomputed, and extends it with one
 `GetRecords` call at a time, under a per-shard file lock and at most once per ``read.interval.ms``. A task
 asking for records before the run starts (it moved here with an older checkpoint) restarts the run there;
-records older than ``spool.retention.ms`` are trimmed. Losing the spool costs reads, never records: every
+records older than ``spool.retention.ms`` are trimmed. After a call that read n bytes the shard's next call waits
+at least n / 2 MiB seconds (the service's 2 MB/s per shard). Losing the spool costs reads, never records: every
 position a task checkpoints is a Kinesis sequence number.
 """
 
@@ -47,6 +48,9 @@ CREATE TABLE IF NOT EXISTS probes (shard TEXT NOT NULL, at_ms INTEGER NOT NULL, 
 # Kinesis shard iterators expire after 5 minutes; one older than this is replaced before use.
 _ITERATOR_TTL_MS = 240_000
 _GET_RECORDS_LIMIT = 10_000
+# The service's read limit per shard (all readers together): after a call that read n bytes the next waits at
+# least n / this many seconds, so a processor alone stays within it.
+_BYTES_PER_S = 2 * 1024 * 1024
 _TRIM_EVERY_S = 30.0
 # Where `raw_get_records` puts a GetRecords response's records.
 RAW_RECORDS = "WeirflowRawRecords"
@@ -220,7 +224,8 @@ class Spool:
                     "UPDATE runs SET hi = ?, ended = ?, iterator = ?, iterator_ms = ?, next_call_ms = ?, "
                     "caught_up = ? WHERE shard = ?",
                     (records[-1][0] if records else hi, int(following is None), following, now,
-                     now + self.read_interval_ms, int(caught_up), shard),
+                     now + max(self.read_interval_ms, sum(len(r[2]) for r in records) * 1000 // _BYTES_PER_S),
+                     int(caught_up), shard),
                 )
         self._trim()
         return bool(records) or following is None
