@@ -66,10 +66,7 @@ def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
         emulator.stop()
 
 
-@pytest.fixture(scope="session")
-def kinesalite() -> Iterator[object]:
-    """A kinesalite for the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
-    credentials are put in the environment, where boto3's chain (and spawned processors) find them."""
+def _kinesalite() -> Iterator[object]:
     from tests.kinesalite import Kinesalite, use_dummy_credentials
 
     use_dummy_credentials()
@@ -78,19 +75,19 @@ def kinesalite() -> Iterator[object]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kinesalite() -> Iterator[object]:
+    """A kinesalite for the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
+    credentials are put in the environment, where boto3's chain (and spawned processors) find them."""
+    yield from _kinesalite()
 
 
 @pytest.fixture
 def own_kinesalite() -> Iterator[object]:
     """A kinesalite of this test alone (holding no streams)."""
-    from tests.kinesalite import Kinesalite, use_dummy_credentials
-
-    use_dummy_credentials()
-    server = Kinesalite().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _kinesalite()
 
 
 def unique_job_name(prefix: str = "t") -> str:
