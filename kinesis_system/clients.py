@@ -274,6 +274,11 @@ class KinesisSystemAdmin(SystemAdmin):
     def compare_offsets(self, a: str, b: str) -> int | None:
         return positions.compare(a, b)
 
+    def lost_ranges(self, stream: str) -> list[tuple[str, str, str]]:
+        """The ranges of ``stream`` this processor found dropped by retention before a task read them: (shard,
+        last sequence number read, oldest sequence number still held); each is also logged as a warning."""
+        return self.clients.reader(stream).spool.lost_ranges()
+
     def records_between(self, stream: str, partition: int, start: str, end: str) -> int | None:
         return 0 if start == end else None  # sequence numbers count nothing (docs/kinesis.md)
 

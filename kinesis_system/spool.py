@@ -44,10 +44,14 @@ CREATE TABLE IF NOT EXISTS runs (shard TEXT PRIMARY KEY, lo TEXT NOT NULL, hi TE
     caught_up INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS probes (shard TEXT NOT NULL, at_ms INTEGER NOT NULL, found TEXT,
     next_call_ms INTEGER NOT NULL, PRIMARY KEY (shard, at_ms)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS losses (shard TEXT NOT NULL, after TEXT NOT NULL, oldest TEXT NOT NULL,
+    detected_ms INTEGER NOT NULL, PRIMARY KEY (shard, after)) WITHOUT ROWID;
 """
 # Kinesis shard iterators expire after 5 minutes; one older than this is replaced before use.
 _ITERATOR_TTL_MS = 240_000
 _GET_RECORDS_LIMIT = 10_000
+# GetRecords calls spent looking for a shard's oldest record (`Spool._oldest`).
+_OLDEST_PROBES = 20
 # The service's read limit per shard (all readers together): after a call that read n bytes the next waits at
 # least n / this many seconds, so a processor alone stays within it.
 _BYTES_PER_S = 2 * 1024 * 1024
@@ -199,8 +203,11 @@ class Spool:
                     return False
                 time.sleep(pause / 1000)
             now = now_ms()
+            resuming = not iterator and not hi and positions.is_sequence(lo)
             if not iterator or now - iterator_ms > _ITERATOR_TTL_MS:
                 iterator = self._iterator(shard, lo, hi)
+            if resuming:  # the first read after a checkpointed record: has retention dropped what followed it?
+                self._check_retention(shard, lo)
             response = self._get_records(shard, iterator, lo, hi)
             if response is None:  # throttled: try again a second later
                 conn.execute("UPDATE runs SET next_call_ms = ? WHERE shard = ?", (now_ms() + 1000, shard))
@@ -229,6 +236,46 @@ class Spool:
                 )
         self._trim()
         return bool(records) or following is None
+
+    def _check_retention(self, shard: str, after: str) -> None:
+        """Report records lost to the stream's retention: when a read resumes after sequence number ``after``
+        and that record is itself older than the oldest record the shard still holds, whatever arrived between
+        them was dropped before any task read it. Kinesis would silently start at the oldest record; the range
+        is logged as lost and kept in the spool (`lost_ranges`). Sequence numbers cannot say how many records
+        the range held, so the count is of ranges."""
+        oldest = self._oldest(shard)
+        if oldest is None or positions.sequence_key(oldest) <= positions.sequence_key(after):
+            return
+        with self.db.transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO losses VALUES (?, ?, ?, ?)", (shard, after, oldest, now_ms()))
+            count = conn.execute("SELECT COUNT(*) FROM losses").fetchone()[0]
+        log.warning(
+            "kinesis %s/%s: records after sequence number %s up to %s were dropped by the stream's retention "
+            "before they were read: lost (%d lost range(s) in this stream so far)", self.stream, shard, after,
+            oldest, count,
+        )
+
+    def _oldest(self, shard: str) -> str | None:
+        """The sequence number of the oldest record ``shard`` still holds (None when it holds none)."""
+        iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=shard,
+                                                  ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        for _ in range(_OLDEST_PROBES):  # a service may answer a few empty reads before the first record
+            if not iterator:
+                return None
+            response = dict(self.client.get_records(ShardIterator=iterator, Limit=1000))
+            records = _records(response)
+            if records:
+                return records[0][0]
+            if int(response.get("MillisBehindLatest") or 0) == 0 and not response.get("NextShardIterator"):
+                return None
+            iterator = response.get("NextShardIterator")
+        return None
+
+    def lost_ranges(self) -> list[tuple[str, str, str]]:
+        """(shard, last sequence number read, oldest sequence number still held) of every range found lost to
+        the stream's retention."""
+        return [tuple(r) for r in self.db.connection().execute(  # type: ignore[misc]
+            "SELECT shard, after, oldest FROM losses ORDER BY detected_ms").fetchall()]
 
     def _iterator(self, shard: str, lo: str, hi: str) -> str:
         if hi:

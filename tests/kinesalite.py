@@ -33,11 +33,17 @@ server.listen(0, '127.0.0.1', (err) => {
 """
 
 
-class Kinesalite:
-    """One kinesalite process on a free loopback port."""
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
-    def __init__(self) -> None:
+
+class Kinesalite:
+    """One kinesalite process on a free loopback port. With ``clock_file``, it runs under libfaketime (Debian's
+    faketime, which ``make test`` installs) reading its clock offset from that file at every call ("+0",
+    "+25h"): how a test ages records past the stream's retention."""
+
+    def __init__(self, clock_file: Path | None = None) -> None:
         self.port = 0
+        self.clock_file = clock_file
         self._proc: subprocess.Popen[str] | None = None
 
     @property
@@ -48,9 +54,13 @@ class Kinesalite:
         module = PROJECT_ROOT / "node_modules" / "kinesalite"
         if not module.exists():
             raise FileNotFoundError(f"kinesalite is missing: run `npm ci` in {PROJECT_ROOT} (make test does)")
+        env = dict(os.environ)
+        if self.clock_file is not None:
+            env.update({"LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
+                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
         self._proc = subprocess.Popen(
             ["node", "-e", _LAUNCHER, str(module)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()  # the port, once it listens

@@ -343,3 +343,50 @@ def test_a_planned_read_is_at_the_end_only_once_every_record_the_shards_hold_is_
         assert plans > 1, "the first plan, before anything was read ahead, is not the end"
     finally:
         admin.close()
+
+
+def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task resumes after a record that the stream's 24 h retention has since dropped, with the records after
+    it: Kinesis would silently start at the oldest record left; weirflow reads on from there too, and reports
+    the range as lost (kinesalite's clock moved 25 h on with libfaketime)."""
+    from tests.kinesalite import LIBFAKETIME, Kinesalite, use_dummy_credentials
+    from weirflow.config.loader import Config
+    from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+    from weirflow_kinesis.factory import KinesisSystemFactory
+
+    if not Path(LIBFAKETIME).exists():
+        pytest.skip("libfaketime is not installed (make test installs Debian's faketime)")
+    use_dummy_credentials()
+    clock = tmp_path / "clock"
+    clock.write_text("+0\n")
+    server = Kinesalite(clock_file=clock).start()
+    factory = KinesisSystemFactory()
+
+    def clients(state: str) -> tuple[Any, Any, Any]:
+        config = Config.from_dict({"job.name": "retention", "job.state.dir": str(tmp_path / state),
+                                   **server.config("kin"), "systems.kin.virtual.tasks": 1})
+        return factory.get_admin("kin", config), factory.get_consumer("kin", config), factory.get_producer(
+            "kin", config)
+
+    admin, consumer, producer = clients("first")
+    moved_admin, moved_consumer, _ = clients("moved")  # the processor the task moves to
+    try:
+        admin.create_stream(StreamSpec("aging", 1, {"shards": "1"}))
+        producer.send([OutgoingRecord("aging", b"old%d" % i, key=b"k%d" % i) for i in range(100)])
+        ssp = SystemStreamPartition("kin", "aging", 0)
+        first = consumer.read(ssp, positions.EARLIEST, 40)
+        assert [r.value for r in first] == [b"old%d" % i for i in range(40)]
+        clock.write_text("+25h\n")  # the 60 records not yet read are now past the retention
+        producer.send([OutgoingRecord("aging", b"new%d" % i, key=b"k%d" % i) for i in range(10)])
+        with caplog.at_level("WARNING"):
+            rest = moved_consumer.read(ssp, first[-1].next_offset, 1000)
+        assert [r.value for r in rest] == [b"new%d" % i for i in range(10)]
+        lost = moved_admin.lost_ranges("aging")
+        assert len(lost) == 1 and lost[0][1] == first[-1].attributes["sequence_number"], lost
+        assert "dropped by the stream's retention" in caplog.text and "1 lost range" in caplog.text
+    finally:
+        for client in (admin, consumer, producer, moved_admin, moved_consumer):
+            client.close()
+        server.stop()
