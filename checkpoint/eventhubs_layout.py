@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.config import ConfigView
 from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP
+from weirflow_azure.eventhubs.offsets import sequence_number_before
 
 log = logging.getLogger("weirflow.checkpoint")
 
@@ -149,7 +150,7 @@ def sdk_checkpoints(checkpoint: Checkpoint, systems: Mapping[str, EventHubsSyste
             continue
         sequence_number = position.get("sequence_number")
         if sequence_number is None:
-            sequence_number = str(int(next_offset) - 1)
+            sequence_number = sequence_number_before(next_offset)
         found.append(
             SdkCheckpoint(
                 system.fully_qualified_namespace, ssp.stream, system.consumer_group, str(ssp.partition),
