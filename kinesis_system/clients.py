@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -176,14 +177,15 @@ class KinesisClients:
             reader = self._readers.get(stream)
         if reader is None:
             virtual = self.virtual_tasks(stream)
+            client, probe_client = self.client, self.probe_client  # (each takes the guard)
             with self._guard:
-                spool = Spool(self.settings.spool_dir, stream, None, virtual, self.settings.read_interval_ms,
-                              self.settings.spool_retention_ms)
-                reader = self._readers[stream] = SliceReader(
-                    spool, lambda force: self.shard_map(stream, force), virtual
-                )
-        reader.spool.client = self.client
-        reader.spool.probe_client = self.probe_client
+                reader = self._readers.get(stream)
+                if reader is None:
+                    spool = Spool(self.settings.spool_dir, stream, client, virtual, self.settings.read_interval_ms,
+                                  self.settings.spool_retention_ms, probe_client)
+                    reader = self._readers[stream] = SliceReader(
+                        spool, lambda force: self.shard_map(stream, force), virtual
+                    )
         return reader
 
     def forget(self, stream: str) -> None:
@@ -209,11 +211,11 @@ class KinesisSystemAdmin(SystemAdmin):
     def partition_count(self, stream: str) -> int:
         return self.clients.virtual_tasks(stream)
 
-    def _now_position(self, stream: str, partition: int, at_ms: int) -> str:
+    @staticmethod
+    def _now_position(shards: ShardMap, partition: int, virtual: int, at_ms: int) -> str:
         """Every shard feeding ``partition``: closed ones processed, open ones from ``at_ms``."""
-        virtual = self.clients.virtual_tasks(stream)
-        shards = self.clients.shard_map(stream, force=True).feeding(partition, virtual)
-        return positions.encode({s.id: positions.ENDED if s.closed else positions.at_time(at_ms) for s in shards})
+        feeding = shards.feeding(partition, virtual)
+        return positions.encode({s.id: positions.ENDED if s.closed else positions.at_time(at_ms) for s in feeding})
 
     def partition_metadata(self, stream: str) -> dict[int, PartitionMetadata]:
         return self.partition_metadata_of(stream, range(self.partition_count(stream)))
@@ -221,8 +223,10 @@ class KinesisSystemAdmin(SystemAdmin):
     def partition_metadata_of(self, stream: str, partitions: Collection[int]) -> dict[int, PartitionMetadata]:
         # Arrival times are whole milliseconds: a record that arrived in this very millisecond is before "now".
         now = now_ms() + 1
+        shards, virtual = self.clients.shard_map(stream, force=True), self.clients.virtual_tasks(stream)
         return {
-            p: PartitionMetadata(positions.EARLIEST, None, self._now_position(stream, p, now)) for p in partitions
+            p: PartitionMetadata(positions.EARLIEST, None, self._now_position(shards, p, virtual, now))
+            for p in partitions
         }
 
     def create_stream(self, spec: StreamSpec) -> bool:
@@ -341,8 +345,6 @@ class KinesisSystemConsumer(SystemConsumer):
 
 
 def _attributes(record: Any, shard: str) -> Mapping[str, Any]:
-    from datetime import UTC, datetime
-
     return {
         "partition_key": record.partition_key,
         "sequence_number": record.sequence_number,

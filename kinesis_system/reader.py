@@ -183,7 +183,7 @@ class SliceReader:
         if not shards.readable(shards.by_id[shard_id], state.position, state.task, self.virtual_tasks):
             return False, False
         if current is not None and current.startswith("@"):
-            current = self.spool.resolve_time(shard_id, int(current[1:]), wait=False)
+            current = self.spool.resolve_time(shard_id, int(current[1:]))
             if current is None:  # no record at or after that time yet
                 if goal is not None and goal.now:
                     state.done.add(shard_id)
@@ -210,7 +210,7 @@ class SliceReader:
         if goal == positions.ENDED:
             return _Goal(ended=True)
         if goal.startswith("@"):
-            resolved = self.spool.resolve_time(shard, int(goal[1:]), wait=False)
+            resolved = self.spool.resolve_time(shard, int(goal[1:]))
             if resolved is None:
                 return _Goal(now=True)
             if resolved == positions.ENDED:

@@ -127,7 +127,7 @@ class Spool:
 
     def __init__(
         self, directory: Path, stream: str, client: Any, virtual_tasks: int, read_interval_ms: int,
-        retention_ms: int,
+        retention_ms: int, probe_client: Any = None,
     ) -> None:
         self.directory = Path(directory)
         self.stream = stream
@@ -136,7 +136,7 @@ class Spool:
         self.read_interval_ms = read_interval_ms
         self.retention_ms = retention_ms
         self.db = Database(self.directory / f"{stream}.v{virtual_tasks}.{SPOOL_VERSION}.sqlite", SCHEMA)
-        self.probe_client: Any = None  # a client with a short read timeout, for `resolve_time`
+        self.probe_client = probe_client  # a client with a short read timeout, for `resolve_time`
         self._last_trim = time.monotonic()
 
     # --- what is there ------------------------------------------------------------------------------------
@@ -299,33 +299,25 @@ class Spool:
             log.info("kinesis %s/%s: GetRecords throttled; reading it again in a second", self.stream, shard)
             return None
 
-    def resolve_time(self, shard: str, at_ms: int, wait: bool) -> str | None:
+    def resolve_time(self, shard: str, at_ms: int) -> str | None:
         """The state "at the first record of ``shard`` that arrived at or after ``at_ms``": ``"<q"`` once such a
-        record exists, ``"E"`` when the shard ended without one, None while there is none yet. One probe
-        (`GetShardIterator` AT_TIMESTAMP + `GetRecords`) per ``read.interval.ms`` for all processes; the answer,
-        once found, never changes and is kept."""
+        record exists, ``"E"`` when the shard ended without one, None while there is none yet (or another process
+        is reading the shard). One probe (`GetShardIterator` AT_TIMESTAMP + `GetRecords`) per
+        ``read.interval.ms`` for all processes; the answer, once found, never changes and is kept."""
         conn = self.db.connection()
-        while True:
-            row = conn.execute("SELECT found, next_call_ms FROM probes WHERE shard = ? AND at_ms = ?",
-                               (shard, at_ms)).fetchone()
-            if row is not None and row[0]:
-                return str(row[0])
-            pause = (row[1] - now_ms()) if row is not None else 0
-            if pause > 0:
-                if not wait:
-                    return None
-                time.sleep(pause / 1000)
-                continue
-            with self._locked(shard, wait) as locked:
-                if not locked:
-                    return None
-                found = self._probe(shard, at_ms)
-                conn.execute(
-                    "INSERT OR REPLACE INTO probes (shard, at_ms, found, next_call_ms) VALUES (?, ?, ?, ?)",
-                    (shard, at_ms, found, now_ms() + self.read_interval_ms),
-                )
-            if found is not None or not wait:
-                return found
+        row = conn.execute("SELECT found, next_call_ms FROM probes WHERE shard = ? AND at_ms = ?",
+                           (shard, at_ms)).fetchone()
+        if row is not None and (row[0] or row[1] > now_ms()):
+            return str(row[0]) if row[0] else None
+        with self._locked(shard, wait=False) as locked:
+            if not locked:
+                return None
+            found = self._probe(shard, at_ms)
+            conn.execute(
+                "INSERT OR REPLACE INTO probes (shard, at_ms, found, next_call_ms) VALUES (?, ?, ?, ?)",
+                (shard, at_ms, found, now_ms() + self.read_interval_ms),
+            )
+        return found
 
     def _probe(self, shard: str, at_ms: int) -> str | None:
         """One AT_TIMESTAMP look at ``shard``, on the short-timeout client: a service that does not answer in

@@ -17,6 +17,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from tests.faketime import libfaketime
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Dummy credentials: kinesalite checks that a request is signed, not by whom.
 CREDENTIALS = {
@@ -31,9 +33,6 @@ server.listen(0, '127.0.0.1', (err) => {
   console.log(server.address().port);
 });
 """
-
-
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 
 class Kinesalite:
@@ -56,7 +55,7 @@ class Kinesalite:
             raise FileNotFoundError(f"kinesalite is missing: run `npm ci` in {PROJECT_ROOT} (make test does)")
         env = dict(os.environ)
         if self.clock_file is not None:
-            env.update({"LD_PRELOAD": LIBFAKETIME, "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
+            env.update({"LD_PRELOAD": str(libfaketime()), "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
                         "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
         self._proc = subprocess.Popen(
             ["node", "-e", _LAUNCHER, str(module)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

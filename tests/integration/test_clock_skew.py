@@ -12,7 +12,6 @@ stamped it (`weirflow_azure.coordinator.registry`), never the reader's clock min
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unique_job_name
+from tests.faketime import libfaketime
 from tests.integration.relay_job import PARTITIONS, Job, finish
 from weirflow import clock
 from weirflow.config.loader import Config
@@ -72,20 +72,9 @@ def test_a_skewed_writers_heartbeat_reads_back_as_written_now(
 
 
 # --- processors under faketime --------------------------------------------------------------------------------
-def _libfaketime() -> str | None:
-    for candidate in (
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-    ):
-        if os.path.exists(candidate):
-            return candidate
-    return None
-
-
 @pytest.fixture
 def skewed_job(tmp_path: Path, azure_storage: str) -> Iterator[Job]:
-    if _libfaketime() is None or shutil.which("faketime") is None:
+    if libfaketime() is None or shutil.which("faketime") is None:
         pytest.skip("libfaketime is not installed (make test installs Debian's faketime)")
     job = Job(
         tmp_path,
@@ -108,7 +97,7 @@ def skewed_job(tmp_path: Path, azure_storage: str) -> Iterator[Job]:
 
 def _start_skewed(job: Job, processor_id: str, offset: str) -> None:
     # only the wall clock is skewed, as between two hosts: the monotonic clock (and every timed wait) is real
-    env = {"LD_PRELOAD": str(_libfaketime()), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    env = {"LD_PRELOAD": str(libfaketime()), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     log_dir = job.root / "logs"
     job.processes[processor_id] = start_processor(job.config_path, processor_id, log_dir=log_dir, env=env)
 

@@ -351,12 +351,13 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
     """A task resumes after a record that the stream's 24 h retention has since dropped, with the records after
     it: Kinesis would silently start at the oldest record left; weirflow reads on from there too, and reports
     the range as lost (kinesalite's clock moved 25 h on with libfaketime)."""
-    from tests.kinesalite import LIBFAKETIME, Kinesalite, use_dummy_credentials
+    from tests.faketime import libfaketime
+    from tests.kinesalite import Kinesalite, use_dummy_credentials
     from weirflow.config.loader import Config
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory
 
-    if not Path(LIBFAKETIME).exists():
+    if libfaketime() is None:
         pytest.skip("libfaketime is not installed (make test installs Debian's faketime)")
     use_dummy_credentials()
     clock = tmp_path / "clock"

@@ -240,17 +240,21 @@ class WeirflowStreamReader(DataSourceStreamReader):
             newest = metadata[partition].newest_position if fresh else None
             if newest and take == available:  # reading up to the newest record: its native position is known
                 ends[key]["x"] = dict(newest)
+        return {"s": self.spec.stream_id, "p": ends, "w": self._watermark(start, ends)}
+
+    def _watermark(self, start: dict[str, Any], ends: dict[str, Any]) -> int:
+        """The watermark the next batch injects: the one the task's reconciliation asked for, or +infinity when
+        the batch reads a bounded input to its end (or its drain cut), so the windows flush in the next batch
+        instead of two batches later."""
         watermark = int(start.get("w", -1))
         if self.spec.inject:
             injected = self._injected()
             if injected is not None and injected > watermark:
                 watermark = injected
-            finite = self.spec.bounded or cut is not None
+            finite = self.spec.bounded or self._cut is not None
             if finite and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
-                # This batch reads the bounded input to its end (or its drain cut): the watermark goes to
-                # +infinity in the same batch, so the windows flush in the next one instead of two batches later.
                 watermark = MAX_TIMESTAMP_MS
-        return {"s": self.spec.stream_id, "p": ends, "w": watermark}
+        return watermark
 
     def _latest_positions(self, start: dict[str, Any], per_task: int | None) -> dict[str, Any]:
         """`latestOffset` for a system of positions (`SystemAdmin.dense_offsets` False): each open SSP asks the
@@ -278,15 +282,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
                 continue
             budgets[owner] -= plan.records
             ends[key] = {"o": plan.end, "e": self.spec.bounded and plan.at_end}
-        watermark = int(start.get("w", -1))
-        if self.spec.inject:
-            injected = self._injected()
-            if injected is not None and injected > watermark:
-                watermark = injected
-            finite = self.spec.bounded or self._cut is not None
-            if finite and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
-                watermark = MAX_TIMESTAMP_MS
-        return {"s": self.spec.stream_id, "p": ends, "w": watermark}
+        return {"s": self.spec.stream_id, "p": ends, "w": self._watermark(start, ends)}
 
     def _refresh(self, start: dict[str, Any], open_keys: list[str], per_task: int | None) -> dict[int, Any]:
         """Ask the system for the ends of those of ``open_keys`` whose tasks' budget the last known ends may not
