@@ -54,8 +54,10 @@ run: install
 test: install $(NODE_STAMP) faketime chromium
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
+# Style, format, types and import layers; `.ci/run` runs it before the tests and fails on any finding.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 docs: install
 	$(PY) -m weirflow.config.reference > docs/configuration.md

@@ -121,8 +121,11 @@ class BlobSparkStateStore(SparkStateStore):
             except FileNotFoundError:
                 return -1
             blob = container.get_blob_client(self._file_blob(task, rel))
-            self._call("store Spark state file", self._file_blob(task, rel),
-                       lambda: blob.upload_blob(data, overwrite=True))  # fmt: skip
+            self._call(
+                "store Spark state file",
+                self._file_blob(task, rel),
+                lambda: blob.upload_blob(data, overwrite=True),
+            )
             return len(data)
 
         return dict(zip(names, self._pool.map(send, names), strict=True))
@@ -174,17 +177,25 @@ class BlobSparkStateStore(SparkStateStore):
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             blob = container.get_blob_client(self._file_blob(task, rel))
-            data = self._call("fetch Spark state file", self._file_blob(task, rel),
-                              lambda: blob.download_blob().readall())  # fmt: skip
+            data = self._call(
+                "fetch Spark state file", self._file_blob(task, rel), lambda: blob.download_blob().readall()
+            )
             target.write_bytes(data)
             return len(data)
 
         fetched = sum(self._pool.map(fetch, manifest["files"]))
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
-        log.info("task %s: restored its Spark state as of batch %d from Blob Storage (%d files, %d bytes, "
-                 "%.2f s; local copy was at %s)", task, batch, len(manifest["files"]), fetched,
-                 time.monotonic() - began, have)  # fmt: skip
+        log.info(
+            "task %s: restored its Spark state as of batch %d from Blob Storage (%d files, %d bytes, "
+            "%.2f s; local copy was at %s)",
+            task,
+            batch,
+            len(manifest["files"]),
+            fetched,
+            time.monotonic() - began,
+            have,
+        )
         return batch
 
     def discard(self, task: str) -> None:

@@ -104,6 +104,8 @@ CONTAINER_NAME_RULE = (
 def valid_container_name(name: str) -> bool:
     """Whether Blob Storage accepts ``name`` as a container name (`CONTAINER_NAME_RULE`)."""
     return bool(_CONTAINER_RE.match(name))
+
+
 _TABLE_PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,51}$")
 
 

@@ -206,8 +206,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     job_id = uuid.uuid4().hex[:8]
     azurite = Azurite(work / "azurite").start()
-    hubs = {"page-views": PARTITIONS, "page-views.dlq": PARTITIONS, "page-counts": PARTITIONS,
-            f"pageviews-{job_id}-views-by-page": PARTITIONS}  # fmt: skip
+    hubs = {
+        "page-views": PARTITIONS,
+        "page-views.dlq": PARTITIONS,
+        "page-counts": PARTITIONS,
+        f"pageviews-{job_id}-views-by-page": PARTITIONS,
+    }
     emulator = EventHubsEmulator(hubs).start()
     os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
     os.environ["EVENTHUBS_CONNECTION_STRING"] = emulator.connection_string()

@@ -107,8 +107,9 @@ def recovery_time(
     raise TimeoutError(f"the survivor did not take over {sorted(owned)} within {timeout_s} s")
 
 
-def wait_balanced(outputs: dict[str, Path], timeout_s: float = 600, window_s: float = 45,
-                  stable_s: float = 10) -> dict[str, set[str]]:  # fmt: skip
+def wait_balanced(
+    outputs: dict[str, Path], timeout_s: float = 600, window_s: float = 45, stable_s: float = 10
+) -> dict[str, set[str]]:
     """Wait until each consumer alone processed half the partitions over the last ``window_s``, unchanged for
     ``stable_s``; return who owns what. The SDK claims one partition per 30 s balancing cycle, and with its
     default prefetch of 300 hands a partition's events over in bursts about 30 s apart at this rate (see
@@ -146,7 +147,7 @@ def run_sdk(eh: str, storage: str, work: Path) -> float:
             [sys.executable, str(script), eh + ";EntityPath=events", storage, str(path)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         for name, path in outputs.items()
     }
     try:
@@ -168,8 +169,10 @@ def run_weirflow(eh: str, storage: str, work: Path) -> float:
     relay = work / "relay_bench.py"
     relay.write_text(RELAY)
     out = Path(str(relay) + ".out")
-    procs = {name: start_processor(job, name, [f"job.state.dir={work / 'state'}"], log_dir=work / "logs")
-             for name in ("a", "b")}  # fmt: skip
+    procs = {
+        name: start_processor(job, name, [f"job.state.dir={work / 'state'}"], log_dir=work / "logs")
+        for name in ("a", "b")
+    }
     # One output file shared by both processes: tell them apart by the partitions each was assigned.
     try:
         from weirflow.cli import status_document
@@ -233,16 +236,20 @@ def main() -> None:
     runs = [one_run(i + 1) for i in range(parser.parse_args().runs)]
     weirflow_s = statistics.median(w for w, _ in runs)
     sdk_s = statistics.median(s for _, s in runs)
-    print(json.dumps({
-        "figure": "killed consumer's partitions processed again (Event Hubs emulator + Azurite, defaults)",
-        "unit": "s",
-        "value": round(weirflow_s, 1),
-        "runs": [round(w, 1) for w, _ in runs],
-        "baseline": round(sdk_s, 1),
-        "baseline_runs": [round(s, 1) for _, s in runs],
-        "baseline_name": "EventHubConsumerClient + BlobCheckpointStore",
-        "ratio": round(weirflow_s / sdk_s, 3),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "figure": "killed consumer's partitions processed again (Event Hubs emulator + Azurite, defaults)",
+                "unit": "s",
+                "value": round(weirflow_s, 1),
+                "runs": [round(w, 1) for w, _ in runs],
+                "baseline": round(sdk_s, 1),
+                "baseline_runs": [round(s, 1) for _, s in runs],
+                "baseline_name": "EventHubConsumerClient + BlobCheckpointStore",
+                "ratio": round(weirflow_s / sdk_s, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -110,9 +110,7 @@ class JobWatch:
             return 0
 
     def finished(self, checkpoints: dict[str, Any]) -> bool:
-        return len(checkpoints) >= self.task_count and all(
-            c.control.get("finished") for c in checkpoints.values()
-        )
+        return len(checkpoints) >= self.task_count and all(c.control.get("finished") for c in checkpoints.values())
 
     def watch(self, alive: Any, started: float, timeout_s: float, interval_s: float = 0.1) -> JobTimeline:
         """Poll until the job finished (every task checkpointed ``finished``) or ``alive()`` turns false."""

@@ -59,8 +59,9 @@ def raw_boto3(endpoint: str, stream: str, events: int) -> float:
     client = boto3.client("kinesis", endpoint_url=endpoint)
     count = 0
     for shard in client.list_shards(StreamName=stream)["Shards"]:
-        iterator = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
-                                             ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        iterator = client.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
         while iterator:
             response = client.get_records(ShardIterator=iterator, Limit=10_000)
             count += len(response["Records"])
@@ -143,16 +144,18 @@ def main() -> None:
         client.add_tags_to_stream(StreamName=stream, Tags={"weirflow.virtual.tasks": str(args.virtual_tasks)})
         print(f"writing {args.events} records to {args.shards} shards...", file=sys.stderr)
         produce(client, stream, args.events)
-        config = Config.from_dict({
-            "job.name": "bench-kinesis-source",
-            "job.state.dir": str(spool),
-            "systems.kin.factory": "kinesis",
-            "systems.kin.endpoint": server.endpoint,
-            "systems.kin.region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-            "streams.views.system": "kin",
-            "streams.views.physical.name": stream,
-            "spark.master": "local[2]",
-        })
+        config = Config.from_dict(
+            {
+                "job.name": "bench-kinesis-source",
+                "job.state.dir": str(spool),
+                "systems.kin.factory": "kinesis",
+                "systems.kin.endpoint": server.endpoint,
+                "systems.kin.region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                "streams.views.system": "kin",
+                "streams.views.physical.name": stream,
+                "spark.master": "local[2]",
+            }
+        )
         print("raw boto3 GetRecords loop...", file=sys.stderr)
         baseline_s = raw_boto3(server.endpoint, stream, args.events)
         print("weirflow Spark source...", file=sys.stderr)
@@ -161,18 +164,24 @@ def main() -> None:
         server.stop()
         shutil.rmtree(spool, ignore_errors=True)
     value, baseline = args.events / weirflow_s, args.events / baseline_s
-    print(json.dumps({
-        "figure": f"Kinesis read throughput (kinesalite, {args.shards} shards, {args.virtual_tasks} tasks)",
-        "unit": "records/s",
-        "value": round(value),
-        "baseline": round(baseline),
-        "baseline_name": "raw boto3 GetRecords loop (10,000 per call)",
-        "ratio": round(value / baseline, 3),
-        "target_ratio": 0.9,
-        "events": args.events,
-        "weirflow_s": round(weirflow_s, 2),
-        "baseline_s": round(baseline_s, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "figure": (
+                    f"Kinesis read throughput (kinesalite, {args.shards} shards, {args.virtual_tasks} tasks)"
+                ),
+                "unit": "records/s",
+                "value": round(value),
+                "baseline": round(baseline),
+                "baseline_name": "raw boto3 GetRecords loop (10,000 per call)",
+                "ratio": round(value / baseline, 3),
+                "target_ratio": 0.9,
+                "events": args.events,
+                "weirflow_s": round(weirflow_s, 2),
+                "baseline_s": round(baseline_s, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ spark:
   master: "local[2]"
 """
 
-PIPELINE = '''
+PIPELINE = """
 from pyspark.sql import functions as F
 
 
@@ -76,7 +76,7 @@ def windowed(app):
         lambda df: df.groupBy(F.window("event_time", "1 second"), "page").count().select(
             "page", F.col("window.end").alias("window_end"), "count"))
     counts.send_to("windows", key=F.concat_ws("|", "page", F.col("window_end").cast("string")))
-'''
+"""
 
 
 def log(message: str) -> None:
@@ -155,12 +155,18 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
 
     ctx = JobContext.open(config, owner="latency-watch")
     try:
-        wait_until(lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= 8,
-                   300, "every task to run", interval_s=0.2)
+        wait_until(
+            lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= 8,
+            300,
+            "every task to run",
+            interval_s=0.2,
+        )
     finally:
         ctx.close()
-    log(f"{pipeline}: all tasks running; writing {args.rate} events/s for {args.warmup:.0f} s (warm-up) "
-        f"+ {args.seconds:.0f} s")
+    log(
+        f"{pipeline}: all tasks running; writing {args.rate} events/s for {args.warmup:.0f} s (warm-up) "
+        f"+ {args.seconds:.0f} s"
+    )
     producer = Producer(config, args.rate, args.warmup, args.seconds)
     producer.start()
     producer.join()
@@ -171,16 +177,28 @@ def measure_stateless(work: Path, args: argparse.Namespace) -> dict[str, float]:
     systems, producer, proc = run(work, "stateless", args)
     try:
         total = producer.sent
-        wait_until(lambda: sum(int(m.upcoming) for m in systems.admin("local").partition_metadata("out").values())
-                   >= total, 300, "every event in the output", interval_s=0.5)
+        wait_until(
+            lambda: (
+                sum(int(m.upcoming) for m in systems.admin("local").partition_metadata("out").values()) >= total
+            ),
+            300,
+            "every event in the output",
+            interval_s=0.5,
+        )
         sent = input_times(systems)
-        latencies = [ts - sent[row["id"]] for row, ts in read_all(systems, "out") if row["id"] >=
-                     producer.measured_from]
+        latencies = [
+            ts - sent[row["id"]] for row, ts in read_all(systems, "out") if row["id"] >= producer.measured_from
+        ]
     finally:
         proc.terminate()
         systems.close()
-    return {"p50_ms": percentile(latencies, 0.5), "p95_ms": percentile(latencies, 0.95),
-            "p99_ms": percentile(latencies, 0.99), "max_ms": max(latencies), "events_measured": len(latencies)}
+    return {
+        "p50_ms": percentile(latencies, 0.5),
+        "p95_ms": percentile(latencies, 0.95),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": max(latencies),
+        "events_measured": len(latencies),
+    }
 
 
 def measure_windows(work: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -206,11 +224,14 @@ def measure_windows(work: Path, args: argparse.Namespace) -> dict[str, float]:
     finally:
         proc.terminate()
         systems.close()
-    return {"window_delay_p50_ms": percentile(delays, 0.5), "window_delay_p99_ms": percentile(delays, 0.99),
-            "windows_measured": len(delays)}
+    return {
+        "window_delay_p50_ms": percentile(delays, 0.5),
+        "window_delay_p99_ms": percentile(delays, 0.99),
+        "windows_measured": len(delays),
+    }
 
 
-PLAIN_SPARK = r'''
+PLAIN_SPARK = r"""
 import json, sys, time
 from weirflow.spark.session import prepare_environment, spark_settings
 from weirflow.config.loader import Config
@@ -232,7 +253,7 @@ query = (events.repartition(4, "k").writeStream.foreachBatch(deliver).trigger(pr
          .option("checkpointLocation", sys.argv[2]).start())
 print("ready", flush=True)
 query.awaitTermination()
-'''
+"""
 
 
 def measure_plain_spark(work: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -255,8 +276,11 @@ def measure_plain_spark(work: Path, args: argparse.Namespace) -> dict[str, float
             stamp = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
             lines = []
             while count < due:
-                lines.append(json.dumps({"id": count, "k": f"k{count % 997}", "page": f"/p/{count % 50}",
-                                         "event_time": stamp}))
+                lines.append(
+                    json.dumps(
+                        {"id": count, "k": f"k{count % 997}", "page": f"/p/{count % 50}", "event_time": stamp}
+                    )
+                )
                 count += 1
             if lines:
                 partial = data / f".{count}.tmp"
@@ -294,19 +318,25 @@ def main() -> None:
         stateless = measure_stateless(Path(tmp) / "stateless", args)
         windows = measure_windows(Path(tmp) / "windowed", args)
         plain = measure_plain_spark(Path(tmp) / "plain", args)
-    print(json.dumps({
-        "figure": "append-to-output latency at a steady rate (2 stages, 1 processor, embedded default)",
-        "unit": "ms",
-        "value": stateless["p99_ms"],
-        "rate": args.rate,
-        "seconds": args.seconds,
-        **{k: round(v) for k, v in stateless.items()},
-        **{k: round(v) for k, v in windows.items()},
-        **{k: round(v) for k, v in plain.items()},
-        "baseline_name": "one plain Spark query (json files every 50 ms, same trigger, foreachBatch), same run",
-        "lateness_ms": LATENESS_MS,
-        "target_p99_ms": 2000,
-    }))
+    print(
+        json.dumps(
+            {
+                "figure": "append-to-output latency at a steady rate (2 stages, 1 processor, embedded default)",
+                "unit": "ms",
+                "value": stateless["p99_ms"],
+                "rate": args.rate,
+                "seconds": args.seconds,
+                **{k: round(v) for k, v in stateless.items()},
+                **{k: round(v) for k, v in windows.items()},
+                **{k: round(v) for k, v in plain.items()},
+                "baseline_name": (
+                    "one plain Spark query (json files every 50 ms, same trigger, foreachBatch), same run"
+                ),
+                "lateness_ms": LATENESS_MS,
+                "target_p99_ms": 2000,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

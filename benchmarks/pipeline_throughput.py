@@ -52,7 +52,7 @@ from weirflow.local.launcher import start_processor  # noqa: E402
 
 EVENTS_PER_FILE = 50_000
 
-PLAIN_SPARK = r'''
+PLAIN_SPARK = r"""
 import datetime, json, sys, time
 from weirflow.spark.session import prepare_environment, spark_settings
 from weirflow.config.loader import Config
@@ -78,7 +78,7 @@ batches = [{"end": ended(p), "rows": p["numInputRows"], "out": p["sink"].get("nu
            for p in query.recentProgress]
 counts = {f"{r['page']}|{r['window']}": r["count"] for r in spark.table("counts").collect()}
 print(json.dumps({"started": started, "batches": batches, "counts": counts}))
-'''
+"""
 
 
 def log(message: str) -> None:
@@ -95,8 +95,13 @@ def run_weirflow(
     log("running the pageviews job (1 processor)")
     started = time.time()
     proc = start_processor(EXAMPLE / "job.yaml", "bench-0", overrides, log_dir=state / "logs")
-    watch = JobWatch(config, "page-views", "page-counts", task_count=8,
-                     last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page")
+    watch = JobWatch(
+        config,
+        "page-views",
+        "page-counts",
+        task_count=8,
+        last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page",
+    )
     try:
         timeline = watch.watch(proc.alive, started, timeout_s=3600)
     finally:
@@ -140,7 +145,10 @@ def run_plain_spark(
     spawned = time.time()
     done = subprocess.run(
         [sys.executable, "-c", PLAIN_SPARK, str(data), str(work / "checkpoint"), str(files_per_trigger(settings))],
-        check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     report = json.loads(done.stdout.strip().splitlines()[-1])
     batches = [b for b in report["batches"] if b["rows"] or b["out"]]
@@ -158,32 +166,48 @@ def run_plain_spark(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for the weirflow job (to try a lever); repeatable")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for the weirflow job (to try a lever); repeatable",
+    )
     parser.add_argument("--skip-baseline", action="store_true", help="weirflow only (ratio and exact: null)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weirflow-bench-") as tmp:
         work = Path(tmp)
         ours, our_counts = run_weirflow(args.events, work / "state", args.set)
-        plain, plain_counts = ({"baseline": None, "baseline_total_s": None}, None) if args.skip_baseline else \
-            run_plain_spark(args.events, work, args.set)
+        plain, plain_counts = (
+            ({"baseline": None, "baseline_total_s": None}, None)
+            if args.skip_baseline
+            else run_plain_spark(args.events, work, args.set)
+        )
     value, baseline = ours["value"], plain["baseline"]
-    print(json.dumps({
-        "figure": "pageviews job steady-state throughput (2 stages, 8 tasks, 1 processor, embedded default)",
-        "unit": "events/s",
-        "events": args.events,
-        "value": round(value) if value else None,
-        "baseline": round(baseline) if baseline else None,
-        "baseline_name": "one plain Spark Structured Streaming query (json files, same windows, same settings)",
-        "ratio": round(value / baseline, 3) if value and baseline else None,
-        "startup_s": round(ours["startup_s"], 2) if ours["startup_s"] is not None else None,
-        "total_s": round(ours["total_s"], 2),
-        "first_output_s": round(ours["first_output_s"], 2),
-        "baseline_total_s": round(plain["baseline_total_s"], 2) if plain["baseline_total_s"] else None,
-        "windows": len(our_counts),
-        "exact": our_counts == plain_counts if plain_counts is not None else None,
-        **({"settings": args.set} if args.set else {}),
-    }))
+    print(
+        json.dumps(
+            {
+                "figure": (
+                    "pageviews job steady-state throughput (2 stages, 8 tasks, 1 processor, embedded default)"
+                ),
+                "unit": "events/s",
+                "events": args.events,
+                "value": round(value) if value else None,
+                "baseline": round(baseline) if baseline else None,
+                "baseline_name": (
+                    "one plain Spark Structured Streaming query (json files, same windows, same settings)"
+                ),
+                "ratio": round(value / baseline, 3) if value and baseline else None,
+                "startup_s": round(ours["startup_s"], 2) if ours["startup_s"] is not None else None,
+                "total_s": round(ours["total_s"], 2),
+                "first_output_s": round(ours["first_output_s"], 2),
+                "baseline_total_s": round(plain["baseline_total_s"], 2) if plain["baseline_total_s"] else None,
+                "windows": len(our_counts),
+                "exact": our_counts == plain_counts if plain_counts is not None else None,
+                **({"settings": args.set} if args.set else {}),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ def sharing(config: object, processors: set[str]) -> tuple[bool, int]:
         return False, doc["job_model_version"]
     rows = {p["processor_id"]: p for p in doc["processors"] if p["live"]}
     ok = all(
-        pid in rows and rows[pid]["job_model_version"] == doc["job_model_version"]
+        pid in rows
+        and rows[pid]["job_model_version"] == doc["job_model_version"]
         and sorted(rows[pid]["tasks"]) == sorted(assignment[pid])
         for pid in processors
     )
@@ -77,21 +78,28 @@ def sharing(config: object, processors: set[str]) -> tuple[bool, int]:
 def latch_timeouts(config: object, versions: int) -> int:
     ctx = JobContext.open(config, owner="scale-out-watch")
     try:
-        return sum(ctx.coordination.latch(latch_name(v)).state() is LatchState.TIMED_OUT
-                   for v in range(1, versions + 1))
+        return sum(
+            ctx.coordination.latch(latch_name(v)).state() is LatchState.TIMED_OUT for v in range(1, versions + 1)
+        )
     finally:
         ctx.close()
 
 
 def run(events: int, count: int, state: Path) -> dict[str, float | int]:
-    overrides = [f"job.state.dir={state}", f"streams.page-views.partitions={PARTITIONS}",
-                 f"streams.page-counts.partitions={PARTITIONS}", "streams.page-views.bounded=false"]
+    overrides = [
+        f"job.state.dir={state}",
+        f"streams.page-views.partitions={PARTITIONS}",
+        f"streams.page-counts.partitions={PARTITIONS}",
+        "streams.page-views.bounded=false",
+    ]
     config = load_config(EXAMPLE / "job.yaml", overrides)
     generate.write(config, events)
     log(f"starting {count} processor(s) together")
     started = time.time()
-    procs = [start_processor(EXAMPLE / "job.yaml", f"scale-{i}", overrides, log_dir=state / "logs")
-             for i in range(count)]
+    procs = [
+        start_processor(EXAMPLE / "job.yaml", f"scale-{i}", overrides, log_dir=state / "logs")
+        for i in range(count)
+    ]
     ids = {p.processor_id for p in procs}
     try:
         version = 0
@@ -128,18 +136,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="weirflow-scale-out-") as tmp:
         three = run(args.events, 3, Path(tmp) / "three")
         one = run(args.events, 1, Path(tmp) / "one")
-    print(json.dumps({
-        "figure": "3 processors started together: last SparkSession up -> every processor runs its share",
-        "unit": "s",
-        "value": three["seconds"],
-        "tasks": TASKS,
-        "latch_timeouts": three["latch_timeouts"],
-        "versions": three["versions"],
-        "total_s": three["total_s"],
-        "baseline": one["seconds"],
-        "baseline_name": "1 processor alone, SparkSession up -> all 12 tasks running, same run",
-        "target_s": 10,
-    }))
+    print(
+        json.dumps(
+            {
+                "figure": "3 processors started together: last SparkSession up -> every processor runs its share",
+                "unit": "s",
+                "value": three["seconds"],
+                "tasks": TASKS,
+                "latch_timeouts": three["latch_timeouts"],
+                "versions": three["versions"],
+                "total_s": three["total_s"],
+                "baseline": one["seconds"],
+                "baseline_name": "1 processor alone, SparkSession up -> all 12 tasks running, same run",
+                "target_s": 10,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,16 +44,24 @@ def log(message: str) -> None:
 
 
 def run(events: int, partitions: int, state: Path) -> dict[str, float | int | bool | None]:
-    overrides = [f"job.state.dir={state}", f"streams.page-views.partitions={partitions}",
-                 f"streams.page-counts.partitions={partitions}"]
+    overrides = [
+        f"job.state.dir={state}",
+        f"streams.page-views.partitions={partitions}",
+        f"streams.page-counts.partitions={partitions}",
+    ]
     config = load_config(EXAMPLE / "job.yaml", overrides)
     log(f"{partitions} partitions: writing {events:,} page views")
     produced = generate.write(config, events)
     log(f"{partitions} partitions: running the job ({2 * partitions} tasks)")
     started = time.time()
     proc = start_processor(EXAMPLE / "job.yaml", f"scaling-{partitions}", overrides, log_dir=state / "logs")
-    watch = JobWatch(config, "page-views", "page-counts", task_count=2 * partitions,
-                     last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page")
+    watch = JobWatch(
+        config,
+        "page-views",
+        "page-counts",
+        task_count=2 * partitions,
+        last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page",
+    )
     try:
         timeline = watch.watch(proc.alive, started, timeout_s=3600)
     finally:
@@ -87,17 +95,21 @@ def main() -> None:
     by = {r["partitions"]: r for r in runs}
     base, last = by[counts[0]], by[counts[-1]]
     ratio = last["events_per_s"] / base["events_per_s"] if last["events_per_s"] and base["events_per_s"] else None
-    print(json.dumps({
-        "figure": "pageviews throughput by partitions (tasks per stage), 1 processor, embedded default",
-        "unit": "events/s",
-        "value": last["events_per_s"],
-        "baseline": base["events_per_s"],
-        "baseline_name": f"the same job with {counts[0]} partitions, same run",
-        f"ratio_{counts[-1]}_to_{counts[0]}": round(ratio, 3) if ratio else None,
-        "events": args.events,
-        "runs": runs,
-        "exact": all(r["exact"] for r in runs),
-    }))
+    print(
+        json.dumps(
+            {
+                "figure": "pageviews throughput by partitions (tasks per stage), 1 processor, embedded default",
+                "unit": "events/s",
+                "value": last["events_per_s"],
+                "baseline": base["events_per_s"],
+                "baseline_name": f"the same job with {counts[0]} partitions, same run",
+                f"ratio_{counts[-1]}_to_{counts[0]}": round(ratio, 3) if ratio else None,
+                "events": args.events,
+                "runs": runs,
+                "exact": all(r["exact"] for r in runs),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -49,22 +49,34 @@ def _progress(message: str) -> None:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     azurite = Azurite(work / "azurite").start()
     try:
-        config = Config.from_dict({"job.name": "statebench", "job.state.dir": str(work / "state"),
-                                   "azure.storage.connection.string": azurite.connection_string,
-                                   "spark.master": "local[2]"})  # fmt: skip
+        config = Config.from_dict(
+            {
+                "job.name": "statebench",
+                "job.state.dir": str(work / "state"),
+                "azure.storage.connection.string": azurite.connection_string,
+                "spark.master": "local[2]",
+            }
+        )
         store = BlobSparkStateStore(Storage(StorageSettings.from_config(config)))
         spark = build_spark_session(config)
         from pyspark.sql import functions as F
 
         local = work / "checkpoint"
         counts = (
-            spark.readStream.format("rate").option("rowsPerSecond", args.rate).load()
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", args.rate)
+            .load()
             .withWatermark("timestamp", "1 hour")
             .groupBy(F.window("timestamp", "10 minutes"), (F.col("value") % args.keys).alias("key"))
             .count()
-        )  # fmt: skip
-        query = (counts.writeStream.format("noop").outputMode("update").option("checkpointLocation", str(local))
-                 .trigger(processingTime="1 second").start())  # fmt: skip
+        )
+        query = (
+            counts.writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", str(local))
+            .trigger(processingTime="1 second")
+            .start()
+        )
         mirror_ms: list[float] = []
         files: list[int] = []
         sent: list[int] = []
@@ -85,8 +97,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 files.append(report.uploaded)
                 sent.append(report.uploaded_bytes)
                 batch_ms.append(float(progress["durationMs"].get("triggerExecution", 0)))
-                _progress(f"batch {committed}: {report.uploaded} files, {report.uploaded_bytes} bytes, "
-                          f"{report.seconds * 1000:.0f} ms (batch {batch_ms[-1]:.0f} ms)")  # fmt: skip
+                _progress(
+                    f"batch {committed}: {report.uploaded} files, {report.uploaded_bytes} bytes, "
+                    f"{report.seconds * 1000:.0f} ms (batch {batch_ms[-1]:.0f} ms)"
+                )
         finally:
             query.stop()
         final = last_committed_batch(local)

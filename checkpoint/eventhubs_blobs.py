@@ -88,9 +88,13 @@ class BlobCheckpoints:
                 continue
             partition = blob.name.rsplit("/", 1)[-1]
             found[partition] = SdkCheckpoint(
-                fully_qualified_namespace, eventhub, consumer_group, partition,
-                str(metadata.get("offset", "")), str(metadata["sequencenumber"]),
-            )  # fmt: skip
+                fully_qualified_namespace,
+                eventhub,
+                consumer_group,
+                partition,
+                str(metadata.get("offset", "")),
+                str(metadata["sequencenumber"]),
+            )
         return found
 
 

@@ -84,7 +84,6 @@ class EventHubsSystem:
     consumer_group: str = DEFAULT_CONSUMER_GROUP
 
 
-
 def namespace_of_connection_string(connection_string: str) -> str:
     """``Endpoint=sb://<namespace>/;...`` -> ``<namespace>`` (host and port, as the SDK reports it)."""
     for part in connection_string.split(";"):
@@ -153,9 +152,12 @@ def sdk_checkpoints(checkpoint: Checkpoint, systems: Mapping[str, EventHubsSyste
             sequence_number = sequence_number_before(next_offset)
         found.append(
             SdkCheckpoint(
-                system.fully_qualified_namespace, ssp.stream, system.consumer_group, str(ssp.partition),
-                str(offset), str(sequence_number),
-            )  # fmt: skip
+                system.fully_qualified_namespace,
+                ssp.stream,
+                system.consumer_group,
+                str(ssp.partition),
+                str(offset),
+                str(sequence_number),
+            )
         )
     return found
-

@@ -80,9 +80,12 @@ def body_bytes(event: Any) -> bytes:
 
 
 RECORD_FIELDS = (
-    RecordField("properties", "map<string,string>",
-                "The event's application properties; numbers and booleans as JSON text, binary values that "
-                "are not UTF-8 as base64."),
+    RecordField(
+        "properties",
+        "map<string,string>",
+        "The event's application properties; numbers and booleans as JSON text, binary values that "
+        "are not UTF-8 as base64.",
+    ),
     RecordField("partition_key", "string", "The partition key the event was sent with (null without one)."),
     RecordField("enqueued_time", "timestamp", "When the service accepted the event."),
     RecordField("sequence_number", "bigint", "The event's sequence number in its partition."),
@@ -226,8 +229,12 @@ class EventHubSystemAdmin(SystemAdmin):
             log.warning(
                 "event hub '%s' partition %d: its SDK checkpoint (sequence number %s) is older than the "
                 "partition's retention; starting at its oldest event %d: %d events were lost before this job",
-                stream, partition, found.sequence_number, oldest, oldest - upcoming,
-            )  # fmt: skip
+                stream,
+                partition,
+                found.sequence_number,
+                oldest,
+                oldest - upcoming,
+            )
             return str(oldest)
         return str(upcoming)
 
@@ -273,7 +280,10 @@ class _PartitionReader:
     """One open receiver on one partition, buffering events from a start sequence number on."""
 
     def __init__(
-        self, settings: EventHubsSettings, ssp: SystemStreamPartition, start: int | dt.datetime,
+        self,
+        settings: EventHubsSettings,
+        ssp: SystemStreamPartition,
+        start: int | dt.datetime,
         prefetch: int | None = None,
     ) -> None:
         self.ssp = ssp
@@ -377,7 +387,8 @@ class EventHubSystemConsumer(SystemConsumer):
         with self._guard:
             reader = self._readers.get(ssp)
             if reader is not None and (
-                reader.next_seq != start or reader.error is not None
+                reader.next_seq != start
+                or reader.error is not None
                 or (not catching_up and reader.prefetch > settings.prefetch)
             ):
                 reader.close(join=False)
@@ -401,8 +412,13 @@ class EventHubSystemConsumer(SystemConsumer):
         return True
 
     def read_columns(
-        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
-        *, attributes: bool = False,
+        self,
+        ssp: SystemStreamPartition,
+        start: str,
+        max_records: int,
+        end: str | None = None,
+        *,
+        attributes: bool = False,
     ) -> RecordColumns:
         """The events' columns straight from the SDK's event objects (no record object per event); their
         attributes (`RECORD_FIELDS`) only when asked for."""

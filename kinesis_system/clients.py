@@ -105,8 +105,12 @@ class KinesisClients:
             "kinesis",
             region_name=self.settings.region,
             endpoint_url=self.settings.endpoint,
-            config=BotoConfig(retries={"max_attempts": attempts, "mode": "standard"}, connect_timeout=5,
-                              read_timeout=read_timeout_s, max_pool_connections=32),
+            config=BotoConfig(
+                retries={"max_attempts": attempts, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=read_timeout_s,
+                max_pool_connections=32,
+            ),
         )
 
     @property
@@ -181,8 +185,15 @@ class KinesisClients:
             with self._guard:
                 reader = self._readers.get(stream)
                 if reader is None:
-                    spool = Spool(self.settings.spool_dir, stream, client, virtual, self.settings.read_interval_ms,
-                                  self.settings.spool_retention_ms, probe_client)
+                    spool = Spool(
+                        self.settings.spool_dir,
+                        stream,
+                        client,
+                        virtual,
+                        self.settings.read_interval_ms,
+                        self.settings.spool_retention_ms,
+                        probe_client,
+                    )
                     reader = self._readers[stream] = SliceReader(
                         spool, lambda force: self.shard_map(stream, force), virtual
                     )
@@ -299,11 +310,13 @@ class KinesisSystemConsumer(SystemConsumer):
     def __init__(self, clients: KinesisClients) -> None:
         self.clients = clients
 
-    def _walk(self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None,
-              before: bool) -> Walk:
+    def _walk(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None, before: bool
+    ) -> Walk:
         with self.clients.errors(ssp.stream):
-            return self.clients.reader(ssp.stream).walk(ssp.partition, start, max_records, end,
-                                                        positions_before=before)
+            return self.clients.reader(ssp.stream).walk(
+                ssp.partition, start, max_records, end, positions_before=before
+            )
 
     def read(
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
@@ -312,15 +325,25 @@ class KinesisSystemConsumer(SystemConsumer):
         after = walk.before[1:] + [walk.end] if walk.records else []
         return [
             IncomingRecord(
-                ssp=ssp, offset=offset, next_offset=following, key=r.partition_key.encode(), value=r.data,
-                timestamp_ms=r.arrival_ms, attributes=_attributes(r, shard),
+                ssp=ssp,
+                offset=offset,
+                next_offset=following,
+                key=r.partition_key.encode(),
+                value=r.data,
+                timestamp_ms=r.arrival_ms,
+                attributes=_attributes(r, shard),
             )
             for r, shard, offset, following in zip(walk.records, walk.shards, walk.before, after, strict=True)
         ]
 
     def read_columns(
-        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
-        *, attributes: bool = False,
+        self,
+        ssp: SystemStreamPartition,
+        start: str,
+        max_records: int,
+        end: str | None = None,
+        *,
+        attributes: bool = False,
     ) -> RecordColumns:
         walk = self._walk(ssp, start, max_records, end, before=False)
         records = walk.records
@@ -365,8 +388,10 @@ class KinesisSystemProducer(SystemProducer):
         if record.partition is not None:
             virtual = self.clients.virtual_tasks(record.stream)
             if not 0 <= record.partition < virtual:
-                raise ValueError(f"partition {record.partition} of Kinesis stream '{record.stream}' does not "
-                                 f"exist ({virtual} virtual tasks)")
+                raise ValueError(
+                    f"partition {record.partition} of Kinesis stream '{record.stream}' does not "
+                    f"exist ({virtual} virtual tasks)"
+                )
             return pinning_key(record.partition, virtual)
         if record.key:
             return partition_key(record.key)
@@ -377,9 +402,13 @@ class KinesisSystemProducer(SystemProducer):
         never lands after a later record of its key), each round in calls within the service limits."""
         entries: list[tuple[OutgoingRecord, str]] = [(r, self._partition_key(r)) for r in records]
         too_large = [
-            (r, f"record of {len(r.value) + len(k.encode())} bytes (data and partition key) exceeds Kinesis's "
-                f"{MAX_RECORD_BYTES} byte limit")
-            for r, k in entries if len(r.value) + len(k.encode()) > MAX_RECORD_BYTES
+            (
+                r,
+                f"record of {len(r.value) + len(k.encode())} bytes (data and partition key) exceeds Kinesis's "
+                f"{MAX_RECORD_BYTES} byte limit",
+            )
+            for r, k in entries
+            if len(r.value) + len(k.encode()) > MAX_RECORD_BYTES
         ]
         if too_large:
             raise RecordTooLargeError([r for r, _ in too_large], [reason for _, reason in too_large])
@@ -405,8 +434,10 @@ class KinesisSystemProducer(SystemProducer):
                         StreamName=stream, Records=[{"Data": r.value, "PartitionKey": k} for r, k in pending]
                     )
                 results = response["Records"]
-            except (client.exceptions.ProvisionedThroughputExceededException,
-                    client.exceptions.KMSThrottlingException) as exc:
+            except (
+                client.exceptions.ProvisionedThroughputExceededException,
+                client.exceptions.KMSThrottlingException,
+            ) as exc:
                 results = [{"ErrorCode": type(exc).__name__, "ErrorMessage": str(exc)}] * len(pending)
             failed = [(entry, res) for entry, res in zip(pending, results, strict=True) if "ErrorCode" in res]
             if failed:
@@ -414,8 +445,14 @@ class KinesisSystemProducer(SystemProducer):
                 raise _NotWritten(f"{failed[0][1]['ErrorCode']}: {failed[0][1].get('ErrorMessage', '')}")
 
         def before_sleep(state: RetryCallState) -> None:
-            log.info("kinesis %s: %d of %d record(s) not written (%s); retrying in %.1fs", stream, len(pending),
-                     len(call), state.outcome.exception() if state.outcome else "", state.upcoming_sleep)
+            log.info(
+                "kinesis %s: %d of %d record(s) not written (%s); retrying in %.1fs",
+                stream,
+                len(pending),
+                len(call),
+                state.outcome.exception() if state.outcome else "",
+                state.upcoming_sleep,
+            )
 
         retrying = Retrying(
             retry=retry_if_exception_type(_NotWritten),

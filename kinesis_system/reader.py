@@ -133,16 +133,32 @@ class SliceReader:
             log.debug("kinesis %s/%s: reading ahead failed: %s", self.spool.stream, shard, exc)
             return False
 
-    def walk(self, task: int, start: str, limit: int, end: str | None = None, values: bool = True,
-             positions_before: bool = False, patient: bool = True) -> Walk:
+    def walk(
+        self,
+        task: int,
+        start: str,
+        limit: int,
+        end: str | None = None,
+        values: bool = True,
+        positions_before: bool = False,
+        patient: bool = True,
+    ) -> Walk:
         """The task's records after ``start``: at most ``limit``, and only up to ``end`` when given. A
         ``patient`` walk without an end waits out a shard's read interval when the spool has nothing for it
         (a poll right after a write sees the write); planning a micro-batch is not patient: the next trigger
         plans again, and the prefetcher keeps the spool filled meanwhile."""
         if not patient:
             self._start_prefetcher()
-        state = _WalkState(task, positions.decode(start), positions.decode(end) if end is not None else None,
-                           limit, values, positions_before, time.monotonic() + _READ_TIMEOUT_S, patient)
+        state = _WalkState(
+            task,
+            positions.decode(start),
+            positions.decode(end) if end is not None else None,
+            limit,
+            values,
+            positions_before,
+            time.monotonic() + _READ_TIMEOUT_S,
+            patient,
+        )
         force_listing = False
         while len(state.walk.records) < limit:
             progress = False
@@ -163,8 +179,10 @@ class SliceReader:
                     state.walk.at_end = not state.behind
                     break
                 if time.monotonic() > state.deadline:
-                    raise RuntimeError(f"kinesis {self.spool.stream} task v{task}: could not read up to {end} "
-                                       f"(at {positions.encode(state.position)})")
+                    raise RuntimeError(
+                        f"kinesis {self.spool.stream} task v{task}: could not read up to {end} "
+                        f"(at {positions.encode(state.position)})"
+                    )
                 time.sleep(0.05)  # a parent still being read elsewhere in this walk's range: poll
         state.walk.end = positions.encode(state.position)
         return state.walk
@@ -220,8 +238,9 @@ class SliceReader:
             return _Goal(upto=goal[1:], inclusive=False)
         return _Goal(upto=goal)
 
-    def _shard(self, walk: _WalkState, shard: str, state: str, room: int, goal: _Goal | None
-               ) -> tuple[list[SpooledRecord], bool, bool]:
+    def _shard(
+        self, walk: _WalkState, shard: str, state: str, room: int, goal: _Goal | None
+    ) -> tuple[list[SpooledRecord], bool, bool]:
         """Up to ``room`` records of the task's slice in ``shard`` after ``state`` (up to ``goal`` when given);
         whether the shard is then processed to its end, and whether the goal is reached."""
         task, values, deadline = walk.task, walk.values, walk.deadline

@@ -37,8 +37,10 @@ class KinesisSettings:
         attempts = int(config.get(prefix + "send.attempts"))
         if attempts < 1:
             raise config.error(prefix + "send.attempts", "must be at least 1")
-        spool = config.path(prefix + "spool.dir") if config.get(prefix + "spool.dir") else (
-            config.state_dir() / "kinesis-spool"
+        spool = (
+            config.path(prefix + "spool.dir")
+            if config.get(prefix + "spool.dir")
+            else (config.state_dir() / "kinesis-spool")
         )
         return cls(
             system=system,

@@ -62,8 +62,6 @@ RAW_RECORDS = "WeirflowRawRecords"
 SPOOL_VERSION = "s2"
 
 
-
-
 def _order(state: str) -> tuple[str, int]:
     """Sort key of a run's lower bound or a task's state in a shard: the beginning ("") first, then "at q"
     before "after q"."""
@@ -80,13 +78,21 @@ def _records(response: dict[str, Any]) -> list[tuple[str, str, bytes, int]]:
     raw = response.get(RAW_RECORDS)
     if raw is not None:
         return [
-            (r["SequenceNumber"], r["PartitionKey"], binascii.a2b_base64(r["Data"]),
-             int(float(r["ApproximateArrivalTimestamp"]) * 1000))
+            (
+                r["SequenceNumber"],
+                r["PartitionKey"],
+                binascii.a2b_base64(r["Data"]),
+                int(float(r["ApproximateArrivalTimestamp"]) * 1000),
+            )
             for r in raw
         ]
     return [
-        (r["SequenceNumber"], r["PartitionKey"], bytes(r["Data"]), int(r["ApproximateArrivalTimestamp"].timestamp()
-                                                                       * 1000))
+        (
+            r["SequenceNumber"],
+            r["PartitionKey"],
+            bytes(r["Data"]),
+            int(r["ApproximateArrivalTimestamp"].timestamp() * 1000),
+        )
         for r in response.get("Records", [])
     ]
 
@@ -126,8 +132,14 @@ class Spool:
     """The spool of one stream. ``client`` is a boto3 Kinesis client; ``virtual_tasks`` fixes the slices."""
 
     def __init__(
-        self, directory: Path, stream: str, client: Any, virtual_tasks: int, read_interval_ms: int,
-        retention_ms: int, probe_client: Any = None,
+        self,
+        directory: Path,
+        stream: str,
+        client: Any,
+        virtual_tasks: int,
+        read_interval_ms: int,
+        retention_ms: int,
+        probe_client: Any = None,
     ) -> None:
         self.directory = Path(directory)
         self.stream = stream
@@ -141,13 +153,23 @@ class Spool:
 
     # --- what is there ------------------------------------------------------------------------------------
     def run(self, shard: str) -> Run | None:
-        row = self.db.connection().execute(
-            "SELECT lo, hi, ended, caught_up FROM runs WHERE shard = ?", (shard,)
-        ).fetchone()
+        row = (
+            self.db.connection()
+            .execute("SELECT lo, hi, ended, caught_up FROM runs WHERE shard = ?", (shard,))
+            .fetchone()
+        )
         return Run(row[0], row[1], bool(row[2]), bool(row[3])) if row else None
 
-    def records(self, shard: str, task: int, after: str, limit: int, upto: str | None = None,
-                values: bool = True, inclusive: bool = True) -> list[SpooledRecord]:
+    def records(
+        self,
+        shard: str,
+        task: int,
+        after: str,
+        limit: int,
+        upto: str | None = None,
+        values: bool = True,
+        inclusive: bool = True,
+    ) -> list[SpooledRecord]:
         """Spooled records of ``task``'s slice in ``shard`` after state ``after`` ("" = from the beginning, "<q" =
         from q inclusive, "q" = after q), up to sequence number ``upto`` (inclusive or not), in order."""
         low, after_it = _order(after)
@@ -157,9 +179,13 @@ class Spool:
             clauses.append("seq <= ?" if inclusive else "seq < ?")
             args.append(positions.sequence_key(upto))
         columns = "sequence_number, partition_key, data, arrival_ms" if values else "sequence_number, '', x'', 0"
-        rows = self.db.connection().execute(
-            f"SELECT {columns} FROM records WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?", (*args, limit)
-        ).fetchall()
+        rows = (
+            self.db.connection()
+            .execute(
+                f"SELECT {columns} FROM records WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?", (*args, limit)
+            )
+            .fetchall()
+        )
         return [SpooledRecord(r[0], r[1], bytes(r[2]), int(r[3]), task) for r in rows]
 
     # --- reading Kinesis ------------------------------------------------------------------------------------
@@ -172,12 +198,19 @@ class Spool:
             row = conn.execute("SELECT lo FROM runs WHERE shard = ?", (shard,)).fetchone()
             if row is None or _order(state) < _order(row[0]):
                 if row is not None:
-                    log.info("kinesis spool %s/%s: a task needs records from %r, before the spooled run (%r); "
-                             "reading the shard again from there", self.stream, shard, state, row[0])
+                    log.info(
+                        "kinesis spool %s/%s: a task needs records from %r, before the spooled run (%r); "
+                        "reading the shard again from there",
+                        self.stream,
+                        shard,
+                        state,
+                        row[0],
+                    )
                 conn.execute("DELETE FROM records WHERE shard = ?", (shard,))
                 conn.execute(
                     "INSERT OR REPLACE INTO runs (shard, lo, hi, ended, iterator, iterator_ms, next_call_ms, "
-                    "caught_up) VALUES (?, ?, '', 0, NULL, 0, 0, 0)", (shard, state),
+                    "caught_up) VALUES (?, ?, '', 0, NULL, 0, 0, 0)",
+                    (shard, state),
                 )
         run = self.run(shard)
         assert run is not None
@@ -221,8 +254,16 @@ class Spool:
             )
             now = now_ms()
             rows = [
-                (shard, positions.sequence_key(seq), slice_of(key_hash(key), self.virtual_tasks), seq, key, data,
-                 arrival, now)
+                (
+                    shard,
+                    positions.sequence_key(seq),
+                    slice_of(key_hash(key), self.virtual_tasks),
+                    seq,
+                    key,
+                    data,
+                    arrival,
+                    now,
+                )
                 for seq, key, data, arrival in records
             ]
             with self.db.transaction() as tx:
@@ -230,9 +271,15 @@ class Spool:
                 tx.execute(
                     "UPDATE runs SET hi = ?, ended = ?, iterator = ?, iterator_ms = ?, next_call_ms = ?, "
                     "caught_up = ? WHERE shard = ?",
-                    (records[-1][0] if records else hi, int(following is None), following, now,
-                     now + max(self.read_interval_ms, sum(len(r[2]) for r in records) * 1000 // _BYTES_PER_S),
-                     int(caught_up), shard),
+                    (
+                        records[-1][0] if records else hi,
+                        int(following is None),
+                        following,
+                        now,
+                        now + max(self.read_interval_ms, sum(len(r[2]) for r in records) * 1000 // _BYTES_PER_S),
+                        int(caught_up),
+                        shard,
+                    ),
                 )
         self._trim()
         return bool(records) or following is None
@@ -251,14 +298,19 @@ class Spool:
             count = conn.execute("SELECT COUNT(*) FROM losses").fetchone()[0]
         log.warning(
             "kinesis %s/%s: records after sequence number %s up to %s were dropped by the stream's retention "
-            "before they were read: lost (%d lost range(s) in this stream so far)", self.stream, shard, after,
-            oldest, count,
+            "before they were read: lost (%d lost range(s) in this stream so far)",
+            self.stream,
+            shard,
+            after,
+            oldest,
+            count,
         )
 
     def _oldest(self, shard: str) -> str | None:
         """The sequence number of the oldest record ``shard`` still holds (None when it holds none)."""
-        iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=shard,
-                                                  ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        iterator = self.client.get_shard_iterator(
+            StreamName=self.stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
         for _ in range(_OLDEST_PROBES):  # a service may answer a few empty reads before the first record
             if not iterator:
                 return None
@@ -274,8 +326,14 @@ class Spool:
     def lost_ranges(self) -> list[tuple[str, str, str]]:
         """(shard, last sequence number read, oldest sequence number still held) of every range found lost to
         the stream's retention."""
-        return [tuple(r) for r in self.db.connection().execute(  # type: ignore[misc]
-            "SELECT shard, after, oldest FROM losses ORDER BY detected_ms").fetchall()]
+        return [
+            tuple(r)
+            for r in self.db.connection()
+            .execute(  # type: ignore[misc]
+                "SELECT shard, after, oldest FROM losses ORDER BY detected_ms"
+            )
+            .fetchall()
+        ]
 
     def _iterator(self, shard: str, lo: str, hi: str) -> str:
         if hi:
@@ -305,8 +363,9 @@ class Spool:
         is reading the shard). One probe (`GetShardIterator` AT_TIMESTAMP + `GetRecords`) per
         ``read.interval.ms`` for all processes; the answer, once found, never changes and is kept."""
         conn = self.db.connection()
-        row = conn.execute("SELECT found, next_call_ms FROM probes WHERE shard = ? AND at_ms = ?",
-                           (shard, at_ms)).fetchone()
+        row = conn.execute(
+            "SELECT found, next_call_ms FROM probes WHERE shard = ? AND at_ms = ?", (shard, at_ms)
+        ).fetchone()
         if row is not None and (row[0] or row[1] > now_ms()):
             return str(row[0]) if row[0] else None
         with self._locked(shard, wait=False) as locked:
@@ -372,8 +431,9 @@ class Spool:
             for shard, seq in conn.execute(
                 "SELECT shard, MAX(seq) FROM records WHERE read_ms < ? GROUP BY shard", (cutoff,)
             ).fetchall():
-                last = conn.execute("SELECT sequence_number FROM records WHERE shard = ? AND seq = ?",
-                                    (shard, seq)).fetchone()[0]
+                last = conn.execute(
+                    "SELECT sequence_number FROM records WHERE shard = ? AND seq = ?", (shard, seq)
+                ).fetchone()[0]
                 conn.execute("DELETE FROM records WHERE shard = ? AND seq <= ?", (shard, seq))
                 conn.execute("UPDATE runs SET lo = ? WHERE shard = ?", (last, shard))
 

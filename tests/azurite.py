@@ -79,10 +79,19 @@ class Azurite:
             "--disableProductStyleUrl",
             "--location",
             str(self.data_dir),
-            "--blobHost", "127.0.0.1", "--blobPort", str(self.blob_port),
-            "--tableHost", "127.0.0.1", "--tablePort", str(self.table_port),
-            "--queueHost", "127.0.0.1", "--queuePort", str(self.queue_port),
-        ]  # fmt: skip
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(self.blob_port),
+            "--tableHost",
+            "127.0.0.1",
+            "--tablePort",
+            str(self.table_port),
+            "--queueHost",
+            "127.0.0.1",
+            "--queuePort",
+            str(self.queue_port),
+        ]
         log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

@@ -94,6 +94,7 @@ def unique_job_name(prefix: str = "t") -> str:
     """A job name no other test (or earlier run on a real account) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
+
 @pytest.fixture
 def measure(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a measured figure; the run's summary lists them under "measured". They travel in the test's

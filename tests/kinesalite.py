@@ -22,7 +22,9 @@ from tests.faketime import libfaketime
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Dummy credentials: kinesalite checks that a request is signed, not by whom.
 CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "weirflow", "AWS_SECRET_ACCESS_KEY": "weirflow", "AWS_DEFAULT_REGION": "us-east-1"
+    "AWS_ACCESS_KEY_ID": "weirflow",
+    "AWS_SECRET_ACCESS_KEY": "weirflow",
+    "AWS_DEFAULT_REGION": "us-east-1",
 }
 
 _LAUNCHER = """
@@ -55,11 +57,21 @@ class Kinesalite:
             raise FileNotFoundError(f"kinesalite is missing: run `npm ci` in {PROJECT_ROOT} (make test does)")
         env = dict(os.environ)
         if self.clock_file is not None:
-            env.update({"LD_PRELOAD": str(libfaketime()), "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
-                        "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+            env.update(
+                {
+                    "LD_PRELOAD": str(libfaketime()),
+                    "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
+                    "FAKETIME_NO_CACHE": "1",
+                    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                }
+            )
         self._proc = subprocess.Popen(
-            ["node", "-e", _LAUNCHER, str(module)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True, env=env,
+            ["node", "-e", _LAUNCHER, str(module)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            env=env,
         )
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()  # the port, once it listens

@@ -82,10 +82,12 @@ class KinesisFaults:
             self.calls += 1
             if self.calls % self.throttle_every == 0:
                 self.throttled += 1
-                return 400, json.dumps({
-                    "__type": "ProvisionedThroughputExceededException",
-                    "message": "Rate exceeded for shard shardId-000000000000 in stream (test proxy).",
-                }).encode()
+                return 400, json.dumps(
+                    {
+                        "__type": "ProvisionedThroughputExceededException",
+                        "message": "Rate exceeded for shard shardId-000000000000 in stream (test proxy).",
+                    }
+                ).encode()
             request = json.loads(body)
             entries = request["Records"]
             failing = [self.random.random() < self.fail_ratio for _ in entries]

@@ -56,7 +56,4 @@ def dark_pixels(path: Path, threshold: int = 100) -> int:
     """Pixels whose every colour channel is below ``threshold``: text, mostly."""
     width, _, rows = read_png(path)
     channels = len(rows[0]) // width
-    return sum(
-        1 for row in rows for x in range(width)
-        if max(row[x * channels : x * channels + 3]) < threshold
-    )  # fmt: skip
+    return sum(1 for row in rows for x in range(width) if max(row[x * channels : x * channels + 3]) < threshold)

@@ -35,14 +35,23 @@ class StandaloneCluster:
 
     def _start(self, name: str, *args: str) -> None:
         home = _spark_home()
-        env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_WORKER_DIR": str(self.work_dir / "work")}  # fmt: skip
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_WORKER_DIR": str(self.work_dir / "work"),
+        }
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.work_dir / f"{name}.log", "ab")
-        self._procs.append(subprocess.Popen(
-            [str(home / "bin" / "spark-class"), *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        ))  # fmt: skip
+        self._procs.append(
+            subprocess.Popen(
+                [str(home / "bin" / "spark-class"), *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as response:
@@ -54,11 +63,31 @@ class StandaloneCluster:
         return list(status.get("activeapps", [])) + list(status.get("completedapps", []))
 
     def start(self, timeout_s: float = 90) -> StandaloneCluster:
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--webui-port", str(self.ui_port))  # fmt: skip
-        self._start("worker", "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
-                    "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                    "--work-dir", str(self.work_dir / "work"))  # fmt: skip
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        )
+        self._start(
+            "worker",
+            "org.apache.spark.deploy.worker.Worker",
+            self.master_url,
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--webui-port",
+            str(free_port()),
+            "--work-dir",
+            str(self.work_dir / "work"),
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -69,8 +98,9 @@ class StandaloneCluster:
             if any(p.poll() is not None for p in self._procs):
                 break
             time.sleep(0.3)
-        logs = "\n".join((self.work_dir / f"{n}.log").read_text(errors="replace")[-2000:]
-                         for n in ("master", "worker"))  # fmt: skip
+        logs = "\n".join(
+            (self.work_dir / f"{n}.log").read_text(errors="replace")[-2000:] for n in ("master", "worker")
+        )
         self.stop()
         raise RuntimeError(f"the Spark standalone cluster did not come up in {timeout_s:.0f} s:\n{logs}")
 

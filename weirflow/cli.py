@@ -118,8 +118,10 @@ def status(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> 
     if doc["drain"] is not None:
         states = doc["tasks"]
         done = sum(1 for s in states.values() if s in ("drained", "finished"))
-        console.print(f"[bold yellow]draining[/] (notification {doc['drain']['uuid']}): {done} of {len(states)} "
-                      "tasks drained")  # fmt: skip
+        console.print(
+            f"[bold yellow]draining[/] (notification {doc['drain']['uuid']}): {done} of {len(states)} "
+            "tasks drained"
+        )
     if any(s != "running" for s in doc["tasks"].values()):
         console.print("tasks: " + ", ".join(f"{name} {state}" for name, state in doc["tasks"].items()))
     table = Table(show_lines=False)
@@ -168,8 +170,11 @@ def drain(
             console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
             progress = read_progress(ctx, run, timings.liveness_timeout_ms)
             if not progress.running_processors:
-                err_console.print("[yellow]warning:[/] no processor of this job is running; it drains when one "
-                                  "starts with run id " + run, highlight=False)  # fmt: skip
+                err_console.print(
+                    "[yellow]warning:[/] no processor of this job is running; it drains when one "
+                    "starts with run id " + run,
+                    highlight=False,
+                )
             if wait:
                 _wait_drained(ctx, run, timings.liveness_timeout_ms, timeout)
         finally:
@@ -195,8 +200,9 @@ def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float
             if progress.complete:
                 break
             if time.monotonic() >= deadline:
-                raise WeirflowError(f"the drain of run {run} did not complete in {timeout_s:.0f} s: "
-                                    f"{progress.summary()}")  # fmt: skip
+                raise WeirflowError(
+                    f"the drain of run {run} did not complete in {timeout_s:.0f} s: {progress.summary()}"
+                )
             time.sleep(0.25)
     console.print(f"run [bold]{run}[/] drained: {progress.summary()}")
 

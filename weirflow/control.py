@@ -159,7 +159,9 @@ class PartitionControl:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "task-count": self.task_count, "watermarks": dict(self.watermarks), "ended": sorted(self.ended)
+            "task-count": self.task_count,
+            "watermarks": dict(self.watermarks),
+            "ended": sorted(self.ended),
         }
         if self.drained:
             data["drained"] = sorted(self.drained)

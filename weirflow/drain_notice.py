@@ -121,4 +121,3 @@ class DrainUtils:
         for target in targets:
             self._metadata.delete(target.key)
         return len(targets)
-

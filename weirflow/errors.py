@@ -61,9 +61,7 @@ class FencedOffError(LockLostError):
         self.task_name = task_name
         self.epoch = epoch
         self.stored = stored
-        why = reason or (
-            "a later holder " + (f"(epoch {stored}) " if stored >= 0 else "") + "has written since"
-        )
+        why = reason or ("a later holder " + (f"(epoch {stored}) " if stored >= 0 else "") + "has written since")
         WeirflowError.__init__(
             self,
             f"checkpoint of task '{task_name}' refused: written with lock epoch {epoch}, but {why}; "

@@ -32,8 +32,9 @@ def parse_start(config: Any, stream_id: str) -> str | int:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
         raise config.error(
-            key, f"'{text}' is neither earliest, latest, sdk-checkpoint nor an ISO 8601 time such as "
-            "2026-11-20T08:00:00Z"
+            key,
+            f"'{text}' is neither earliest, latest, sdk-checkpoint nor an ISO 8601 time such as "
+            "2026-11-20T08:00:00Z",
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)

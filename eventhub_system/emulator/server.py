@@ -475,8 +475,9 @@ class EventHubsEmulator:
         while link.credit > 0 and consumer.next_index < len(events):
             event = events[consumer.next_index]
             delivery = link.delivery(str(next(consumer.tags)))
-            link.send(stamped(event.message, event.sequence_number, event.offset, event.enqueued_ms,
-                              event.partition_key))  # fmt: skip
+            link.send(
+                stamped(event.message, event.sequence_number, event.offset, event.enqueued_ms, event.partition_key)
+            )
             link.advance()
             delivery.settle()
             consumer.next_index += 1

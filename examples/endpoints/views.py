@@ -17,8 +17,11 @@ START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 def view(i: int, users: int) -> dict[str, Any]:
     when = START + dt.timedelta(milliseconds=i)
-    return {"user": f"u{i % users}", "page": f"/page/{i % 97}",
-            "event_time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z")}  # fmt: skip
+    return {
+        "user": f"u{i % users}",
+        "page": f"/page/{i % 97}",
+        "event_time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
 
 
 def send(config: Any, first: int, count: int, users: int) -> None:

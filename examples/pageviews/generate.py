@@ -48,9 +48,7 @@ def write(
         pending: list[OutgoingRecord] = []
         for event in events(n, seed):
             produced.append(event)
-            pending.append(
-                OutgoingRecord(ref.physical, json.dumps(event).encode(), key=event["user"].encode())
-            )
+            pending.append(OutgoingRecord(ref.physical, json.dumps(event).encode(), key=event["user"].encode()))
             if len(pending) >= batch:
                 producer.send(pending)
                 if progress:

@@ -45,8 +45,9 @@ def answer(messages: DataFrame) -> DataFrame:
     return requests.select(
         "connection",
         "request",
-        F.struct(F.col("partition"), F.col("tasks"), F.col("ask.limit").alias("limit"), primes.alias("primes"))
-        .alias("body"),
+        F.struct(
+            F.col("partition"), F.col("tasks"), F.col("ask.limit").alias("limit"), primes.alias("primes")
+        ).alias("body"),
         F.coalesce(F.col("ask.bye"), F.lit(False)).alias("close"),
     )
 

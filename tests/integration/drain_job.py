@@ -145,7 +145,7 @@ def split_at_cut(config: Any, cut: dict[int, int]) -> tuple[list[dict[str, Any]]
     for partition, values in records(config, "page-views").items():
         events = [_event(v) for v in values]
         before += [e for e in events[: cut.get(partition, 0)] if e is not None]
-        after += [e for e in events[cut.get(partition, 0):] if e is not None]
+        after += [e for e in events[cut.get(partition, 0) :] if e is not None]
     return before, after
 
 
@@ -167,9 +167,7 @@ def output_rows(config: Any, stream_id: str) -> list[dict[str, Any]]:
     return [json.loads(v) for values in records(config, stream_id).values() for v in values]
 
 
-def window_counts_once(
-    config: Any, stream_id: str = "page-counts"
-) -> tuple[dict[results.Window, int], list[Any]]:
+def window_counts_once(config: Any, stream_id: str = "page-counts") -> tuple[dict[results.Window, int], list[Any]]:
     """(window -> views) from ``stream_id``, and the windows written more than once."""
     rows = output_rows(config, stream_id)
     keys = Counter((r["page"], r["window_start"][:16]) for r in rows)
@@ -192,8 +190,10 @@ def unread_intermediate(config: Any, name: str = "views-by-page") -> dict[str, i
     try:
         system = next(iter(done)).system
         meta = systems.admin(system).partition_metadata(physical)
-        unread = {f"{physical}.{p}": int(m.upcoming) - done.get(SystemStreamPartition(system, physical, p), 0)
-                  for p, m in meta.items()}  # fmt: skip
+        unread = {
+            f"{physical}.{p}": int(m.upcoming) - done.get(SystemStreamPartition(system, physical, p), 0)
+            for p, m in meta.items()
+        }
         return {k: n for k, n in unread.items() if n}
     finally:
         systems.close()

@@ -92,8 +92,11 @@ def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_within_the
     wait_until(lambda: len(job.relayed_ids()) >= job.sent, 60, "every event relayed")
     assert job.relayed_ids() == set(range(job.sent)), "an event was lost"
     ends = partition_ends(job)
-    wait_until(lambda: checkpoint_offsets(job) == {t: {f"local.events.{t[5:]}": e} for t, e in ends.items()},
-               30, "every task checkpointed at the end of its partition")  # fmt: skip
+    wait_until(
+        lambda: checkpoint_offsets(job) == {t: {f"local.events.{t[5:]}": e} for t, e in ends.items()},
+        30,
+        "every task checkpointed at the end of its partition",
+    )
 
 
 def test_a_processor_joining_and_one_leaving_move_only_the_tasks_needed(job: Job, measure) -> None:
@@ -134,8 +137,11 @@ def test_a_paused_processor_commits_nothing_for_tasks_it_lost_and_rejoins(job: J
     wait_until(lambda: job.all_tasks_running_once(ids), 90, "tasks running on 2 processors")
     job.produce(1200)
     ends = partition_ends(job)
-    wait_until(lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends, 60,
-               "every task checkpointed at the end of its partition")  # fmt: skip
+    wait_until(
+        lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends,
+        60,
+        "every task checkpointed at the end of its partition",
+    )
     paused_tasks = set(job.status()["assignment"]["p2"])
     paused_at = dict(ends)
 
@@ -147,8 +153,11 @@ def test_a_paused_processor_commits_nothing_for_tasks_it_lost_and_rejoins(job: J
         took = wait_until(lambda: job.all_tasks_running_once({"p1"}), 90, "p1 running every task")
         measure(f"[azure] p2 SIGSTOPped: p1 runs all tasks after {took:.1f} s")
         ends = partition_ends(job)
-        wait_until(lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends, 60,
-                   "p1 checkpointed the paused processor's tasks to the end")  # fmt: skip
+        wait_until(
+            lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends,
+            60,
+            "p1 checkpointed the paused processor's tasks to the end",
+        )
     finally:
         os.kill(job.processes["p2"].pid, signal.SIGCONT)
 
@@ -198,7 +207,10 @@ def test_processors_ride_out_storage_going_away_for_ten_seconds(tmp_path: Path, 
         wait_until(lambda: len(job.relayed_ids()) >= job.sent, 90, "every event relayed")
         assert job.relayed_ids() == set(range(job.sent)), "an event was lost"
         ends = partition_ends(job)
-        wait_until(lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends, 60,
-                   "checkpoints at the end of every partition")  # fmt: skip
+        wait_until(
+            lambda: {t: max(o.values()) for t, o in checkpoint_offsets(job).items()} == ends,
+            60,
+            "checkpoints at the end of every partition",
+        )
     finally:
         finish(job)

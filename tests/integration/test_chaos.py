@@ -18,8 +18,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_short_chaos_run_loses_nothing_and_never_overlaps_writers(measure) -> None:
-    args = ["--duration", "24", "--kill-every", "10", "--processors", "2", "--rate", "100", "--settle", "8",
-            "--drain-timeout", "240"]  # fmt: skip
+    args = [
+        "--duration",
+        "24",
+        "--kill-every",
+        "10",
+        "--processors",
+        "2",
+        "--rate",
+        "100",
+        "--settle",
+        "8",
+        "--drain-timeout",
+        "240",
+    ]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), *args],
         capture_output=True,

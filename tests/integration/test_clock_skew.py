@@ -58,8 +58,9 @@ def test_a_skewed_writers_heartbeat_reads_back_as_written_now(
         registry = writer.processor_registry()
         started = clock.now_ms()
         for beat in (1, 2):  # the first write teaches the registry the store's clock; the second uses it
-            registry.heartbeat(ProcessorInfo("p1", "h", 1, "RUNNING", heartbeat_ms=clock.now_ms(),
-                                             started_ms=started, beat=beat))  # fmt: skip
+            registry.heartbeat(
+                ProcessorInfo("p1", "h", 1, "RUNNING", heartbeat_ms=clock.now_ms(), started_ms=started, beat=beat)
+            )
         monkeypatch.setattr(clock, "now_ms", real_now)  # the reader's host clock is right
 
         [row] = reader.processor_registry().processors()
@@ -129,8 +130,10 @@ def test_processors_whose_clocks_disagree_by_minutes_neither_storm_nor_keep_a_de
     job.processes["p3"].popen.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     took = wait_until(lambda: "p3" not in job.status()["assignment"], 60, "a model without p3")
-    measure(f"[azure] a SIGKILLed processor 300 s ahead left the model {took:.1f} s after the kill "
-            f"(liveness {LIVENESS_MS / 1000:.0f} s + debounce {DEBOUNCE_MS / 1000:.0f} s)")  # fmt: skip
+    measure(
+        f"[azure] a SIGKILLed processor 300 s ahead left the model {took:.1f} s after the kill "
+        f"(liveness {LIVENESS_MS / 1000:.0f} s + debounce {DEBOUNCE_MS / 1000:.0f} s)"
+    )
     wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 60, "p1 and p2 running every task")
     measure(f"[azure] its tasks running again {time.monotonic() - killed_at:.1f} s after the kill (15 s leases)")
 

@@ -47,7 +47,7 @@ SHORT = [
 
 # The upgrade: the intermediate stream carries (page, user_len, event_time) instead of (user, page, event_time),
 # and the second stage counts views and sums user-name lengths per page in two-minute windows.
-PIPELINE_V2 = '''
+PIPELINE_V2 = """
 from pyspark.sql import functions as F
 
 
@@ -66,7 +66,7 @@ def pipeline(app):
     counts = views.partition_by("page", name="views-by-page").transform(per_two_minutes)
     key = F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm"))
     counts.send_to("page-counts-v2", key=key)
-'''
+"""
 
 
 class DrainJob(ExampleJob):
@@ -79,8 +79,12 @@ class DrainJob(ExampleJob):
         return results.consumed(self.config)
 
     def with_tasks(self, names: list[str]) -> None:
-        wait_until(lambda: all("started task" in p.log_text() for p in self.processors), FINISH_S,
-                   f"{', '.join(names)} to run tasks", 0.2)  # fmt: skip
+        wait_until(
+            lambda: all("started task" in p.log_text() for p in self.processors),
+            FINISH_S,
+            f"{', '.join(names)} to run tasks",
+            0.2,
+        )
 
 
 @pytest.fixture
@@ -121,8 +125,12 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     # A drain for another deployment is seen and ignored: the job keeps reading and nothing drains.
     other = drain_job.drain_command(job.config_path, job.overrides, "--run-id", "r0")
     assert other.returncode == 0, other.stderr
-    wait_until(lambda: all("ignoring drain notification" in p.log_text() for p in procs), 30,
-               "both processors to see the other run's notice", 0.2)  # fmt: skip
+    wait_until(
+        lambda: all("ignoring drain notification" in p.log_text() for p in procs),
+        30,
+        "both processors to see the other run's notice",
+        0.2,
+    )
     seen = job.consumed()
     wait_until(lambda: job.consumed() >= seen + RATE, 60, "the job to read on", 0.2)
     shown = _status(job, "app.run.id=r0")  # what `weirflow status` shows for the other deployment
@@ -156,8 +164,10 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     assert drain_job.unread_intermediate(job.config) == {}
     remaining = drain_job.drain_notices(job.config)
     assert [n.run_id for n in remaining] == ["r0"], "the leader removes its own run's notice, not another's"
-    measure(f"drained in {took:.1f} s (command to every processor exited); cut {sum(cut.values())} events, "
-            f"{len(got)} windows once each, equal pandas; {len(after)} later events left for the next run")
+    measure(
+        f"drained in {took:.1f} s (command to every processor exited); cut {sum(cut.values())} events, "
+        f"{len(got)} windows once each, equal pandas; {len(after)} later events left for the next run"
+    )
 
     letters = drain_job.dead_letters(job.config)
     systems.close()
@@ -177,8 +187,12 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
     (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
     overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
-    overrides += ["app.run.id=r2", "app.pipeline=pipeline_v2:pipeline", "streams.page-views.bounded=true",
-                  "streams.page-counts-v2.partitions=2"]  # fmt: skip
+    overrides += [
+        "app.run.id=r2",
+        "app.pipeline=pipeline_v2:pipeline",
+        "streams.page-views.bounded=true",
+        "streams.page-counts-v2.partitions=2",
+    ]
     v2 = ExampleJob("job.yaml", overrides, tmp_path / "logs-v2", FINISH_S)
     v2.config_path = upgrade / "job.yaml"
     try:
@@ -194,8 +208,10 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
     assert got_v2 == _expected_v2(after), "the upgraded job's output is not exactly the input after the cut"
     assert sum(n for n, _ in got_v2.values()) == len(after)
-    measure(f"upgrade (new run id, new aggregation and intermediate schema) counted the {len(after)} events "
-            f"after the cut exactly once in {len(got_v2)} windows")
+    measure(
+        f"upgrade (new run id, new aggregation and intermediate schema) counted the {len(after)} events "
+        f"after the cut exactly once in {len(got_v2)} windows"
+    )
 
 
 def test_a_drain_completes_on_the_survivor_when_a_processor_is_killed_mid_drain(job: DrainJob, measure) -> None:
@@ -226,5 +242,7 @@ def test_a_drain_completes_on_the_survivor_when_a_processor_is_killed_mid_drain(
     assert set(got) == set(expected), "a window outside the input up to the cut was written"
     assert drain_job.unread_intermediate(job.config) == {}
     exact = sum(got[w] == n for w, n in expected.items())
-    measure(f"p1 SIGKILLed mid-drain: the drain completed on p0; no window lost; {exact}/{len(expected)} exact "
-            f"(any other over-counted by a replayed batch: at-least-once); {len(after)} events after the cut")
+    measure(
+        f"p1 SIGKILLed mid-drain: the drain completed on p0; no window lost; {exact}/{len(expected)} exact "
+        f"(any other over-counted by a replayed batch: at-least-once); {len(after)} events after the cut"
+    )

@@ -52,8 +52,9 @@ def trickle(connection_string: str, stop: threading.Event) -> None:
         producer.close()
 
 
-def test_sigterm_on_a_busy_partition_checkpoints_exactly_what_was_relayed(eventhubs_emulator, tmp_path: Path,
-                                                                         measure) -> None:  # fmt: skip
+def test_sigterm_on_a_busy_partition_checkpoints_exactly_what_was_relayed(
+    eventhubs_emulator, tmp_path: Path, measure
+) -> None:
     emulator = eventhubs_emulator({"events": 2})
     (tmp_path / "job.yaml").write_text(textwrap.dedent(JOB.format(cs=emulator.connection_string())))
     (tmp_path / "relay_task.py").write_text(RELAY)

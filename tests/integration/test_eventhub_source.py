@@ -25,10 +25,10 @@ from weirflow.local.launcher import wait_until
 
 pytestmark = pytest.mark.integration
 
-PIPELINE = '''
+PIPELINE = """
 def pipeline(app):
     app.input("views").send_to("out")
-'''
+"""
 
 CONFIG = """
 job: {{name: ehsource}}
@@ -104,8 +104,9 @@ def _millis(text: str) -> int:
     return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def test_event_hubs_columns_a_start_time_and_the_trigger_limit(eventhubs_emulator, tmp_path: Path,
-                                                                measure) -> None:
+def test_event_hubs_columns_a_start_time_and_the_trigger_limit(
+    eventhubs_emulator, tmp_path: Path, measure
+) -> None:
     emulator = eventhubs_emulator({"views": 2, "views.dlq": 2})
     cs = emulator.connection_string()
     _send(cs, [({"tag": "early", "n": i}, f"user-{i}", None, f"e{i}".encode()) for i in range(10)])
@@ -115,8 +116,10 @@ def test_event_hubs_columns_a_start_time_and_the_trigger_limit(eventhubs_emulato
     )
     probe.close()
     wait_until(lambda: time.time() * 1000 > cutoff_ms, 5, "the clock to pass the early events", 0.005)
-    late = [({"tag": "late", "n": i, "ok": True, "blob": b"\xff\xfe"}, f"user-{i}", None, f"l{i}".encode())
-            for i in range(20)]
+    late = [
+        ({"tag": "late", "n": i, "ok": True, "blob": b"\xff\xfe"}, f"user-{i}", None, f"l{i}".encode())
+        for i in range(20)
+    ]
     late += [({"tag": "pinned", "n": i}, None, i % 2, f"p{i}".encode()) for i in range(6)]
     _send(cs, late)
 

@@ -76,8 +76,10 @@ def test_hub_and_partition_properties(hub) -> None:
     assert props["eventhub_name"] == "views" and props["partition_ids"] == ["0", "1", "2", "3"]
     empty = producer.get_partition_properties("2")
     assert (empty["is_empty"], empty["beginning_sequence_number"], empty["last_enqueued_sequence_number"]) == (
-        True, 0, -1
-    )  # fmt: skip
+        True,
+        0,
+        -1,
+    )
     send(producer, ["a", "bb", "ccc"], partition_id="2")
     after = producer.get_partition_properties("2")
     assert (after["is_empty"], after["last_enqueued_sequence_number"]) == (False, 2)
@@ -151,8 +153,9 @@ def test_an_equal_or_higher_epoch_steals_the_partition(hub, level: int) -> None:
     first = Receiver(emulator.connection_string("views"), "3", "-1", owner_level=1)
     try:
         assert [e.body_as_str() for e in first.wait_for(2)] == ["a", "b"]
-        second = Receiver(emulator.connection_string("views"), "3", 1, owner_level=level,
-                          starting_position_inclusive=True)  # fmt: skip
+        second = Receiver(
+            emulator.connection_string("views"), "3", 1, owner_level=level, starting_position_inclusive=True
+        )
         try:
             wait_until(lambda: first.errors, 30, "the first receiver to be disconnected")
             assert "amqp:link:stolen" in str(first.errors[0])

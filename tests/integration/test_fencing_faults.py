@@ -153,8 +153,11 @@ def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over
         leaving = sorted(job.status()["assignment"]["p3"])
         assert len(leaving) == PARTITIONS // 3
         job.produce(PARTITIONS * 120)
-        wait_until(lambda: {t.task for t in tenures(job) if t.processor == "p3"} == set(leaving), 60,
-                   "every task of p3 writing")  # fmt: skip
+        wait_until(
+            lambda: {t.task for t in tenures(job) if t.processor == "p3"} == set(leaving),
+            60,
+            "every task of p3 writing",
+        )
 
         terminated_at = time.monotonic()
         assert job.processes["p3"].terminate(timeout_s=90) == 0
@@ -222,8 +225,11 @@ def test_a_processor_cut_off_from_storage_stops_its_tasks_before_another_takes_t
         cut_off = sorted(job.status()["assignment"]["p2"])
 
         with Producer(job):
-            wait_until(lambda: {t.task for t in tenures(job) if t.processor == "p2"} >= set(cut_off), 60,
-                       "every task of p2 writing")  # fmt: skip
+            wait_until(
+                lambda: {t.task for t in tenures(job) if t.processor == "p2"} >= set(cut_off),
+                60,
+                "every task of p2 writing",
+            )
             proxy.blackhole()
             blackholed_at = time.monotonic()
             took = wait_until(lambda: job.all_tasks_running_once({"p1"}), 90, "p1 running every task")

@@ -64,9 +64,10 @@ class KinesisPageViews(ExampleJob):
         batch = list(events)
         for i in range(0, len(batch), 500):
             chunk = batch[i : i + 500]
-            response = self.client.put_records(StreamName=self.input, Records=[
-                {"Data": json.dumps(e).encode(), "PartitionKey": e["user"]} for e in chunk
-            ])
+            response = self.client.put_records(
+                StreamName=self.input,
+                Records=[{"Data": json.dumps(e).encode(), "PartitionKey": e["user"]} for e in chunk],
+            )
             assert response["FailedRecordCount"] == 0
             for event, entry in zip(chunk, response["Records"], strict=True):
                 self.written.append((event, entry["ShardId"], entry["SequenceNumber"]))
@@ -79,20 +80,33 @@ class KinesisPageViews(ExampleJob):
         """Split every open shard at a third of its hash range (not on a slice boundary)."""
         for shard in self.open_shards():
             low, high = (int(shard["HashKeyRange"][k]) for k in ("StartingHashKey", "EndingHashKey"))
-            self.client.split_shard(StreamName=self.input, ShardToSplit=shard["ShardId"],
-                                    NewStartingHashKey=str(low + (high - low) // 3))
+            self.client.split_shard(
+                StreamName=self.input,
+                ShardToSplit=shard["ShardId"],
+                NewStartingHashKey=str(low + (high - low) // 3),
+            )
             self.wait_active()
 
     def merge_lowest(self) -> None:
         """Merge the two open shards with the lowest hash ranges."""
         shards = sorted(self.open_shards(), key=lambda s: int(s["HashKeyRange"]["StartingHashKey"]))
-        self.client.merge_shards(StreamName=self.input, ShardToMerge=shards[0]["ShardId"],
-                                 AdjacentShardToMerge=shards[1]["ShardId"])
+        self.client.merge_shards(
+            StreamName=self.input, ShardToMerge=shards[0]["ShardId"], AdjacentShardToMerge=shards[1]["ShardId"]
+        )
         self.wait_active()
 
     def wait_active(self) -> None:
-        wait_until(lambda: self.client.describe_stream_summary(StreamName=self.input)[
-            "StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE", 30, "the stream to be ACTIVE", 0.1)
+        wait_until(
+            lambda: (
+                self.client.describe_stream_summary(StreamName=self.input)["StreamDescriptionSummary"][
+                    "StreamStatus"
+                ]
+                == "ACTIVE"
+            ),
+            30,
+            "the stream to be ACTIVE",
+            0.1,
+        )
 
     def consumed(self) -> bool:
         """Whether every written event is at or before its virtual task's checkpointed position in its shard."""
@@ -105,8 +119,7 @@ class KinesisPageViews(ExampleJob):
         for event, shard, sequence in self.written:
             state = done.get(slice_of(key_hash(event["user"]), VIRTUAL_TASKS), {}).get(shard)
             if state != positions.ENDED and not (
-                positions.is_sequence(state)
-                and positions.sequence_key(state) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
+                positions.is_sequence(state) and positions.sequence_key(state) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
             ):
                 return False
         return True
@@ -169,8 +182,10 @@ def test_a_split_and_a_merge_under_a_running_windowed_job_move_no_task_and_lose_
     assert len(letters) == 1 and "not valid JSON" in letters[0]["error"], letters
     assert letters[0]["ssp"] == f"kin.{job.input}.{slice_of(key_hash('bad'), VIRTUAL_TASKS)}"
     assert letters[0]["offset"].startswith("shardId-"), "a dead letter names its shard and sequence number"
-    measure(f"[kinesis] split 2→4 and merge 4→3 under a running job: {len(got)} windows equal pandas, "
-            f"{len(started)} tasks each started once; resharding phases took {resharded:.1f} s")
+    measure(
+        f"[kinesis] split 2→4 and merge 4→3 under a running job: {len(got)} windows equal pandas, "
+        f"{len(started)} tasks each started once; resharding phases took {resharded:.1f} s"
+    )
 
 
 def test_md5_routing_equals_kinesis_s_own_shard_choice_for_10000_keys(kinesalite: Any) -> None:
@@ -236,8 +251,10 @@ def test_a_processor_sigkilled_during_a_split_loses_no_window(job, measure) -> N
     assert got == results.expected_counts(events), "window counts differ from pandas"
     moved = set(_started(victim.log_text())) & set(_started(survivor.log_text()))
     assert any(t.startswith("page_views-") for t in moved), "the survivor took the killed processor's readers"
-    measure(f"[kinesis] SIGKILL during a split: {len(moved)} tasks moved, every event consumed {recovered:.1f} s "
-            f"after the kill, {len(got)} windows equal pandas")
+    measure(
+        f"[kinesis] SIGKILL during a split: {len(moved)} tasks moved, every event consumed {recovered:.1f} s "
+        f"after the kill, {len(got)} windows equal pandas"
+    )
 
 
 def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_or_reordering_per_key(
@@ -255,11 +272,17 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
 
     faults = KinesisFaults(kinesalite.endpoint).start()
     stream = f"retried-{uuid.uuid4().hex[:8]}"
-    config = Config.from_dict({
-        "job.name": "faults", "job.state.dir": str(tmp_path), "systems.kin.factory": "kinesis",
-        "systems.kin.endpoint": faults.endpoint, "systems.kin.region": "us-east-1", "systems.kin.shards": 2,
-        "systems.kin.send.attempts": 20,
-    })
+    config = Config.from_dict(
+        {
+            "job.name": "faults",
+            "job.state.dir": str(tmp_path),
+            "systems.kin.factory": "kinesis",
+            "systems.kin.endpoint": faults.endpoint,
+            "systems.kin.region": "us-east-1",
+            "systems.kin.shards": 2,
+            "systems.kin.send.attempts": 20,
+        }
+    )
     factory = KinesisSystemFactory()
     admin, producer = factory.get_admin("kin", config), factory.get_producer("kin", config)
     try:
@@ -294,8 +317,9 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
     client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
     read: dict[str, list[int]] = {}
     for shard in client.list_shards(StreamName=stream)["Shards"]:
-        iterator = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
-                                             ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+        iterator = client.get_shard_iterator(
+            StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
         while iterator:
             response = client.get_records(ShardIterator=iterator, Limit=10_000)
             for record in response["Records"]:
@@ -323,11 +347,18 @@ def test_a_planned_read_is_at_the_end_only_once_every_record_the_shards_hold_is_
     client.create_stream(StreamName=stream, ShardCount=1)
     client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
     for start in range(0, 25_000, 500):  # more than two GetRecords pages
-        client.put_records(StreamName=stream, Records=[
-            {"Data": b"%d" % i, "PartitionKey": f"k{i}"} for i in range(start, start + 500)
-        ])
-    config = Config.from_dict({"job.name": "bounded", "job.state.dir": str(tmp_path), **kinesalite.config("kin"),
-                               "systems.kin.virtual.tasks": 1})
+        client.put_records(
+            StreamName=stream,
+            Records=[{"Data": b"%d" % i, "PartitionKey": f"k{i}"} for i in range(start, start + 500)],
+        )
+    config = Config.from_dict(
+        {
+            "job.name": "bounded",
+            "job.state.dir": str(tmp_path),
+            **kinesalite.config("kin"),
+            "systems.kin.virtual.tasks": 1,
+        }
+    )
     admin = KinesisSystemFactory().get_admin("kin", config)
     try:
         position, planned, plans = positions.EARLIEST, 0, 0
@@ -366,10 +397,19 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
     factory = KinesisSystemFactory()
 
     def clients(state: str) -> tuple[Any, Any, Any]:
-        config = Config.from_dict({"job.name": "retention", "job.state.dir": str(tmp_path / state),
-                                   **server.config("kin"), "systems.kin.virtual.tasks": 1})
-        return factory.get_admin("kin", config), factory.get_consumer("kin", config), factory.get_producer(
-            "kin", config)
+        config = Config.from_dict(
+            {
+                "job.name": "retention",
+                "job.state.dir": str(tmp_path / state),
+                **server.config("kin"),
+                "systems.kin.virtual.tasks": 1,
+            }
+        )
+        return (
+            factory.get_admin("kin", config),
+            factory.get_consumer("kin", config),
+            factory.get_producer("kin", config),
+        )
 
     admin, consumer, producer = clients("first")
     moved_admin, moved_consumer, _ = clients("moved")  # the processor the task moves to

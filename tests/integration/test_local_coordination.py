@@ -25,6 +25,7 @@ def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Job]:
     yield job
     finish(job)
 
+
 @pytest.mark.parametrize(
     ("job", "profile"), [(SHORT_TIMINGS, "short"), ({}, "default")], indirect=["job"], ids=["short", "default"]
 )

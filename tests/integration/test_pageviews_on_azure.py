@@ -114,8 +114,10 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
         assert got == expected, f"{len(set(expected) ^ set(got))} windows differ from pandas up to the cut"
         assert drain_job.unread_intermediate(job.config) == {}
         assert drain_job.drain_notices(job.config) == [other], "the leader removes its run's notice, not another's"
-        measure(f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
-                f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut")
+        measure(
+            f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
+            f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut"
+        )
 
         letters = drain_job.dead_letters(job.config)
         assert len(letters) == 1

@@ -49,6 +49,7 @@ def test_a_killed_processor_restarted_with_its_id_takes_over_and_loses_nothing(j
     job.produce(1200)
     restarted = start_processor(job.config_path, "p1", log_dir=job.root / "restarted")
     job.processes["p1-restarted"] = restarted
+
     def restarted_runs_everything() -> bool:
         rows = [p for p in job.status()["processors"] if p["processor_id"] == "p1"]
         return bool(rows) and rows[0]["pid"] == restarted.pid and job.all_tasks_running_once({"p1"})

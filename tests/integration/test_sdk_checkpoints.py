@@ -82,9 +82,10 @@ def sdk_receive(
             done.set()
 
     worker = threading.Thread(
-        target=client.receive, kwargs={"on_event": on_event, "starting_position": "-1", "max_wait_time": 1},
+        target=client.receive,
+        kwargs={"on_event": on_event, "starting_position": "-1", "max_wait_time": 1},
         daemon=True,
-    )  # fmt: skip
+    )
     worker.start()
     try:
         done.wait(90)
@@ -108,8 +109,11 @@ def test_a_job_starts_where_an_sdk_app_checkpointed_and_an_sdk_app_resumes_where
     assert sorted(seen) == sorted([(p, n) for p in ("0", "1") for n in range(FIRST)])
 
     # --- the job takes over from the SDK app's checkpoints ----------------------------------------------
-    (tmp_path / "job.yaml").write_text(textwrap.dedent(JOB.format(
-        name=unique_job_name("sdkck"), container=CONTAINER, storage=azure_storage, eh=eh)))  # fmt: skip
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(
+            JOB.format(name=unique_job_name("sdkck"), container=CONTAINER, storage=azure_storage, eh=eh)
+        )
+    )
     (tmp_path / "relay_task.py").write_text(RELAY)
     config = load_config(tmp_path / "job.yaml")
     systems = Systems(config)
@@ -142,5 +146,7 @@ def test_a_job_starts_where_an_sdk_app_checkpointed_and_an_sdk_app_resumes_where
     send(eh, LATER)
     resumed = sdk_receive(eh, azure_storage, 2 * LATER)
     assert sorted(resumed) == sorted([(p, n) for p in ("0", "1") for n in range(FIRST, FIRST + LATER)]), resumed
-    measure(f"SDK app checkpointed p0 at 14 -> the job read p0 from 15 and p1 (no checkpoint) from 0; "
-            f"after the job stopped an SDK consumer received exactly the {2 * LATER} newer events")  # fmt: skip
+    measure(
+        f"SDK app checkpointed p0 at 14 -> the job read p0 from 15 and p1 (no checkpoint) from 0; "
+        f"after the job stopped an SDK consumer received exactly the {2 * LATER} newer events"
+    )

@@ -120,14 +120,24 @@ def job_overrides(backend: str, request: pytest.FixtureRequest, tmp_path: Path) 
     shutil.copy(EXAMPLE / "pipeline.py", tmp_path / "endpoints_pipeline.py")
     shutil.copy(EXAMPLES / "rpc" / "pipeline.py", tmp_path / "rpc_pipeline.py")
     (tmp_path / "pipeline.py").write_text(PIPELINE)
-    overrides = [f"job.name={unique_job_name('served')}", *FAST, "systems.http.factory=http",
-                 "streams.work.system=http", "streams.work.partitions=4"]  # fmt: skip
+    overrides = [
+        f"job.name={unique_job_name('served')}",
+        *FAST,
+        "systems.http.factory=http",
+        "streams.work.system=http",
+        "streams.work.partitions=4",
+    ]
     if backend == "embedded":
         return overrides, None
     storage = request.getfixturevalue("azure_storage")
-    return [*overrides, "job.coordinator.factory=azure", "task.checkpoint.factory=azure-table",
-            f"azure.storage.connection.string={storage}", f"endpoints.auth.token={TOKEN}",
-            f"systems.local.path={tmp_path / 'streams.db'}"], TOKEN  # fmt: skip
+    return [
+        *overrides,
+        "job.coordinator.factory=azure",
+        "task.checkpoint.factory=azure-table",
+        f"azure.storage.connection.string={storage}",
+        f"endpoints.auth.token={TOKEN}",
+        f"systems.local.path={tmp_path / 'streams.db'}",
+    ], TOKEN
 
 
 def check_reads(url: str, token: str | None, expected: dict[str, dict[str, Any]]) -> None:
@@ -158,6 +168,7 @@ def check_requests(urls: list[str], token: str | None) -> None:
     """The ``http`` stream: a fan-out gets one reply from every task through either processor, and the shares
     add up; a time limit too short gives a partial answer; a single request is answered by one task; a
     WebSocket conversation carries several requests and is ended by the job; bad requests get a JSON 4xx."""
+
     def answered() -> bool:  # the first answers wait for the stage's queries to start
         status, answer = post(f"{urls[0]}/rpc/work?timeout_ms=5000", token, {"limit": 100})
         return status == 200 and not answer["partial"]
@@ -183,11 +194,16 @@ def check_requests(urls: list[str], token: str | None) -> None:
         with pytest.raises(ConnectionClosedOK) as ended:
             ws.recv(timeout=30)
     assert [(r["request"], r["body"]["primes"], r["close"]) for r in replies] == [
-        ("0", PRIMES_BELOW[100], False), ("1", PRIMES_BELOW[1000], False), ("2", PRIMES_BELOW[10], True)]
+        ("0", PRIMES_BELOW[100], False),
+        ("1", PRIMES_BELOW[1000], False),
+        ("2", PRIMES_BELOW[10], True),
+    ]
     assert ended.value.rcvd is not None and ended.value.rcvd.reason == "closed by the job"
 
-    assert post(f"{urls[0]}/rpc/nope", token, {}) == (404, {"error": "'nope' is not an http stream of this job "
-                                                                     "(http streams: work)"})  # fmt: skip
+    assert post(f"{urls[0]}/rpc/nope", token, {}) == (
+        404,
+        {"error": "'nope' is not an http stream of this job (http streams: work)"},
+    )
     status, bad = post(f"{urls[0]}/rpc/work", token, raw=b"{not json")
     assert status == 400 and "not JSON" in bad["error"]
     with pytest.raises(InvalidStatus) as refused:
@@ -203,10 +219,19 @@ def check_task_reports(url: str, token: str | None, owner_of: dict[str, str]) ->
     reports = {task: r for by in doc["task_reports"].values() for task, r in by.items()}
     assert sorted(reports) == sorted(owner_of)
     assert sum(reports[f"page_views-{n}"]["records_in"] for n in range(TASKS)) == VIEWS
-    assert all(r["lag_total"] == 0 and r["last_checkpoint_ms"] > 0 and r["batches"] > 0
-               for task, r in reports.items() if not task.startswith("work"))  # work-*: no request yet
-    assert sum(r["records_out"].get("views-by-user", 0) for task, r in reports.items()
-               if task.startswith("page_views")) >= VIEWS  # fmt: skip
+    assert all(
+        r["lag_total"] == 0 and r["last_checkpoint_ms"] > 0 and r["batches"] > 0
+        for task, r in reports.items()
+        if not task.startswith("work")
+    )  # work-*: no request yet
+    assert (
+        sum(
+            r["records_out"].get("views-by-user", 0)
+            for task, r in reports.items()
+            if task.startswith("page_views")
+        )
+        >= VIEWS
+    )
 
 
 @pytest.mark.parametrize("backend", ["embedded", "azure"])
@@ -252,6 +277,7 @@ def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill
         wait_until(lambda: client.right > 100, 30, "the client getting answers")
         killed_at = time.monotonic()
         procs[victim].kill()  # SIGKILL while the client asks
+
         def serves(rows: dict[str, Any]) -> bool:
             return all(get(f"{urls[entry]}/tables/last_view/{u}", token) == (200, rows[u]) for u in proxied[:20])
 
@@ -273,8 +299,10 @@ def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill
         ws_url = urls[entry].replace("http://", "ws://")
         page_tap = f"{ws_url}/tap/page-views?field=page&match=%5E/page/1%24"  # ^/page/1$
         user_tap = f"{ws_url}/tap/views-by-user?field=user&match=%5Eu7%24"  # an intermediate stream
-        with connect(page_tap, additional_headers=headers) as by_page, \
-                connect(user_tap, additional_headers=headers) as by_user:  # fmt: skip
+        with (
+            connect(page_tap, additional_headers=headers) as by_page,
+            connect(user_tap, additional_headers=headers) as by_user,
+        ):
             time.sleep(0.5)  # a tap starts at the streams' ends as of its connection
             send(config, VIEWS, USERS, USERS)
             tapped = [json.loads(by_page.recv(timeout=60))["value"] for _ in range(4)]
@@ -296,6 +324,8 @@ def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill
         for proc in procs.values():
             if proc.alive():
                 proc.popen.send_signal(signal.SIGKILL)
-    measure(f"served table ({backend}): owner SIGKILLed under lookups through the other processor: "
-            f"{client.right} right answers, {client.unavailable} x 503, 0 wrong; every key back "
-            f"{back_after:.1f} s after the kill")  # fmt: skip
+    measure(
+        f"served table ({backend}): owner SIGKILLed under lookups through the other processor: "
+        f"{client.right} right answers, {client.unavailable} x 503, 0 wrong; every key back "
+        f"{back_after:.1f} s after the kill"
+    )

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 EVENTS = 3000
 
-PIPELINE = '''
+PIPELINE = """
 from pyspark.sql import functions as F
 
 import pipeline as pageviews
@@ -39,12 +39,12 @@ def cluster_pipeline(app):
     counts = views.partition_by("page", name="views-by-page").transform(pageviews.count_per_minute)
     key = F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm"))
     counts.send_to("page-counts", key=key)
-'''
+"""
 
-PAGENAMES = '''
+PAGENAMES = """
 def canonical(page):
     return page.strip().lower() if page is not None else None
-'''
+"""
 
 
 def test_the_pageviews_job_runs_on_a_standalone_cluster_with_exact_counts(tmp_path: Path, measure) -> None:
@@ -66,8 +66,10 @@ def test_the_pageviews_job_runs_on_a_standalone_cluster_with_exact_counts(tmp_pa
         ]
         config = load_config(job_dir / "job.yaml", overrides)
         events = generate.write(config, EVENTS)
-        procs = [start_processor(job_dir / "job.yaml", name, overrides, log_dir=tmp_path / "logs")
-                 for name in ("p0", "p1")]  # fmt: skip
+        procs = [
+            start_processor(job_dir / "job.yaml", name, overrides, log_dir=tmp_path / "logs")
+            for name in ("p0", "p1")
+        ]
         try:
             wait_until(lambda: not any(p.alive() for p in procs), 300, "the job to finish on the cluster", 0.5)
             for p in procs:
@@ -86,8 +88,11 @@ def test_the_pageviews_job_runs_on_a_standalone_cluster_with_exact_counts(tmp_pa
     assert len(apps) == 2, f"the master ran {[a.get('name') for a in apps]}"
     for p in procs:
         assert "shipped the job's code to the cluster's executors: clusterjob.py, pagenames.py, pipeline.py" in (
-            p.log_text())  # fmt: skip
+            p.log_text()
+        )
         assert f"session ready ({cluster.master_url})" in p.log_text()
     assert results.read_counts(config) == results.expected_counts(events)
-    measure(f"pageviews on a standalone cluster (2 processors = 2 applications, a UDF from the job's directory): "
-            f"{len(results.expected_counts(events))} windows over {EVENTS} events equal pandas")  # fmt: skip
+    measure(
+        f"pageviews on a standalone cluster (2 processors = 2 applications, a UDF from the job's directory): "
+        f"{len(results.expected_counts(events))} windows over {EVENTS} events equal pandas"
+    )

@@ -217,8 +217,11 @@ def writes_after_takeover(job: CopyJob) -> list[str]:
         writer = pids.get(writer_pid, str(writer_pid))
         task = _task_of(event_id, tasks)
         # the latest tenure begun at or before the write: it must be the writer's own
-        holder = max((r for r in by_task[task] if r["acquired_ms"] <= written_ms), key=lambda r: r["acquired_ms"],
-                     default=None)  # fmt: skip
+        holder = max(
+            (r for r in by_task[task] if r["acquired_ms"] <= written_ms),
+            key=lambda r: r["acquired_ms"],
+            default=None,
+        )
         if holder is None or holder["owner"] != writer:
             held_by = holder["owner"] if holder else "nobody"
             bad.append(f"event {event_id} of {task} written by {writer} at {written_ms} while {held_by} held it")
@@ -253,8 +256,9 @@ def test_a_paused_processor_writes_nothing_for_lost_tasks_and_a_stopped_one_hand
     job.pause(p1)
     stopped_at = time.monotonic()
     try:
-        wait_until(lambda: set(lost) <= set(job.assignment().get("p0", [])), 60, "p0 assigned p1's tasks",
-                   interval_s=0.25)  # fmt: skip
+        wait_until(
+            lambda: set(lost) <= set(job.assignment().get("p0", [])), 60, "p0 assigned p1's tasks", interval_s=0.25
+        )
         time.sleep(max(0.0, 4 * LEASE_MS / 1000 - (time.monotonic() - stopped_at)))  # its Spark runs on
     finally:
         os.kill(p1.pid, signal.SIGCONT)
@@ -290,7 +294,11 @@ def test_a_paused_processor_writes_nothing_for_lost_tasks_and_a_stopped_one_hand
     for event_id, _, _ in job.outputs():
         copies[event_id] = copies.get(event_id, 0) + 1
     again = sum(1 for n in copies.values() if n > 1)
-    measure(f"p1 (4 tasks) SIGSTOPped {paused_s:.0f} s mid-batch with a {LEASE_MS / 1000:.0f} s lease: no output "
-            f"written outside its writer's tenure")  # fmt: skip
-    measure(f"p1 SIGTERMed with 4 busy Spark tasks: stopped in {took:.1f} s, locks released; "
-            f"{again} of {len(job.sent)} events written twice in all (the pause's replays included)")  # fmt: skip
+    measure(
+        f"p1 (4 tasks) SIGSTOPped {paused_s:.0f} s mid-batch with a {LEASE_MS / 1000:.0f} s lease: no output "
+        f"written outside its writer's tenure"
+    )
+    measure(
+        f"p1 SIGTERMed with 4 busy Spark tasks: stopped in {took:.1f} s, locks released; "
+        f"{again} of {len(job.sent)} events written twice in all (the pause's replays included)"
+    )

@@ -18,10 +18,10 @@ from weirflow.local.launcher import wait_until
 
 pytestmark = pytest.mark.integration
 
-PIPELINE = '''
+PIPELINE = """
 def pipeline(app):
     app.input("events").send_to("out")
-'''
+"""
 
 CONFIG = """
 job: {name: runner}
@@ -56,8 +56,9 @@ def test_stateless_tasks_share_a_query_and_a_stopped_start_never_runs(tmp_path: 
 
         def written() -> list[str]:
             records = ctx.systems.consumer("local").read(SystemStreamPartition("local", "out", 0), "0", 1000)
-            return sorted(json.loads(r.value)["value"] if r.value.startswith(b"{") else r.value.decode()
-                          for r in records)
+            return sorted(
+                json.loads(r.value)["value"] if r.value.startswith(b"{") else r.value.decode() for r in records
+            )
 
         # Both accepted; while their query's start waits for its turn (another start holds the session),
         # one is withdrawn: the start finds it gone and runs only the other.

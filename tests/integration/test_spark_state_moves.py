@@ -57,7 +57,7 @@ streams:
 spark: {{master: "local[2]"}}
 """
 
-PIPELINE = '''
+PIPELINE = """
 from pyspark.sql import functions as F
 
 
@@ -68,17 +68,21 @@ def count(views):
 
 def pipeline(app):
     app.input("views").transform(count).send_to("counts", key=F.concat_ws("|", "page", "window_s"))
-'''
+"""
 
 
 def event(i: int) -> dict:
     return {"page": f"/p{i % PAGES}", "event_time": BASE_S + (i * 300) // EVENTS}  # 5 minutes of events
 
 
-def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(azure_storage: str, tmp_path: Path,
-                                                                   measure) -> None:  # fmt: skip
-    (tmp_path / "job.yaml").write_text(textwrap.dedent(JOB.format(
-        name=unique_job_name("state"), storage=azure_storage, log=tmp_path / "streams.db")))  # fmt: skip
+def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
+    azure_storage: str, tmp_path: Path, measure
+) -> None:
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(
+            JOB.format(name=unique_job_name("state"), storage=azure_storage, log=tmp_path / "streams.db")
+        )
+    )
     (tmp_path / "pipeline.py").write_text(PIPELINE)
     config = load_config(tmp_path / "job.yaml")
     systems = Systems(config)
@@ -94,8 +98,9 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(azure_storage
     systems.producer("local").send(records)
 
     def start(name: str) -> ProcessorProcess:  # its own state directory: another machine
-        return start_processor(tmp_path / "job.yaml", name, [f"job.state.dir={tmp_path / name}"],
-                               log_dir=tmp_path / "logs")  # fmt: skip
+        return start_processor(
+            tmp_path / "job.yaml", name, [f"job.state.dir={tmp_path / name}"], log_dir=tmp_path / "logs"
+        )
 
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     manager.start()
@@ -126,13 +131,17 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(azure_storage
         manager.stop()
     assert "restored its Spark state as of batch" in survivor.log_text(), survivor.log_text()[-3000:]
 
-    out = [json.loads(r.value) for r in systems.consumer("local").read(
-        SystemStreamPartition("local", "counts", 0), "0", 100_000)]  # fmt: skip
+    out = [
+        json.loads(r.value)
+        for r in systems.consumer("local").read(SystemStreamPartition("local", "counts", 0), "0", 100_000)
+    ]
     systems.close()
     written = Counter((r["page"], int(r["window_s"])) for r in out)
     assert all(n == 1 for n in written.values()), "a window written twice"
     expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in map(event, range(EVENTS)))
     got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
     assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
-    measure(f"views-0 moved by SIGKILL after committing {at_kill} of its 720 events, every window open: "
-            f"restored from Blob Storage, all {len(expected)} window counts equal pandas")  # fmt: skip
+    measure(
+        f"views-0 moved by SIGKILL after committing {at_kill} of its 720 events, every window open: "
+        f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
+    )

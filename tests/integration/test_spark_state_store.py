@@ -28,12 +28,17 @@ def spark_dir(root: Path, files: dict[str, str]) -> Path:
 LAYOUT = {
     "metadata": '{"id":"q"}',
     "sources/0/0": "v1",
-    "offsets/0": "o0", "offsets/1": "o1", "offsets/2": "o2 (planned, not committed)",
-    "commits/0": "c0", "commits/1": "c1",
+    "offsets/0": "o0",
+    "offsets/1": "o1",
+    "offsets/2": "o2 (planned, not committed)",
+    "commits/0": "c0",
+    "commits/1": "c1",
     "state/0/0/_metadata/schema": "s",
-    "state/0/0/1.delta": "d1", "state/0/0/2.delta": "d2", "state/0/0/3.delta": "d3 (batch 2, running)",
+    "state/0/0/1.delta": "d1",
+    "state/0/0/2.delta": "d2",
+    "state/0/0/3.delta": "d3 (batch 2, running)",
     "state/0/0/.2.delta.crc": "hidden",
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -63,9 +68,10 @@ def test_a_mirror_sends_the_committed_batch_and_a_restore_brings_back_exactly_it
     other = tmp_path / "b" / "views-0"  # another machine
     assert store.restore("views-0", other) == 2
     assert {p.relative_to(other).as_posix(): p.read_text() for p in other.rglob("*") if p.is_file()} == {
-        rel: text for rel, text in LAYOUT.items()
+        rel: text
+        for rel, text in LAYOUT.items()
         if rel not in ("offsets/0", "commits/0", "state/0/0/.2.delta.crc")
-    } | {"commits/2": "c2"}  # fmt: skip
+    } | {"commits/2": "c2"}
     assert store.restore("views-0", other) == 2  # level with the copy: left as it is
 
 

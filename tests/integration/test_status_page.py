@@ -58,9 +58,16 @@ class ReportingRunner(FakeRunner):
 
     def task_stats(self) -> dict[str, dict[str, Any]]:
         return {
-            task: {"batches": 3, "records_in": 10 * (n + 1), "last_batch_ms": 120, "dead_letters": n,
-                   "last_checkpoint_ms": int(time.time() * 1000) - 1500, "records_out": {"out": 7}, "query": task,
-                   "offsets": {SystemStreamPartition("local", "views", n).key(): "10"}}  # fmt: skip
+            task: {
+                "batches": 3,
+                "records_in": 10 * (n + 1),
+                "last_batch_ms": 120,
+                "dead_letters": n,
+                "last_checkpoint_ms": int(time.time() * 1000) - 1500,
+                "records_out": {"out": 7},
+                "query": task,
+                "offsets": {SystemStreamPartition("local", "views", n).key(): "10"},
+            }
             for task in sorted(self.running())
             for n in [int(task.rsplit("-", 1)[1])]
         }
@@ -82,33 +89,54 @@ def test_the_status_page_shows_the_leader_the_processors_and_every_task(tmp_path
     try:
         processor = running.processor
         wait_until(lambda: processor.state.value == "RUNNING" and processor.endpoint_url != "", 30, "p1 running")
-        wait_until(lambda: processor.runner is not None and len(processor.runner.running()) == len(TASKS), 30,
-                   "every task running")  # fmt: skip
+        wait_until(
+            lambda: processor.runner is not None and len(processor.runner.running()) == len(TASKS),
+            30,
+            "every task running",
+        )
         metrics_url = processor.endpoint_url + "/metrics"
-        wait_until(lambda: 'weirflow_lease_renewals_total{processor="p1"} 0.0' not in get(metrics_url), 30,
-                   "a lock renewal counted")  # fmt: skip
+        wait_until(
+            lambda: 'weirflow_lease_renewals_total{processor="p1"} 0.0' not in get(metrics_url),
+            30,
+            "a lock renewal counted",
+        )
         metrics = get(metrics_url)
         url = processor.endpoint_url + "/"
-        dom = subprocess.run([CHROMIUM, *HEADLESS, "--dump-dom", url], capture_output=True, text=True,
-                             timeout=60, check=True).stdout  # fmt: skip
+        dom = subprocess.run(
+            [CHROMIUM, *HEADLESS, "--dump-dom", url], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
         shot = tmp_path / "status.png"
-        subprocess.run([CHROMIUM, *HEADLESS, "--window-size=1000,700", f"--screenshot={shot}", url],
-                       capture_output=True, timeout=60, check=True)  # fmt: skip
+        subprocess.run(
+            [CHROMIUM, *HEADLESS, "--window-size=1000,700", f"--screenshot={shot}", url],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
     finally:
         assert running.stop() == 0
     cells = _Cells()
     cells.feed(dom)
     processors, tasks = cells.tables
-    assert tasks[0] == ["task", "state", "processor", "lag", "records in", "last batch", "last checkpoint",
-                        "dead letters"]  # fmt: skip
+    assert tasks[0] == [
+        "task",
+        "state",
+        "processor",
+        "lag",
+        "records in",
+        "last batch",
+        "last checkpoint",
+        "dead letters",
+    ]
     by_task = {row[0]: row for row in tasks[1:]}
     assert by_task["main-2"][3:5] == ["15", "30"] and by_task["main-2"][5] == "120 ms"
     assert re.fullmatch(r"\d+\.\d s ago", by_task["main-2"][6]) and by_task["main-2"][7] == "2"
-    for line in ('weirflow_task_lag_records{processor="p1",ssp="local.views.2",task="main-2"} 15.0',
-                 'weirflow_task_dead_letters_total{processor="p1",task="main-3"} 3.0',
-                 'weirflow_task_records_in_total{processor="p1",task="main-1"} 20.0',
-                 'weirflow_task_records_out_total{processor="p1",query="main-0",stream="out",task="main-0"} 7.0',
-                 'weirflow_task_batch_duration_seconds{processor="p1",task="main-0"} 0.12'):  # fmt: skip
+    for line in (
+        'weirflow_task_lag_records{processor="p1",ssp="local.views.2",task="main-2"} 15.0',
+        'weirflow_task_dead_letters_total{processor="p1",task="main-3"} 3.0',
+        'weirflow_task_records_in_total{processor="p1",task="main-1"} 20.0',
+        'weirflow_task_records_out_total{processor="p1",query="main-0",stream="out",task="main-0"} 7.0',
+        'weirflow_task_batch_duration_seconds{processor="p1",task="main-0"} 0.12',
+    ):
         assert line in metrics, line
     assert re.search(r'weirflow_rebalances_total\{processor="p1"\} [1-9]', metrics)
     assert processors[0] == ["processor", "state", "live", "heartbeat", "tasks", "endpoint"]

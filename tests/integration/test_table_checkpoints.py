@@ -163,7 +163,9 @@ def test_event_hubs_positions_are_also_written_in_the_sdk_layout(manager, config
     rows = table_rows(azure_storage, manager.eventhubs_table_name, f"{NAMESPACE} clicks analytics Checkpoint")
     assert rows[0]["offset"] == "5000" and rows[0]["sequencenumber"] == "49"
     assert checkpoint_blobs(azure_storage, config)[f"{NAMESPACE}/clicks/analytics/checkpoint/0"] == {
-        "offset": "5000", "sequencenumber": "49"}  # fmt: skip
+        "offset": "5000",
+        "sequencenumber": "49",
+    }
     # a partition whose position did not move is not written again
     assert blob_etags(azure_storage, config)[f"{NAMESPACE}/clicks/analytics/checkpoint/1"] == etag_of_1
 
@@ -189,4 +191,5 @@ def test_the_blob_layout_alone_writes_blobs_in_the_configured_container_and_no_r
         write_one(manager)
         assert manager.read_sdk_rows() == []
         assert checkpoint_blobs(azure_storage, config) == {
-            f"{NAMESPACE}/clicks/analytics/checkpoint/0": {"offset": "4096", "sequencenumber": "41"}}  # fmt: skip
+            f"{NAMESPACE}/clicks/analytics/checkpoint/0": {"offset": "4096", "sequencenumber": "41"}
+        }

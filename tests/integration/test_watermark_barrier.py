@@ -23,7 +23,7 @@ from weirflow.local.launcher import wait_until
 
 pytestmark = pytest.mark.integration
 
-PIPELINE = '''
+PIPELINE = """
 from pyspark.sql import functions as F
 
 
@@ -32,7 +32,7 @@ def pipeline(app):
         lambda df: df.groupBy(F.window("event_time", "1 minute"), "k").count()
         .select("k", F.date_format("window.start", "HH:mm").alias("start"), "count"))
     counts.send_to("out")
-'''
+"""
 
 CONFIG = """
 job: {name: barrier}
@@ -68,8 +68,12 @@ def test_a_control_row_advances_the_watermark_and_flushes_open_windows(tmp_path:
         assert sorted(tasks) == ["byk-0", "events-0"]
         producer = ctx.systems.producer("local")
         mid = plane.plan.ref("byk").physical
-        producer.send([OutgoingRecord(mid, v, partition=0) for v in (
-            _event("a", 10_000), _event("b", 90_000), _event("a", 300_000))])
+        producer.send(
+            [
+                OutgoingRecord(mid, v, partition=0)
+                for v in (_event("a", 10_000), _event("b", 90_000), _event("a", 300_000))
+            ]
+        )
         watermark = ControlMessage(MessageType.WATERMARK, "events-0", 1, BASE_MS + 2 * MINUTE_MS)
         producer.send([OutgoingRecord(mid, watermark.encode(), partition=0)])
 
@@ -93,8 +97,15 @@ def test_a_control_row_advances_the_watermark_and_flushes_open_windows(tmp_path:
         wait_until(lambda: injected_watermark() == BASE_MS + 2 * MINUTE_MS, 60, "the reconciled watermark")
         assert emitted() == [("a", "00:00", 1), ("b", "00:01", 1)]
 
-        producer.send([OutgoingRecord(mid, ControlMessage(
-            MessageType.END_OF_STREAM, "events-0", 1, MAX_TIMESTAMP_MS).encode(), partition=0)])
+        producer.send(
+            [
+                OutgoingRecord(
+                    mid,
+                    ControlMessage(MessageType.END_OF_STREAM, "events-0", 1, MAX_TIMESTAMP_MS).encode(),
+                    partition=0,
+                )
+            ]
+        )
         wait_until(lambda: "byk-0" in plane.runner.finished(), 120, "the task to finish after end-of-stream", 0.2)
         assert emitted() == [("a", "00:00", 1), ("a", "00:05", 1), ("b", "00:01", 1)]
     finally:

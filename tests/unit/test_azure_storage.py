@@ -77,16 +77,24 @@ def test_an_account_is_a_name_or_an_account_url() -> None:
 
 def test_bad_names_and_lease_durations_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="azure.storage.container"):
-        StorageSettings.from_config(config(**{"azure.storage.connection.string": ACCOUNT,
-                                              "azure.storage.container": "Bad_Name"}))  # fmt: skip
+        StorageSettings.from_config(
+            config(**{"azure.storage.connection.string": ACCOUNT, "azure.storage.container": "Bad_Name"})
+        )
     with pytest.raises(ConfigError, match="task.checkpoint.azure.eventhubs.container.*'Ckpts' is not a valid"):
         from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints
 
-        open_blob_checkpoints(config(**{"azure.storage.connection.string": ACCOUNT,
-                                        "task.checkpoint.azure.eventhubs.container": "Ckpts"}))  # fmt: skip
+        open_blob_checkpoints(
+            config(
+                **{
+                    "azure.storage.connection.string": ACCOUNT,
+                    "task.checkpoint.azure.eventhubs.container": "Ckpts",
+                }
+            )
+        )
     with pytest.raises(ConfigError, match="azure.storage.table.prefix"):
-        StorageSettings.from_config(config(**{"azure.storage.connection.string": ACCOUNT,
-                                              "azure.storage.table.prefix": "1abc"}))  # fmt: skip
+        StorageSettings.from_config(
+            config(**{"azure.storage.connection.string": ACCOUNT, "azure.storage.table.prefix": "1abc"})
+        )
     with pytest.raises(ConfigError, match="job.coordinator.lease.duration.ms.*15000 and 60000"):
         AzureJobCoordinatorFactory().get_coordination_utils(
             config(**{"azure.storage.connection.string": ACCOUNT, "job.coordinator.lease.duration.ms": 6000}), "p1"
@@ -115,12 +123,16 @@ def test_transient_errors_are_told_apart_from_permanent_ones() -> None:
 
 def unreachable(**extra: object) -> Storage:
     port = free_port()  # nothing listens there
-    connection = (
-        f"{ACCOUNT}BlobEndpoint=http://127.0.0.1:{port}/a;TableEndpoint=http://127.0.0.1:{port}/a;"
-    )
+    connection = f"{ACCOUNT}BlobEndpoint=http://127.0.0.1:{port}/a;TableEndpoint=http://127.0.0.1:{port}/a;"
     return Storage.from_config(
-        config(**{"azure.storage.connection.string": connection, "azure.retry.attempts": 3,
-                  "azure.retry.initial.backoff.ms": 10, **extra})  # fmt: skip
+        config(
+            **{
+                "azure.storage.connection.string": connection,
+                "azure.retry.attempts": 3,
+                "azure.retry.initial.backoff.ms": 10,
+                **extra,
+            }
+        )
     )
 
 
@@ -151,8 +163,14 @@ def test_a_call_to_a_blackholed_endpoint_gives_up_within_its_deadline_naming_the
         port = server.getsockname()[1]
         connection = f"{ACCOUNT}BlobEndpoint=http://127.0.0.1:{port}/a;TableEndpoint=http://127.0.0.1:{port}/a;"
         storage = Storage.from_config(
-            config(**{"azure.storage.connection.string": connection, "azure.retry.initial.backoff.ms": 10,
-                      "azure.storage.request.timeout.ms": 500, "azure.retry.deadline.ms": 1200})  # fmt: skip
+            config(
+                **{
+                    "azure.storage.connection.string": connection,
+                    "azure.retry.initial.backoff.ms": 10,
+                    "azure.storage.request.timeout.ms": 500,
+                    "azure.retry.deadline.ms": 1200,
+                }
+            )
         )
         calls = []
 
@@ -172,13 +190,23 @@ def test_a_call_to_a_blackholed_endpoint_gives_up_within_its_deadline_naming_the
 def test_the_retry_deadline_must_fit_the_request_timeout_and_the_renew_margin() -> None:
     with pytest.raises(ConfigError, match="azure.retry.deadline.ms"):
         StorageSettings.from_config(
-            config(**{"azure.storage.account": "acme", "azure.retry.deadline.ms": 2000,
-                      "azure.storage.request.timeout.ms": 3000})  # fmt: skip
+            config(
+                **{
+                    "azure.storage.account": "acme",
+                    "azure.retry.deadline.ms": 2000,
+                    "azure.storage.request.timeout.ms": 3000,
+                }
+            )
         )
     with pytest.raises(ConfigError, match="job.coordinator.lease.renew.margin.ms"):
         AzureJobCoordinatorFactory().get_coordination_utils(
-            config(**{"azure.storage.account": "acme", "azure.retry.deadline.ms": 6000,
-                      "job.coordinator.lease.renew.margin.ms": 5000}),  # fmt: skip
+            config(
+                **{
+                    "azure.storage.account": "acme",
+                    "azure.retry.deadline.ms": 6000,
+                    "job.coordinator.lease.renew.margin.ms": 5000,
+                }
+            ),
             "p1",
         )
 

@@ -58,8 +58,11 @@ def test_the_monitor_acts_on_its_own_run_only_and_polls_at_its_interval(
 def test_the_leader_records_a_drained_run_as_done_and_removes_its_notice(metadata, tmp_path: Path) -> None:
     checkpoints = SqliteCheckpointManager(tmp_path / "checkpoints.db")
     checkpoints.start()
-    model = JobModel(version=3, tasks={"a-0": TaskModel("a-0", "a", ()), "b-0": TaskModel("b-0", "b", ())},
-                     assignment={"p0": ("a-0", "b-0")})  # fmt: skip
+    model = JobModel(
+        version=3,
+        tasks={"a-0": TaskModel("a-0", "a", ()), "b-0": TaskModel("b-0", "b", ())},
+        assignment={"p0": ("a-0", "b-0")},
+    )
     drains = DrainUtils(metadata)
     mine, other = drains.write("r1"), drains.write("r0")
     watch = FinishedWatch(checkpoints, metadata, interval_ms=1, run_id="r1", clock=iter(range(100)).__next__)

@@ -27,8 +27,14 @@ def settings(**values: object) -> EndpointSettings:
 def app(token: str | None = None) -> TestClient:
     snapshot = ProcessorSnapshot("p1", "RUNNING", 3, 2, True)
     values = {"endpoints.auth.token": token} if token else {}
-    return TestClient(create_app(settings(**values), lambda: {"leader": "p1"}, lambda: (True, "RUNNING"),
-                                 metrics_exposition(lambda: snapshot)))  # fmt: skip
+    return TestClient(
+        create_app(
+            settings(**values),
+            lambda: {"leader": "p1"},
+            lambda: (True, "RUNNING"),
+            metrics_exposition(lambda: snapshot),
+        )
+    )
 
 
 def test_loopback_needs_no_token_and_any_other_address_requires_one() -> None:
@@ -70,17 +76,25 @@ def test_a_running_processor_registers_its_url_and_serves_its_live_state(tmp_pat
         processor = running.processor
         wait_until(lambda: processor.ctx is not None and processor.endpoint_url != "", 30, "the endpoint server")
         assert processor.ctx is not None
-        wait_until(lambda: any(r.endpoint == processor.endpoint_url
-                               for r in processor.ctx.coordination.processor_registry().processors()),
-                   30, "the URL in the processor's row")  # fmt: skip
+        wait_until(
+            lambda: any(
+                r.endpoint == processor.endpoint_url
+                for r in processor.ctx.coordination.processor_registry().processors()
+            ),
+            30,
+            "the URL in the processor's row",
+        )
         wait_until(lambda: processor.state.value == "RUNNING", 30, "the processor running")
 
         def get(path: str) -> dict:
             with urllib.request.urlopen(processor.endpoint_url + path, timeout=5) as response:
                 return json.loads(response.read())
 
-        wait_until(lambda: get("/status")["leader"] == "p1" and get("/status")["task_count"] > 0, 30,
-                   "the status route to show the job")  # fmt: skip
+        wait_until(
+            lambda: get("/status")["leader"] == "p1" and get("/status")["task_count"] > 0,
+            30,
+            "the status route to show the job",
+        )
         status = get("/status")
         assert [p["processor_id"] for p in status["processors"]] == ["p1"]
         assert status["processors"][0]["endpoint"] == processor.endpoint_url

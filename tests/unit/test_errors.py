@@ -54,8 +54,11 @@ def test_every_exception_defined_by_weirflow_or_its_plugins_is_a_weirflow_error(
             if issubclass(cls, BaseException) and cls.__module__ == name
         ]
     names = {f"{c.__module__}.{c.__qualname__}" for c in defined}
-    assert {"weirflow.pipeline.api.PipelineError", "weirflow.spark.serde.DecodeError",
-            "weirflow.control.MalformedMessageError"} <= names, "the walk missed modules"  # fmt: skip
+    assert {
+        "weirflow.pipeline.api.PipelineError",
+        "weirflow.spark.serde.DecodeError",
+        "weirflow.control.MalformedMessageError",
+    } <= names, "the walk missed modules"
     outsiders = sorted(f"{c.__module__}.{c.__qualname__}" for c in defined if not issubclass(c, WeirflowError))
     assert outsiders == []
 
@@ -85,8 +88,12 @@ def test_a_missing_hub_is_told_by_the_service_s_condition_not_by_the_message() -
 
 
 def test_transient_permanent_and_unknown_errors() -> None:
-    for transient in (ConnectionLostError("lost"), OperationTimeoutError("slow"), ConnectError("refused"),
-                      ServiceRequestError("token endpoint down")):  # fmt: skip
+    for transient in (
+        ConnectionLostError("lost"),
+        OperationTimeoutError("slow"),
+        ConnectError("refused"),
+        ServiceRequestError("token endpoint down"),
+    ):
         assert classify(transient) is ServiceUnavailableError and is_transient(transient), transient
     busy = ConnectionLostError("throttled")
     busy.error = "server-busy"
@@ -132,9 +139,12 @@ def test_the_admin_reports_a_missing_hub_as_stream_not_found() -> None:
     from weirflow_azure.eventhubs.settings import EventHubsSettings
 
     config = Config.from_dict(
-        {"job.name": "j", "systems.eh.factory": "eventhub",
-         "systems.eh.connection.string": "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;"
-                                         "SharedAccessKey=a2V5"}  # fmt: skip
+        {
+            "job.name": "j",
+            "systems.eh.factory": "eventhub",
+            "systems.eh.connection.string": "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;"
+            "SharedAccessKey=a2V5",
+        }
     )
     admin = EventHubSystemAdmin(EventHubsSettings.from_config("eh", config), {"missing": 2})
 

@@ -11,8 +11,10 @@ from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 
 def _settings(**keys: object) -> EventHubsSettings:
-    config = Config.from_dict({"job.name": "j", "systems.eh.factory": "eventhub",
-                               **{f"systems.eh.{k}": v for k, v in keys.items()}}, source="job.yaml")  # fmt: skip
+    config = Config.from_dict(
+        {"job.name": "j", "systems.eh.factory": "eventhub", **{f"systems.eh.{k}": v for k, v in keys.items()}},
+        source="job.yaml",
+    )
     return EventHubsSettings.from_config("eh", config)
 
 
@@ -32,8 +34,12 @@ def test_a_namespace_signs_in_with_default_azure_credential() -> None:
 
 
 def test_a_connection_string_s_entity_path_is_dropped_so_it_serves_every_hub() -> None:
-    settings = _settings(**{"connection.string": "Endpoint=sb://ns2.servicebus.windows.net/;SharedAccessKeyName=k;"
-                                                 "SharedAccessKey=c2VjcmV0;EntityPath=one"})  # fmt: skip
+    settings = _settings(
+        **{
+            "connection.string": "Endpoint=sb://ns2.servicebus.windows.net/;SharedAccessKeyName=k;"
+            "SharedAccessKey=c2VjcmV0;EntityPath=one"
+        }
+    )
     assert "EntityPath" not in (settings.connection_string or "")
     producer = settings.producer("two")
     try:

@@ -46,8 +46,11 @@ def test_a_short_performative_is_padded_to_its_full_field_list() -> None:
 
 
 def test_the_padder_reframes_a_stream_cut_anywhere() -> None:
-    stream = b"AMQP\x00\x01\x00\x00" + _frame(bytes([0x00, 0x53, 0x17, 0x45])) + _frame(b"") + _frame(
-        bytes([0x00, 0x53, 0x18, 0x45])
+    stream = (
+        b"AMQP\x00\x01\x00\x00"
+        + _frame(bytes([0x00, 0x53, 0x17, 0x45]))
+        + _frame(b"")
+        + _frame(bytes([0x00, 0x53, 0x18, 0x45]))
     )
     whole = FramePadder().feed(stream)
     padder = FramePadder()

@@ -177,8 +177,12 @@ def test_the_deploy_config_loads_with_the_app_s_settings(monkeypatch) -> None:
     overrides, env = _app_settings()
     for name in env:
         monkeypatch.setenv(name, "placeholder")
-    resolved = [o.replace("${eventHubsSystem}", "eh").replace("${consumerGroup}", "weirflow")
-                .replace("${checkpointContainer}", "eventhubs-checkpoints") for o in overrides]  # fmt: skip
+    resolved = [
+        o.replace("${eventHubsSystem}", "eh")
+        .replace("${consumerGroup}", "weirflow")
+        .replace("${checkpointContainer}", "eventhubs-checkpoints")
+        for o in overrides
+    ]
     config = load_config(ROOT / "examples" / "pageviews" / "deploy.yaml", resolved)
     assert config.get("job.coordinator.factory") == "azure"
     assert config.get("azure.storage.account") == "placeholder"
@@ -208,8 +212,11 @@ def test_the_image_installs_with_the_makefile_s_steps_and_copies_every_package(t
     assert install is not None, "the image must install with `make install`"
     plan = subprocess.run(
         ["make", "-n", "-B", "install", *install["vars"].split()],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "pip install --quiet  '.[azure]'" in plan or "pip install --quiet '.[azure]'" in plan, plan
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     folders = {"weirflow", *project["tool"]["setuptools"]["package-dir"].values()}
@@ -221,8 +228,10 @@ def test_the_image_installs_with_the_makefile_s_steps_and_copies_every_package(t
 @pytest.mark.skipif(shutil.which("bicep") is None, reason="no bicep executable on PATH: build and lint not run")
 def test_bicep_builds_and_lints(tmp_path: Path) -> None:
     params = str(INFRA / "pageviews.bicepparam")
-    for command in (["build", str(INFRA / "main.bicep"), "--outdir", str(tmp_path)],
-                    ["lint", str(INFRA / "main.bicep")],
-                    ["build-params", params, "--outfile", str(tmp_path / "p.json")]):  # fmt: skip
+    for command in (
+        ["build", str(INFRA / "main.bicep"), "--outdir", str(tmp_path)],
+        ["lint", str(INFRA / "main.bicep")],
+        ["build-params", params, "--outfile", str(tmp_path / "p.json")],
+    ):
         done = subprocess.run(["bicep", *command], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr

@@ -18,11 +18,13 @@ def _noise(chars: int) -> str:
 
 
 def _batch(rows: int, width: int = 10) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({
-        "page": [f"/p/{i % 7}" + _noise(width) for i in range(rows)],
-        "n": pa.array(range(rows), pa.int64()),
-        "when": pa.array([i * 1000 for i in range(rows)], pa.timestamp("us", tz="UTC")),
-    })
+    return pa.RecordBatch.from_pydict(
+        {
+            "page": [f"/p/{i % 7}" + _noise(width) for i in range(rows)],
+            "n": pa.array(range(rows), pa.int64()),
+            "when": pa.array([i * 1000 for i in range(rows)], pa.timestamp("us", tz="UTC")),
+        }
+    )
 
 
 @pytest.mark.parametrize(("rows", "max_bytes"), [(1, None), (10_000, None), (10_000, 64 * 1024), (3, 9_000)])

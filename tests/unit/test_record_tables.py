@@ -32,14 +32,14 @@ task.tables: [last_view]
 task.commit.ms: 100
 """
 
-FUNCTION = '''
+FUNCTION = """
 import json
 
 
 def serve(record):
     view = json.loads(record["value"])
     return [{"table": "last_view", "key": record["key"], "value": view}]
-'''
+"""
 USERS = 20
 
 
@@ -53,8 +53,9 @@ def get(url: str) -> tuple[int, Any]:
 
 def send(systems: Systems, first: int, count: int) -> dict[str, dict[str, Any]]:
     views = [{"user": f"u{i % USERS}", "i": i} for i in range(first, first + count)]
-    systems.producer("local").send([OutgoingRecord("views", json.dumps(v).encode(), key=v["user"].encode())
-                                    for v in views])  # fmt: skip
+    systems.producer("local").send(
+        [OutgoingRecord("views", json.dumps(v).encode(), key=v["user"].encode()) for v in views]
+    )
     return {v["user"]: v for v in views}
 
 
@@ -69,6 +70,7 @@ def test_a_record_job_serves_its_table_through_any_processor_and_rebuilds_it_whe
     latest = send(systems, 0, 200)
     procs = {pid: Running(StreamProcessor(config, processor_id=pid)) for pid in ("p1", "p2")}
     try:
+
         def both_running() -> bool:
             ps = [r.processor for r in procs.values()]
             return all(p.state.value == "RUNNING" and p.runner is not None and p.runner.running() for p in ps)

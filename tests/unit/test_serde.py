@@ -15,17 +15,19 @@ from pyspark.sql import types as T
 
 from weirflow.spark.serde import DecodeError, JsonDecoder, KeyValueDecoder
 
-SCHEMA = T.StructType([
-    T.StructField("user", T.StringType(), False),
-    T.StructField("page", T.StringType(), True),
-    T.StructField("n", T.IntegerType(), True),
-    T.StructField("small", T.ByteType(), True),
-    T.StructField("big", T.LongType(), True),
-    T.StructField("score", T.DoubleType(), True),
-    T.StructField("ratio", T.FloatType(), True),
-    T.StructField("ok", T.BooleanType(), True),
-    T.StructField("event_time", T.TimestampType(), True),
-])
+SCHEMA = T.StructType(
+    [
+        T.StructField("user", T.StringType(), False),
+        T.StructField("page", T.StringType(), True),
+        T.StructField("n", T.IntegerType(), True),
+        T.StructField("small", T.ByteType(), True),
+        T.StructField("big", T.LongType(), True),
+        T.StructField("score", T.DoubleType(), True),
+        T.StructField("ratio", T.FloatType(), True),
+        T.StructField("ok", T.BooleanType(), True),
+        T.StructField("event_time", T.TimestampType(), True),
+    ]
+)
 
 _times = st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2200, 1, 1))
 _timestamps = st.one_of(
@@ -37,8 +39,12 @@ _timestamps = st.one_of(
     st.just("not a time"),
 )
 _anything = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8), st.lists(st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
 )
 _FIELDS = {
     "user": st.one_of(st.text(max_size=12), _anything),
@@ -46,7 +52,7 @@ _FIELDS = {
     "n": st.one_of(st.integers(min_value=-(2**31), max_value=2**31 - 1), _anything),
     "small": st.one_of(st.integers(min_value=-200, max_value=200), _anything),
     "big": st.one_of(st.integers(min_value=-(2**63), max_value=2**63 - 1), _anything),
-    "score": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-10**6, 10**6), _anything),
+    "score": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(10**6), 10**6), _anything),
     "ratio": st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False), _anything),
     "ok": st.one_of(st.booleans(), _anything),
     "event_time": st.one_of(_timestamps, _anything),
@@ -57,8 +63,21 @@ _FIELDS = {
 def values(draw: Any) -> bytes:
     kind = draw(st.sampled_from(["valid", "valid", "valid", "mixed", "garbage"]))
     if kind == "garbage":
-        return draw(st.sampled_from([b"", b"{", b"[1, 2]", b"42", b'"text"', b"\xff\xfe", b'{"user": "a"}\n{}',
-                                     b"null", b'{"user": "x", "n": 1}garbage']))
+        return draw(
+            st.sampled_from(
+                [
+                    b"",
+                    b"{",
+                    b"[1, 2]",
+                    b"42",
+                    b'"text"',
+                    b"\xff\xfe",
+                    b'{"user": "a"}\n{}',
+                    b"null",
+                    b'{"user": "x", "n": 1}garbage',
+                ]
+            )
+        )
     obj: dict[str, Any] = {}
     for name, strategy in _FIELDS.items():
         if kind == "valid":
@@ -101,8 +120,9 @@ def test_whole_chunks_decode_like_single_values(raw: list[bytes]) -> None:
 
 
 def test_a_clean_chunk_takes_the_vector_path_and_bad_values_keep_their_reasons() -> None:
-    good = [json.dumps({"user": f"u{i}", "n": i, "event_time": "2026-11-23T10:00:00Z"}).encode()
-            for i in range(100)]
+    good = [
+        json.dumps({"user": f"u{i}", "n": i, "event_time": "2026-11-23T10:00:00Z"}).encode() for i in range(100)
+    ]
     bad = [b'{"user": "x", "n": "seven"}', b'{"n": 1}', b"{"]
     raw = good[:50] + bad + good[50:]
     decoder = JsonDecoder(SCHEMA)

@@ -220,8 +220,9 @@ def test_a_processor_reached_with_an_old_model_says_so_and_the_entry_routes_agai
     # and p0, asked again after its own model changes, answers itself
     job.serving["p1"] = set()
     job.serving["p0"].add("s-1")
-    hop = urllib.request.Request(f"{job.urls['p1']}/tables/t/k1",
-                                 headers={"Authorization": f"Bearer {token}", "X-Weirflow-Hop": "p0"})  # fmt: skip
+    hop = urllib.request.Request(
+        f"{job.urls['p1']}/tables/t/k1", headers={"Authorization": f"Bearer {token}", "X-Weirflow-Hop": "p0"}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(hop, timeout=5)
     assert refused.value.code == 409

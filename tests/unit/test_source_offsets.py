@@ -167,14 +167,26 @@ def test_a_drain_message_of_another_run_is_not_an_end(tmp_path: Path) -> None:
 
     options = {
         "config": Config.from_dict({"job.name": "x", "job.state.dir": str(tmp_path)}).snapshot(),
-        "stream": "mid", "system": "local", "physical": "mid", "ssps": "[]", "start": "{}", "serde": "json",
+        "stream": "mid",
+        "system": "local",
+        "physical": "mid",
+        "ssps": "[]",
+        "start": "{}",
+        "serde": "json",
         "user_schema": json.dumps(T.StructType([T.StructField("page", T.StringType())]).jsonValue()),
-        "event_time_field": "t", "event_time_from_record": "true", "delay_ms": "0", "intermediate": "true",
-        "bounded": "false", "max_records": "10", "run_id": "r2",
-    }  # fmt: skip
+        "event_time_field": "t",
+        "event_time_from_record": "true",
+        "delay_ms": "0",
+        "intermediate": "true",
+        "bounded": "false",
+        "max_records": "10",
+        "run_id": "r2",
+    }
     batch_reader = source._BatchReader(source.SourceSpec(options))
-    messages = [ControlMessage(MessageType.DRAIN, "a-0", 2, 0, run_id="r1").encode(),
-                ControlMessage(MessageType.DRAIN, "a-1", 2, 0, run_id="r2").encode()]  # fmt: skip
+    messages = [
+        ControlMessage(MessageType.DRAIN, "a-0", 2, 0, run_id="r1").encode(),
+        ControlMessage(MessageType.DRAIN, "a-1", 2, 0, run_id="r2").encode(),
+    ]
     chunk = RecordColumns(
         values=messages, keys=[None, None], offsets=["0", "1"], timestamps_ms=[0, 0], next_offset="2"
     )

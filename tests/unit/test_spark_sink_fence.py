@@ -25,8 +25,12 @@ LEASE_MS = 1500  # not renewed here: long enough for a first write (which opens 
 
 def _config(tmp_path: Path) -> Config:
     return Config.from_dict(
-        {"job.name": "fenced", "job.state.dir": str(tmp_path), "job.coordinator.lease.duration.ms": LEASE_MS,
-         "streams.out.partitions": 1}  # fmt: skip
+        {
+            "job.name": "fenced",
+            "job.state.dir": str(tmp_path),
+            "job.coordinator.lease.duration.ms": LEASE_MS,
+            "streams.out.partitions": 1,
+        }
     )
 
 

@@ -23,11 +23,13 @@ class _Admin:
         return self.fields
 
 
-EVENT_HUBS = _Admin((
-    RecordField("properties", "map<string,string>", ""),
-    RecordField("enqueued_time", "timestamp", ""),
-    RecordField("offset", "string", ""),
-))
+EVENT_HUBS = _Admin(
+    (
+        RecordField("properties", "map<string,string>", ""),
+        RecordField("enqueued_time", "timestamp", ""),
+        RecordField("offset", "string", ""),
+    )
+)
 
 
 EIGHT_UTC_MS = int(dt.datetime(2026, 11, 20, 8, tzinfo=dt.UTC).timestamp() * 1000)
@@ -60,7 +62,10 @@ def test_a_bad_start_names_the_key_and_the_file() -> None:
 def test_system_columns_select_all_some_or_none() -> None:
     assert system_fields(_config(), "views", EVENT_HUBS, []) == ()
     assert [n for n, _ in system_fields(_config(**{"system-columns": "all"}), "views", EVENT_HUBS, [])] == [
-        "properties", "enqueued_time", "offset"]
+        "properties",
+        "enqueued_time",
+        "offset",
+    ]
     picked = system_fields(_config(**{"system-columns": "offset, properties"}), "views", EVENT_HUBS, [])
     assert picked == (("offset", "string"), ("properties", "map<string,string>"))
 
@@ -118,8 +123,12 @@ def test_sdk_checkpoint_is_a_start_keyword_and_a_system_without_them_is_a_config
     systems = Systems(config)
     try:
         with pytest.raises(ConfigError, match=r"streams.views.start.*cannot start at an SDK checkpoint"):
-            start_offset(_config(start="sdk-checkpoint"), "views", systems.admin("local"),
-                         SystemStreamPartition("local", "views", 0))  # fmt: skip
+            start_offset(
+                _config(start="sdk-checkpoint"),
+                "views",
+                systems.admin("local"),
+                SystemStreamPartition("local", "views", 0),
+            )
     finally:
         systems.close()
 

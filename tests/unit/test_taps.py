@@ -26,8 +26,10 @@ from weirflow.systems import Systems
 
 @pytest.fixture
 def job(tmp_path: Path) -> Any:
-    config = Config.from_dict({"job": {"name": "j", "state": {"dir": str(tmp_path)}},
-                               "streams": {"views": {"partitions": 2}}}, base_dir=tmp_path)  # fmt: skip
+    config = Config.from_dict(
+        {"job": {"name": "j", "state": {"dir": str(tmp_path)}}, "streams": {"views": {"partitions": 2}}},
+        base_dir=tmp_path,
+    )
     systems = Systems(config)
     admin = systems.admin("local")
     for stream, count in (("views", 2), ("views.dlq", 2), ("j-1-by-user", 2)):
@@ -60,8 +62,12 @@ def test_a_tap_gets_exactly_the_matching_records_written_while_connected(job: An
     producer.send(before)  # written before the connection: not tapped
     with connect(f"{url}/tap/views?field=user&match=%5Eu3%24") as ws:  # ^u3$
         time.sleep(0.3)  # the tap starts at the partitions' ends as of its connection
-        producer.send([OutgoingRecord("views", json.dumps(view(i)).encode(), key=f"u{i % 7}".encode(),
-                                      partition=i % 2) for i in range(10, 80)])  # fmt: skip
+        producer.send(
+            [
+                OutgoingRecord("views", json.dumps(view(i)).encode(), key=f"u{i % 7}".encode(), partition=i % 2)
+                for i in range(10, 80)
+            ]
+        )
         got = receive(ws, 10)
         with pytest.raises(TimeoutError):
             ws.recv(timeout=1.0)  # and nothing else
@@ -77,8 +83,13 @@ def test_an_intermediate_stream_is_tapped_row_by_row_without_its_control_message
         rows = pa.RecordBatch.from_pylist([view(i) for i in range(50)])
         packed = [OutgoingRecord("j-1-by-user", record, partition=0) for record, _ in pack(rows)]
         control = ControlMessage(MessageType.WATERMARK, "stage-0", 1, 123).encode()
-        producer.send([*packed, OutgoingRecord("j-1-by-user", control, partition=1),
-                       OutgoingRecord("j-1-by-user", encode_user(json.dumps(view(4000)).encode()), partition=1)])
+        producer.send(
+            [
+                *packed,
+                OutgoingRecord("j-1-by-user", control, partition=1),
+                OutgoingRecord("j-1-by-user", encode_user(json.dumps(view(4000)).encode()), partition=1),
+            ]
+        )
         got = receive(ws, 12)
         with pytest.raises(TimeoutError):
             ws.recv(timeout=1.0)
@@ -91,8 +102,12 @@ def test_a_client_that_does_not_read_is_dropped_with_a_reason(job: Any) -> None:
     with connect(f"{url}/tap/views", max_queue=1) as ws:
         time.sleep(0.3)
         for at in range(0, 2000, 100):  # ~40 MB: more than the sockets' buffers and the 50-message queue
-            producer.send([OutgoingRecord("views", json.dumps({"i": i, "pad": big}).encode(), partition=0)
-                           for i in range(at, at + 100)])  # fmt: skip
+            producer.send(
+                [
+                    OutgoingRecord("views", json.dumps({"i": i, "pad": big}).encode(), partition=0)
+                    for i in range(at, at + 100)
+                ]
+            )
         with pytest.raises(ConnectionClosed) as closed:
             while True:
                 ws.recv(timeout=20)
@@ -102,8 +117,10 @@ def test_a_client_that_does_not_read_is_dropped_with_a_reason(job: Any) -> None:
 
 def test_bad_taps_are_refused_with_an_http_status_and_a_json_error(job: Any) -> None:
     url, _ = job
-    for path, status, text in (("/tap/views?match=(", 400, "not a regular expression"),
-                               ("/tap/nope", 404, "no stream 'nope'")):  # fmt: skip
+    for path, status, text in (
+        ("/tap/views?match=(", 400, "not a regular expression"),
+        ("/tap/nope", 404, "no stream 'nope'"),
+    ):
         with pytest.raises(InvalidStatus) as refused:
             connect(url + path)
         assert refused.value.response.status_code == status

@@ -47,8 +47,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "`endpoints.auth.token`.",
         _E,
     ),
-    ConfigKey("endpoints.port", "int", 0, "Port of the HTTP server; 0 picks a free one (registered with the "
-              "processor's row, so others find it).", _E),  # fmt: skip
+    ConfigKey(
+        "endpoints.port",
+        "int",
+        0,
+        "Port of the HTTP server; 0 picks a free one (registered with the processor's row, so others find it).",
+        _E,
+    ),
     ConfigKey(
         "endpoints.advertised.url",
         "str",
@@ -240,8 +245,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "task.tables",
         "list",
         [],
-        "Served tables of a record-task job: names the record function may write with `{\"table\": name, "
-        "\"key\": ..., \"value\": ...}`, queryable at `GET /tables/<name>/<key>` (docs/endpoints.md).",
+        'Served tables of a record-task job: names the record function may write with `{"table": name, '
+        '"key": ..., "value": ...}`, queryable at `GET /tables/<name>/<key>` (docs/endpoints.md).',
         _T,
     ),
     ConfigKey(

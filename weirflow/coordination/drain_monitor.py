@@ -25,9 +25,7 @@ log = logging.getLogger("weirflow.processor")
 class DrainMonitor:
     """Polls for this deployment's drain notification; once seen it stays seen (a drain is not cancelled)."""
 
-    def __init__(
-        self, metadata: MetadataStore, config: Any, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, metadata: MetadataStore, config: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._drains = DrainUtils(metadata)
         self.run_id = run_id_of(config)
         self.flag = drain_flag_path(config)
@@ -53,8 +51,10 @@ class DrainMonitor:
                 self._ignored.add(notice.uuid)
                 log.info(
                     "ignoring drain notification %s: it is for run %r and this deployment is run %r",
-                    notice.uuid, notice.run_id, self.run_id,
-                )  # fmt: skip
+                    notice.uuid,
+                    notice.run_id,
+                    self.run_id,
+                )
         return None
 
     def _begin(self, notice: DrainNotification) -> None:
@@ -63,5 +63,7 @@ class DrainMonitor:
         self.notice = notice
         log.info(
             "drain requested (notification %s, run %r): input streams stop at their next batch's cut, every "
-            "window is flushed, and the processor exits once every task has drained", notice.uuid, self.run_id,
-        )  # fmt: skip
+            "window is flushed, and the processor exits once every task has drained",
+            notice.uuid,
+            self.run_id,
+        )

@@ -46,8 +46,12 @@ def ensure_sole_instance(
     log.warning(
         "processor id %s is registered by another run (pid %s on %s, instance %s); watching its heartbeat for "
         "up to %d s to tell a running process from a dead one",
-        processor_id, first.pid, first.host, first.instance or "?", timings.liveness_timeout_ms // 1000,
-    )  # fmt: skip
+        processor_id,
+        first.pid,
+        first.host,
+        first.instance or "?",
+        timings.liveness_timeout_ms // 1000,
+    )
     deadline = time.monotonic() + timings.liveness_timeout_ms / 1000
     poll_s = max(0.05, min(timings.heartbeat_interval_ms, timings.poll_interval_ms) / 1000)
     while time.monotonic() < deadline:
@@ -64,8 +68,9 @@ def ensure_sole_instance(
             )
     log.info(
         "processor id %s: the earlier run's row did not change for %d s; it is gone, taking the id over",
-        processor_id, timings.liveness_timeout_ms // 1000,
-    )  # fmt: skip
+        processor_id,
+        timings.liveness_timeout_ms // 1000,
+    )
 
 
 class Announcement:
@@ -73,9 +78,7 @@ class Announcement:
     interval until `stop` (the processor's own heartbeats take over then), so that a second run of the same id
     started meanwhile — while this one starts Spark, say — sees a live row and refuses."""
 
-    def __init__(
-        self, registry: ProcessorRegistry, info: ProcessorInfo, timings: CoordinationTimings
-    ) -> None:
+    def __init__(self, registry: ProcessorRegistry, info: ProcessorInfo, timings: CoordinationTimings) -> None:
         self._registry = registry
         self._info = info
         self._interval_s = timings.heartbeat_interval_ms / 1000

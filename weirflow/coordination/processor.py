@@ -194,9 +194,13 @@ class StreamProcessor:
             self.ctx.close()
             raise
         starting = ProcessorInfo(
-            self.processor_id, socket.gethostname(), os.getpid(), ProcessorState.NEW.value,
-            started_ms=clock.now_ms(), instance=self.instance_id,
-        )  # fmt: skip
+            self.processor_id,
+            socket.gethostname(),
+            os.getpid(),
+            ProcessorState.NEW.value,
+            started_ms=clock.now_ms(),
+            instance=self.instance_id,
+        )
         announcement = Announcement(registry, starting, self.timings).start()
         try:
             self.runner = self._runner_factory(self.ctx)
@@ -246,8 +250,16 @@ class StreamProcessor:
 
         def snapshot() -> ProcessorSnapshot:
             running = self.runner.running() if self.runner is not None else set()
-            return ProcessorSnapshot(self.processor_id, self._state.value, self._working_version, len(running),
-                                     self.leading, tasks(), self._keeper.renewals, self.rebalances)  # fmt: skip
+            return ProcessorSnapshot(
+                self.processor_id,
+                self._state.value,
+                self._working_version,
+                len(running),
+                self.leading,
+                tasks(),
+                self._keeper.renewals,
+                self.rebalances,
+            )
 
         def health() -> tuple[bool, str]:
             return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
@@ -259,9 +271,16 @@ class StreamProcessor:
             doc["task_reports"] = gather(urls, self.processor_id, tasks, settings.token)
             return doc
 
-        app = create_app(settings, status, health, metrics_exposition(snapshot),
-                         self._table_service(settings), self._tap_service(settings),
-                         self._conversations(settings), tasks)  # fmt: skip
+        app = create_app(
+            settings,
+            status,
+            health,
+            metrics_exposition(snapshot),
+            self._table_service(settings),
+            self._tap_service(settings),
+            self._conversations(settings),
+            tasks,
+        )
         self._endpoints = EndpointServer(settings, app)
         self.endpoint_url = self._endpoints.start()
 
@@ -280,9 +299,15 @@ class StreamProcessor:
             rows = self.ctx.coordination.processor_registry().processors()
             return {row.processor_id: row.endpoint for row in rows}
 
-        return TableService(routes, self.processor_id, lambda task: self._model.owner_of(task),
-                            self.runner.table, endpoints, settings.token,
-                            settings.route_wait_ms / 1000)  # fmt: skip
+        return TableService(
+            routes,
+            self.processor_id,
+            lambda task: self._model.owner_of(task),
+            self.runner.table,
+            endpoints,
+            settings.token,
+            settings.route_wait_ms / 1000,
+        )
 
     def _tap_service(self, settings: Any) -> Any:
         from weirflow.endpoints.taps import TapService
@@ -298,8 +323,11 @@ class StreamProcessor:
         from weirflow.systems import is_http_stream
 
         assert self.ctx is not None
-        streams = {s: self.ctx.systems.resolve(s).system for s in self.config.names("streams")
-                   if is_http_stream(self.config, s)}  # fmt: skip
+        streams = {
+            s: self.ctx.systems.resolve(s).system
+            for s in self.config.names("streams")
+            if is_http_stream(self.config, s)
+        }
         if not streams:
             return None
         return Conversations(self.ctx.systems, streams, self.processor_id, settings.rpc_timeout_ms / 1000)

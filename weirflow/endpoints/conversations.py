@@ -87,8 +87,9 @@ class Conversations:
         self._positions = {}
         for stream in self.streams:
             system, physical = self._ref(stream)
-            metadata = await asyncio.to_thread(self.systems.admin(system).partition_metadata,
-                                               responses_stream(physical))  # fmt: skip
+            metadata = await asyncio.to_thread(
+                self.systems.admin(system).partition_metadata, responses_stream(physical)
+            )
             for partition, m in metadata.items():
                 self._positions[(stream, partition)] = m.upcoming
         self._reader = asyncio.create_task(self._read_loop())
@@ -142,8 +143,10 @@ class Conversations:
         _, physical = self._ref(stream)
         waiter = await self.open(connection)
         try:
-            await self.write(stream, [request_record(physical, connection, "request", p, "rpc", body, p, tasks)
-                                      for p in range(tasks)])  # fmt: skip
+            await self.write(
+                stream,
+                [request_record(physical, connection, "request", p, "rpc", body, p, tasks) for p in range(tasks)],
+            )
             replies: list[Any] = []
             deadline = asyncio.get_running_loop().time() + timeout_s
             while len(replies) < tasks:
@@ -156,8 +159,12 @@ class Conversations:
                     break
         finally:
             self.close(connection)
-        return {"replies": [_reply(r) for r in replies], "tasks": tasks, "answered": len(replies),
-                "partial": len(replies) < tasks}  # fmt: skip
+        return {
+            "replies": [_reply(r) for r in replies],
+            "tasks": tasks,
+            "answered": len(replies),
+            "partial": len(replies) < tasks,
+        }
 
     async def ask(self, stream: str, body: Any, timeout_s: float) -> dict[str, Any] | None:
         """One request on a connection of its own: connect, request, the first response, disconnect."""
@@ -165,8 +172,9 @@ class Conversations:
         partition = connection_partition(connection, await self.partitions(stream))
         waiter = await self.open(connection)
         try:
-            await self.write(stream, self._records(stream, connection, partition,
-                                                   ("connect", "", None), ("request", "0", body)))  # fmt: skip
+            await self.write(
+                stream, self._records(stream, connection, partition, ("connect", "", None), ("request", "0", body))
+            )
             try:
                 return await asyncio.wait_for(waiter.queue.get(), timeout_s)
             except TimeoutError:
@@ -198,8 +206,10 @@ class Conversations:
                         body = json.loads(text)
                     except ValueError:
                         body = text
-                    await self.write(stream, self._records(stream, connection, partition,
-                                                           ("request", str(next(requests)), body)))  # fmt: skip
+                    await self.write(
+                        stream,
+                        self._records(stream, connection, partition, ("request", str(next(requests)), body)),
+                    )
                     incoming = asyncio.create_task(websocket.receive())
                 if outgoing in done:
                     response = outgoing.result()

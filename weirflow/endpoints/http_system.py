@@ -73,13 +73,27 @@ def connection_partition(connection: str, partitions: int) -> int:
     return zlib.crc32(connection.encode("utf-8")) % partitions
 
 
-def request_record(physical: str, connection: str, kind: str, partition: int, request: str = "", body: Any = None,
-                   share: int = 0, tasks: int = 1) -> OutgoingRecord:  # fmt: skip
+def request_record(
+    physical: str,
+    connection: str,
+    kind: str,
+    partition: int,
+    request: str = "",
+    body: Any = None,
+    share: int = 0,
+    tasks: int = 1,
+) -> OutgoingRecord:
     """A client's record, in ``partition`` of the requests; ``share`` of ``tasks`` says which copy of a fan-out
     it is (0 of 1 for a request to one task)."""
     text = None if body is None else json.dumps(body)
-    value = {"connection": connection, "kind": kind, "request": request, "body": text, "partition": share,
-             "tasks": tasks}  # fmt: skip
+    value = {
+        "connection": connection,
+        "kind": kind,
+        "request": request,
+        "body": text,
+        "partition": share,
+        "tasks": tasks,
+    }
     return OutgoingRecord(physical, json.dumps(value).encode(), key=connection.encode(), partition=partition)
 
 
@@ -129,8 +143,9 @@ class HttpSystemConsumer(SystemConsumer):
         self.inner = backed.factory.get_consumer(backed.backing, config)
         self.backing = backed.backing
 
-    def read(self, ssp: SystemStreamPartition, start: str, max_records: int,
-             end: str | None = None) -> list[IncomingRecord]:  # fmt: skip
+    def read(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
+    ) -> list[IncomingRecord]:
         inner = SystemStreamPartition(self.backing, ssp.stream, ssp.partition)
         return [_as(record, ssp) for record in self.inner.read(inner, start, max_records, end)]
 
@@ -139,8 +154,9 @@ class HttpSystemConsumer(SystemConsumer):
 
 
 def _as(record: IncomingRecord, ssp: SystemStreamPartition) -> IncomingRecord:
-    return IncomingRecord(ssp, record.offset, record.next_offset, record.key, record.value, record.timestamp_ms,
-                          record.attributes)  # fmt: skip
+    return IncomingRecord(
+        ssp, record.offset, record.next_offset, record.key, record.value, record.timestamp_ms, record.attributes
+    )
 
 
 class HttpSystemProducer(SystemProducer):
@@ -162,9 +178,18 @@ class HttpSystemProducer(SystemProducer):
             connection = _connection_of(record)
             if connection is None:
                 reason = "a response to an http stream needs a 'connection' column (the request's connection)"
-                out.append(OutgoingRecord(dead_letter_stream(record.stream), json.dumps(
-                    {"error": reason, "stream": record.stream,
-                     "head_base64": base64.b64encode(record.value[:1024]).decode()}).encode()))  # fmt: skip
+                out.append(
+                    OutgoingRecord(
+                        dead_letter_stream(record.stream),
+                        json.dumps(
+                            {
+                                "error": reason,
+                                "stream": record.stream,
+                                "head_base64": base64.b64encode(record.value[:1024]).decode(),
+                            }
+                        ).encode(),
+                    )
+                )
                 continue
             stream = responses_stream(record.stream)
             if stream not in self._partitions:

@@ -36,16 +36,19 @@ def _processor_families(now: ProcessorSnapshot) -> Iterator[Any]:
     p = [now.processor_id]
     tasks = GaugeMetricFamily("weirflow_tasks_running", "Tasks this processor runs", labels=labels)
     tasks.add_metric(p, now.tasks)
-    version = GaugeMetricFamily("weirflow_job_model_version", "Job model version this processor runs",
-                                labels=labels)  # fmt: skip
+    version = GaugeMetricFamily(
+        "weirflow_job_model_version", "Job model version this processor runs", labels=labels
+    )
     version.add_metric(p, now.job_model_version)
     leader = GaugeMetricFamily("weirflow_leader", "1 while this processor leads the job", labels=labels)
     leader.add_metric(p, 1 if now.leader else 0)
-    state = GaugeMetricFamily("weirflow_processor_state", "1 for the processor's current state",
-                              labels=["processor", "state"])  # fmt: skip
+    state = GaugeMetricFamily(
+        "weirflow_processor_state", "1 for the processor's current state", labels=["processor", "state"]
+    )
     state.add_metric([now.processor_id, now.state], 1)
-    renewals = CounterMetricFamily("weirflow_lease_renewals", "Task lock renewals the store confirmed",
-                                   labels=labels)  # fmt: skip
+    renewals = CounterMetricFamily(
+        "weirflow_lease_renewals", "Task lock renewals the store confirmed", labels=labels
+    )
     renewals.add_metric(p, now.renewals)
     rebalances = CounterMetricFamily("weirflow_rebalances", "Job models this processor moved to", labels=labels)
     rebalances.add_metric(p, now.rebalances)
@@ -57,16 +60,22 @@ def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
 
     t = ["processor", "task"]
     records_in = CounterMetricFamily("weirflow_task_records_in", "Records read from the task's inputs", labels=t)
-    records_out = CounterMetricFamily("weirflow_task_records_out", "Records written by the task's query",
-                                      labels=[*t, "query", "stream"])  # fmt: skip
+    records_out = CounterMetricFamily(
+        "weirflow_task_records_out", "Records written by the task's query", labels=[*t, "query", "stream"]
+    )
     batches = CounterMetricFamily("weirflow_task_batches", "Micro-batches checkpointed", labels=t)
-    duration = GaugeMetricFamily("weirflow_task_batch_duration_seconds", "Duration of the last micro-batch",
-                                 labels=t)  # fmt: skip
-    checkpoint = GaugeMetricFamily("weirflow_task_last_checkpoint_timestamp_seconds",
-                                   "When the task last wrote its checkpoint (Unix time)", labels=t)  # fmt: skip
+    duration = GaugeMetricFamily(
+        "weirflow_task_batch_duration_seconds", "Duration of the last micro-batch", labels=t
+    )
+    checkpoint = GaugeMetricFamily(
+        "weirflow_task_last_checkpoint_timestamp_seconds",
+        "When the task last wrote its checkpoint (Unix time)",
+        labels=t,
+    )
     dead = CounterMetricFamily("weirflow_task_dead_letters", "Records sent to dead-letter streams", labels=t)
-    lag = GaugeMetricFamily("weirflow_task_lag_records", "Records between the task's position and the end",
-                            labels=[*t, "ssp"])  # fmt: skip
+    lag = GaugeMetricFamily(
+        "weirflow_task_lag_records", "Records between the task's position and the end", labels=[*t, "ssp"]
+    )
     for task, r in sorted(now.task_reports.items()):
         labels = [now.processor_id, task]
         records_in.add_metric(labels, r.get("records_in", 0))

@@ -40,7 +40,7 @@ def _task_cells(report: dict[str, Any] | None, now_ms: int) -> list[str]:
     return [
         f'<span title="{escape(per_ssp)}">{escape(str(total if total is not None else "?"))}</span>',
         escape(str(report.get("records_in", 0))),
-        f'{report.get("last_batch_ms", 0)} ms',
+        f"{report.get('last_batch_ms', 0)} ms",
         escape(age),
         escape(str(report.get("dead_letters", 0))),
     ]
@@ -54,22 +54,26 @@ def render_status_page(status: dict[str, Any]) -> str:
             escape(str(p["processor_id"])) + (" (leader)" if p.get("leader") else ""),
             escape(str(p["state"])),
             "yes" if p.get("live") else "no",
-            f'{p.get("heartbeat_age_s", "")} s',
+            f"{p.get('heartbeat_age_s', '')} s",
             escape(", ".join(p.get("tasks", []))),
             escape(str(p.get("endpoint") or "")),
         ]
         for p in processors
     ]
     classes = ["" if p.get("live") else "dead" for p in processors]
-    reports = {task: r for by in (status.get("task_reports") or {}).values() if "error" not in by
-               for task, r in by.items()}  # fmt: skip
+    reports = {
+        task: r
+        for by in (status.get("task_reports") or {}).values()
+        if "error" not in by
+        for task, r in by.items()
+    }
     now_ms = status.get("now_ms") or 0
     task_rows = [
         [escape(task), escape(str(state)), escape(owner.get(task, "")), *_task_cells(reports.get(task), now_ms)]
         for task, state in sorted(status.get("tasks", {}).items())
     ]
     silent = [p for p, by in (status.get("task_reports") or {}).items() if "error" in by]
-    silent_html = (f'<p class="dead">No task report from {escape(", ".join(silent))}</p>' if silent else "")
+    silent_html = f'<p class="dead">No task report from {escape(", ".join(silent))}</p>' if silent else ""
     drain = status.get("drain")
     drain_html = (
         f'<p class="drain">Drain of run {escape(str(drain.get("run-id", "")))} requested</p>' if drain else ""
@@ -87,8 +91,12 @@ def render_status_page(status: dict[str, Any]) -> str:
 <h2>Processors</h2>
 {_table(["processor", "state", "live", "heartbeat", "tasks", "endpoint"], proc_rows, classes)}
 <h2>Tasks</h2>
-{_table(["task", "state", "processor", "lag", "records in", "last batch", "last checkpoint", "dead letters"],
-         task_rows)}
+{
+        _table(
+            ["task", "state", "processor", "lag", "records in", "last batch", "last checkpoint", "dead letters"],
+            task_rows,
+        )
+    }
 {silent_html}
 </body></html>
 """

@@ -133,8 +133,9 @@ class EndpointServer:
         port = sock.getsockname()[1]
         config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="endpoints", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="endpoints", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         pause = threading.Event()  # not time.sleep: under libfaketime (clock-skew tests) it fails with EINVAL

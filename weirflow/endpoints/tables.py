@@ -57,10 +57,15 @@ class TableService:
     """
 
     def __init__(
-        self, plan: Any, me: str, owner_of: Callable[[str], str | None],
-        table: Callable[[str, str], ServedTable | None], endpoints: Callable[[], dict[str, str]],
-        token: str | None, wait_s: float,
-    ) -> None:  # fmt: skip
+        self,
+        plan: Any,
+        me: str,
+        owner_of: Callable[[str], str | None],
+        table: Callable[[str, str], ServedTable | None],
+        endpoints: Callable[[], dict[str, str]],
+        token: str | None,
+        wait_s: float,
+    ) -> None:
         self.plan = plan
         self.me = me
         self.owner_of = owner_of
@@ -114,8 +119,9 @@ class TableService:
         return Answer.error(404, f"no table '{table}' in this job (served tables: {known})")
 
     def _unavailable(self, what: str) -> Answer:
-        return Answer.error(503, f"{what} is moving between processors (a rebalance or a failover); retry",
-                            **{"retry-after": "1"})  # fmt: skip
+        return Answer.error(
+            503, f"{what} is moving between processors (a rebalance or a failover); retry", **{"retry-after": "1"}
+        )
 
     async def get(self, table: str, key: str, hop: bool) -> Answer:
         """The latest row of ``key`` in ``table`` (its JSON as written), 404 when absent."""
@@ -145,8 +151,9 @@ class TableService:
                 return self._unavailable(f"task {task}")
             await asyncio.sleep(_RETRY_S)
 
-    async def _remote_page(self, owner: str, table: str, tasks: list[str], prefix: str, after: str | None,
-                           limit: int) -> list[tuple[str, str]] | None:  # fmt: skip
+    async def _remote_page(
+        self, owner: str, table: str, tasks: list[str], prefix: str, after: str | None, limit: int
+    ) -> list[tuple[str, str]] | None:
         url = await self._url(owner)
         if url is None:
             return None
@@ -159,8 +166,9 @@ class TableService:
             return None
         return [(r["key"], json.dumps(r["row"])) for r in json.loads(answer.body)["rows"]]
 
-    async def scan(self, table: str, prefix: str, after: str | None, limit: int, tasks: list[str] | None,
-                   hop: bool) -> Answer:  # fmt: skip
+    async def scan(
+        self, table: str, prefix: str, after: str | None, limit: int, tasks: list[str] | None, hop: bool
+    ) -> Answer:
         """Rows whose key starts with ``prefix``, in key order after ``after``, at most ``limit``; ``next`` is
         the cursor of the next page (None on the last). Gathered from every task of the table."""
         unknown = self._unknown(table)
@@ -256,8 +264,9 @@ async def table_request(tables: TableService, scope: dict[str, Any], send: Any) 
             answer = Answer.error(400, f"limit must be an integer, got {query.get('limit')!r}")
         else:
             tasks = query.get("tasks")
-            answer = await tables.scan(name, query.get("prefix", ""), query.get("after"), limit,
-                                       tasks.split(",") if tasks else None, hop)  # fmt: skip
+            answer = await tables.scan(
+                name, query.get("prefix", ""), query.get("after"), limit, tasks.split(",") if tasks else None, hop
+            )
     await send_json(send, answer.status, answer.body, answer.headers)
 
 

@@ -160,8 +160,16 @@ def _messages(target: TapTarget, records: list[IncomingRecord], matcher: Any) ->
         for value in _values(target, record):
             text = value if isinstance(value, str) else json.dumps(value, default=str)
             if matcher(value, text):
-                yield json.dumps({"stream": target.ref.stream_id, "partition": record.ssp.partition,
-                                  "offset": record.offset, "key": key, "value": value}, default=str)  # fmt: skip
+                yield json.dumps(
+                    {
+                        "stream": target.ref.stream_id,
+                        "partition": record.ssp.partition,
+                        "offset": record.offset,
+                        "key": key,
+                        "value": value,
+                    },
+                    default=str,
+                )
 
 
 def add_tap_routes(app: Any, taps: TapService | None) -> None:
@@ -171,8 +179,13 @@ def add_tap_routes(app: Any, taps: TapService | None) -> None:
 
     @app.get("/tap/{stream}")
     async def tap_http(stream: str) -> Any:
-        return JSONResponse({"error": f"/tap/{stream} is a WebSocket: connect with ws://.../tap/{stream}"
-                                      "?match=<regex>&field=<column>"}, status_code=426)  # fmt: skip
+        return JSONResponse(
+            {
+                "error": f"/tap/{stream} is a WebSocket: connect with ws://.../tap/{stream}"
+                "?match=<regex>&field=<column>"
+            },
+            status_code=426,
+        )
 
     @app.websocket("/tap/{stream}")
     async def tap(websocket: WebSocket, stream: str) -> None:

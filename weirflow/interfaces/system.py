@@ -281,8 +281,13 @@ class SystemConsumer(ABC):
         for long. ``start`` older than the partition's oldest offset reads from the oldest."""
 
     def read_columns(
-        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
-        *, attributes: bool = False,
+        self,
+        ssp: SystemStreamPartition,
+        start: str,
+        max_records: int,
+        end: str | None = None,
+        *,
+        attributes: bool = False,
     ) -> RecordColumns:
         """What `read` returns, as `RecordColumns` (``attributes`` only when asked for). The default builds
         it from `read`; a system whose client hands rows over in bulk should override it, since the Spark
@@ -339,4 +344,3 @@ class SystemFactory(ABC):
 
     @abstractmethod
     def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer: ...
-

@@ -85,8 +85,11 @@ class LocalSystemAdmin(SystemAdmin):
             if not 0 <= p < count:
                 raise ValueError(f"stream '{stream}' has no partition {p} (it has {count})")
             lo, hi = conn.execute(_ENDS, (stream, p, stream, p)).fetchone()
-            result[p] = PartitionMetadata("0", None, "0") if hi is None else PartitionMetadata(str(lo), str(hi),
-                                                                                                str(hi + 1))
+            result[p] = (
+                PartitionMetadata("0", None, "0")
+                if hi is None
+                else PartitionMetadata(str(lo), str(hi), str(hi + 1))
+            )
         return result
 
     def create_stream(self, spec: StreamSpec) -> bool:
@@ -148,8 +151,13 @@ class LocalSystemConsumer(SystemConsumer):
         return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts) for o, k, v, ts in rows]
 
     def read_columns(
-        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None,
-        *, attributes: bool = False,
+        self,
+        ssp: SystemStreamPartition,
+        start: str,
+        max_records: int,
+        end: str | None = None,
+        *,
+        attributes: bool = False,
     ) -> RecordColumns:
         rows = self._rows(ssp, start, max_records, end)
         if not rows:

@@ -43,8 +43,9 @@ class SparkDataPlane:
         # happen in the runner's background, so the processor joins its group meanwhile: the leader's
         # debounce and this work overlap instead of adding up.
         state_store = spark_state_factory(config).get_spark_state_store(config)
-        self.runner = SparkTaskRunner(self.spark, self.plan, ctx.checkpoints, self.builder, prepare=self._prepare,
-                                      state_store=state_store)  # fmt: skip
+        self.runner = SparkTaskRunner(
+            self.spark, self.plan, ctx.checkpoints, self.builder, prepare=self._prepare, state_store=state_store
+        )
 
     def _prepare(self) -> None:
         from weirflow.spark.sink import WeirflowSink

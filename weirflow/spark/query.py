@@ -110,13 +110,37 @@ class QueryScope:
 # Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
 # may run its tasks in one query (`SparkTaskRunner`); anything else (aggregations, joins, deduplication,
 # limits, stateful map functions, operators added by later Spark versions) counts as stateful.
-STATELESS_OPERATORS = frozenset({
-    "StreamingRelationV2", "StreamingDataSourceV2Relation", "StreamingDataSourceV2ScanRelation",
-    "StreamingRelation", "EventTimeWatermark", "CollectMetrics", "Project", "Filter", "Union", "SubqueryAlias",
-    "Generate", "Sample", "Repartition", "RepartitionByExpression", "RebalancePartitions", "ResolvedHint",
-    "MapInPandas", "PythonMapInArrow", "MapInArrow", "MapPartitionsInPandas", "MapElements", "MapPartitions",
-    "SerializeFromObject", "DeserializeToObject", "AppendColumns", "Expand",
-})
+STATELESS_OPERATORS = frozenset(
+    {
+        "StreamingRelationV2",
+        "StreamingDataSourceV2Relation",
+        "StreamingDataSourceV2ScanRelation",
+        "StreamingRelation",
+        "EventTimeWatermark",
+        "CollectMetrics",
+        "Project",
+        "Filter",
+        "Union",
+        "SubqueryAlias",
+        "Generate",
+        "Sample",
+        "Repartition",
+        "RepartitionByExpression",
+        "RebalancePartitions",
+        "ResolvedHint",
+        "MapInPandas",
+        "PythonMapInArrow",
+        "MapInArrow",
+        "MapPartitionsInPandas",
+        "MapElements",
+        "MapPartitions",
+        "SerializeFromObject",
+        "DeserializeToObject",
+        "AppendColumns",
+        "Expand",
+    }
+)
+
 
 class StageBuilder:
     """Builds DataFrames of a plan's stages on one SparkSession; stage output schemas are memoized so an
@@ -230,8 +254,11 @@ class StageBuilder:
     def _source(self, index: int, stream_id: str, scope: QueryScope | None, starts: dict[str, Any]) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
-        ssps = [s.key() for s in (scope.ssps if scope is not None else []) if (s.system, s.stream) == (
-            ref.system, ref.physical)]
+        ssps = [
+            s.key()
+            for s in (scope.ssps if scope is not None else [])
+            if (s.system, s.stream) == (ref.system, ref.physical)
+        ]
         options = {
             "config": self.snapshot,
             "stream": stream_id,
@@ -250,9 +277,14 @@ class StageBuilder:
             "bounded": str(settings.bounded).lower(),
             "drain_flag": self.drain_flag,
             "run_id": self.run_id,
-            "system_schema": json.dumps(T.StructType(
-                [T.StructField(name, T._parse_datatype_string(ddl), True) for name, ddl in settings.system_fields]
-            ).jsonValue()),
+            "system_schema": json.dumps(
+                T.StructType(
+                    [
+                        T.StructField(name, T._parse_datatype_string(ddl), True)
+                        for name, ddl in settings.system_fields
+                    ]
+                ).jsonValue()
+            ),
             "max_records": str(self._read_limit(settings)),
             "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),

@@ -114,8 +114,12 @@ class TaskStats:
     last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
 
     def to_json(self) -> dict[str, int]:
-        return {"batches": self.batches, "records_in": self.records_in, "last_batch_ms": self.last_batch_ms,
-                "last_checkpoint_ms": self.last_checkpoint_ms}  # fmt: skip
+        return {
+            "batches": self.batches,
+            "records_in": self.records_in,
+            "last_batch_ms": self.last_batch_ms,
+            "last_checkpoint_ms": self.last_checkpoint_ms,
+        }
 
 
 def _records_between(before: _Offsets, after: _Offsets) -> int:
@@ -260,10 +264,12 @@ class StageQuery:
             log.warning(
                 "task %s: its Spark checkpoint %s is behind the checkpoint store for %s (store %s, Spark %s); "
                 "discarding it and starting from the store's offsets (operator state in it is lost)",
-                t.name, location, ", ".join(behind[:4]), {k: str(t.offsets[SystemStreamPartition.parse(k)])
-                                                          for k in behind[:4]},
+                t.name,
+                location,
+                ", ".join(behind[:4]),
+                {k: str(t.offsets[SystemStreamPartition.parse(k)]) for k in behind[:4]},
                 {k: spark_at.get(k) for k in behind[:4]},
-            )  # fmt: skip
+            )
         return bool(behind)
 
     def _ahead(self, ssp: SystemStreamPartition, offset: str, spark: str | None) -> bool:
@@ -328,8 +334,10 @@ class StageQuery:
                 finishing = self._all_inputs_ended(t)
                 out = self._stateless_watermark(t)
             else:
-                finishing = self._all_inputs_ended(t) and injected_all and (
-                    not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS
+                finishing = (
+                    self._all_inputs_ended(t)
+                    and injected_all
+                    and (not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS)
                 )
                 out = self._output_watermark(t, report, spark_watermark)
             if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
@@ -428,8 +436,13 @@ class StageQuery:
             # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
             log.info(
                 "wrote task=%s batch=%d epoch=%d processor=%s start_ms=%d end_ms=%d",
-                t.name, report.batchId, t.writer.epoch, t.lock.owner, report.started_ms or 0, clock.now_ms(),
-            )  # fmt: skip
+                t.name,
+                report.batchId,
+                t.writer.epoch,
+                t.lock.owner,
+                report.started_ms or 0,
+                clock.now_ms(),
+            )
             return True
         except (LockLostError, FencedOffError) as exc:
             t.error = str(exc)
@@ -451,18 +464,22 @@ class StageQuery:
             return  # no operator state: the checkpoint store's offsets are all the task needs elsewhere
         report = store.mirror(t.name, self.location, batch, t.writer.epoch)
         if report.uploaded or report.deleted:
-            log.debug("task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
-                      t.name, batch, report.uploaded, report.uploaded_bytes, report.deleted,
-                      report.seconds)  # fmt: skip
+            log.debug(
+                "task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
+                t.name,
+                batch,
+                report.uploaded,
+                report.uploaded_bytes,
+                report.deleted,
+                report.seconds,
+            )
 
     def _ssps_of(self, t: TaskState, stream_id: str) -> list[str]:
         ref = self.runner.plan.ref(stream_id)
         return [s.key() for s in t.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
 
     def _all_inputs_ended(self, t: TaskState) -> bool:
-        return all(
-            t.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(t, s)
-        )
+        return all(t.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(t, s))
 
     def _reconcile(self, t: TaskState) -> None:
         all_ended = True
@@ -563,9 +580,11 @@ class StageQuery:
             for key, end in source["p"].items():
                 ssp = SystemStreamPartition.parse(key)
                 start = offsets.get(ssp)
-                if plan.is_intermediate(stream_id) and start is not None and (
-                    plan.systems.admin(ssp.system).compare_offsets(start, end["o"]) or 0
-                ) < 0:
+                if (
+                    plan.is_intermediate(stream_id)
+                    and start is not None
+                    and (plan.systems.admin(ssp.system).compare_offsets(start, end["o"]) or 0) < 0
+                ):
                     consumer = plan.systems.consumer(ssp.system)
                     position = start
                     while records := consumer.read(ssp, position, 5000, end["o"]):
@@ -590,8 +609,12 @@ class StageQuery:
             self._finish(t)
             t.done = True
         t.writer.write(Checkpoint(offsets=dict(offsets), control=t.control.to_json()))
-        log.info("task %s: control state caught up with Spark's batch %s%s", t.name,
-                 metadata.get("batchId", "?"), " (already finished)" if t.done else "")
+        log.info(
+            "task %s: control state caught up with Spark's batch %s%s",
+            t.name,
+            metadata.get("batchId", "?"),
+            " (already finished)" if t.done else "",
+        )
 
     # --- stop -------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -634,8 +657,13 @@ class SparkTaskRunner(TaskRunner):
     """Runs tasks of a pipeline as queries on this processor's SparkSession (see the module docstring)."""
 
     def __init__(
-        self, spark: Any, plan: PipelinePlan, checkpoints: Any, builder: StageBuilder,
-        prepare: Callable[[], None] | None = None, state_store: SparkStateStore | None = None,
+        self,
+        spark: Any,
+        plan: PipelinePlan,
+        checkpoints: Any,
+        builder: StageBuilder,
+        prepare: Callable[[], None] | None = None,
+        state_store: SparkStateStore | None = None,
     ) -> None:
         """``prepare`` (registering the data sources, analysing stages) runs in the background at once; no
         query starts before it has finished, and if it fails every task fails with its error.
@@ -739,8 +767,9 @@ class SparkTaskRunner(TaskRunner):
         upgrade = checkpoint is not None and bool(control.drained)
         if upgrade:
             assert checkpoint is not None
-            checkpoint = Checkpoint(checkpoint.offsets, control.for_new_run().to_json(), checkpoint.positions,
-                                    checkpoint.epoch)  # fmt: skip
+            checkpoint = Checkpoint(
+                checkpoint.offsets, control.for_new_run().to_json(), checkpoint.positions, checkpoint.epoch
+            )
         state = TaskState(self, task, lock, checkpoint)
         try:  # this holder's epoch in the store first: no former holder's write lands after it
             state.writer.claim(checkpoint)
@@ -766,8 +795,12 @@ class SparkTaskRunner(TaskRunner):
         if self.state_store is not None:
             self.state_store.discard(state.name)
         state.writer.write(Checkpoint(offsets=dict(state.offsets), control=state.control.to_json()))
-        log.info("task %s: drained in run %s; starting run %s from its drained offsets with a fresh Spark "
-                 "checkpoint", state.name, drained_in, self.run_id)  # fmt: skip
+        log.info(
+            "task %s: drained in run %s; starting run %s from its drained offsets with a fresh Spark checkpoint",
+            state.name,
+            drained_in,
+            self.run_id,
+        )
 
     def stop_task(self, task_name: str) -> None:
         """Stop the task and write its final checkpoint before returning. A stateless stage's query is
@@ -822,11 +855,14 @@ class SparkTaskRunner(TaskRunner):
         with self._guard:
             tasks = [(t, self._query_of.get(t.name)) for t in self._tasks.values()]
         return {
-            t.name: {**t.stats.to_json(), "dead_letters": t.control.dead_letters,
-                     "offsets": {ssp.key(): str(o) for ssp, o in t.offsets.items()},
-                     # written by the task's query: its own, or (a stateless stage's) the merged query's
-                     "records_out": dict(q.records_out) if q is not None else {},
-                     "query": q.name if q is not None else None}  # fmt: skip
+            t.name: {
+                **t.stats.to_json(),
+                "dead_letters": t.control.dead_letters,
+                "offsets": {ssp.key(): str(o) for ssp, o in t.offsets.items()},
+                # written by the task's query: its own, or (a stateless stage's) the merged query's
+                "records_out": dict(q.records_out) if q is not None else {},
+                "query": q.name if q is not None else None,
+            }
             for t, q in tasks
         }
 
@@ -956,7 +992,8 @@ class SparkTaskRunner(TaskRunner):
         self._retire(current, keep=False)
         with self._guard:
             return members + [
-                t for t in current.tasks
+                t
+                for t in current.tasks
                 if t.name in self._tasks and not t.done and not t.error and t not in members
             ]
 

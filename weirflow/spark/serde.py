@@ -126,8 +126,17 @@ def _converter(data_type: T.DataType) -> tuple[Callable[[Any], Any], str]:
 
 # Types whose Arrow JSON parsing accepts exactly what the per-value converters accept (checked by a property
 # test): other schemas are decoded value by value.
-_VECTOR_TYPES = (T.StringType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
-                 T.BooleanType, T.TimestampType)
+_VECTOR_TYPES = (
+    T.StringType,
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.FloatType,
+    T.DoubleType,
+    T.BooleanType,
+    T.TimestampType,
+)
 _SCALAR_BELOW = 16  # a refused chunk this small is decoded value by value instead of split again
 _RETRY_EVERY = 8  # after a mostly refused chunk, try Arrow again on every 8th chunk only
 
@@ -140,9 +149,16 @@ class JsonDecoder:
         self._fields = [(f.name, f.nullable, *_converter(f.dataType)) for f in schema.fields]
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         vector = all(type(f.dataType) in _VECTOR_TYPES for f in schema.fields) and bool(schema.fields)
-        self._parse_schema = pa.schema(
-            [pa.field(f.name, pa.float64() if pa.types.is_floating(f.type) else f.type) for f in self.arrow_schema]
-        ) if vector else None
+        self._parse_schema = (
+            pa.schema(
+                [
+                    pa.field(f.name, pa.float64() if pa.types.is_floating(f.type) else f.type)
+                    for f in self.arrow_schema
+                ]
+            )
+            if vector
+            else None
+        )
         self._required = [f.name for f in schema.fields if not f.nullable]
         self._chunks = 0
         self._scalar_rows = 0
@@ -199,10 +215,12 @@ class JsonDecoder:
                     failed.append((i, str(exc)))
             if rows:
                 columns = list(zip(*rows, strict=True))
-                tables.append(pa.Table.from_arrays(
-                    [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)],
-                    schema=self.arrow_schema,
-                ))
+                tables.append(
+                    pa.Table.from_arrays(
+                        [pa.array(c, type=f.type) for c, f in zip(columns, self.arrow_schema, strict=True)],
+                        schema=self.arrow_schema,
+                    )
+                )
 
         if values:
             self._chunks += 1

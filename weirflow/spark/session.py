@@ -135,8 +135,9 @@ def prepare_environment() -> None:
 # the JVM) in 50 s of the example job, several per micro-batch of every task. Renames on a local disk are atomic
 # either way.
 LOCAL_CHECKPOINT_SETTINGS: dict[str, str] = {
-    "spark.sql.streaming.checkpointFileManagerClass":
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
 }
 
 

@@ -80,8 +80,9 @@ class WeirflowSink(DataSource):
         fence = decode_fence(self.options.get("fence"))
         served_dir = self.options.get("served_dir") or None
         counts_dir = self.options.get("counts_dir") or None
-        return WeirflowStreamWriter(self.options["config"], json.loads(self.options["sinks"]), fence, served_dir,
-                                    counts_dir)  # fmt: skip
+        return WeirflowStreamWriter(
+            self.options["config"], json.loads(self.options["sinks"]), fence, served_dir, counts_dir
+        )
 
 
 class WeirflowStreamWriter(DataSourceStreamArrowWriter):
@@ -89,8 +90,12 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
     (`weirflow.spark.fence`) confirmed that the query's processor still holds every lock in ``fence``."""
 
     def __init__(
-        self, snapshot: str, sinks: list[dict[str, Any]], fence: list[LockRef] | None = None,
-        served_dir: str | None = None, counts_dir: str | None = None,
+        self,
+        snapshot: str,
+        sinks: list[dict[str, Any]],
+        fence: list[LockRef] | None = None,
+        served_dir: str | None = None,
+        counts_dir: str | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.sinks = sinks
@@ -117,8 +122,9 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
                 if sink.get("serve"):  # the latest row per key; a later row of the partition wins
                     table = served.setdefault(sink["serve"], {})
-                    for key, value in zip(rows.column("__key").to_pylist(), rows.column("__value").to_pylist(),
-                                          strict=True):  # fmt: skip
+                    for key, value in zip(
+                        rows.column("__key").to_pylist(), rows.column("__value").to_pylist(), strict=True
+                    ):
                         if key is not None:
                             table[key.decode("utf-8", "replace")] = (value or b"null").decode("utf-8", "replace")
                     continue
@@ -158,12 +164,19 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 reason = f"row too large for stream '{physical}' even alone (limit {limit} bytes)"
                 row = json.dumps(piece.to_pylist()[0], default=str).encode()
-                records.append(OutgoingRecord(
-                    stream=dead_letter_stream(physical),
-                    value=json.dumps({"error": reason, "stream": physical,
-                                      "head_base64": base64.b64encode(row[:1024]).decode()}).encode(),
-                    partition=partition,
-                ))
+                records.append(
+                    OutgoingRecord(
+                        stream=dead_letter_stream(physical),
+                        value=json.dumps(
+                            {
+                                "error": reason,
+                                "stream": physical,
+                                "head_base64": base64.b64encode(row[:1024]).decode(),
+                            }
+                        ).encode(),
+                        partition=partition,
+                    )
+                )
                 log.warning("one output row of %s was too large: sent to its dead-letter stream", physical)
         return records
 

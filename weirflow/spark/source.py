@@ -295,8 +295,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
             backlog = self._known.get(key, -1) - int(start["p"][key]["o"])
             known_backlog[owner] = known_backlog.get(owner, 0) + backlog if backlog >= 0 else -(1 << 62)
         stale = [
-            key for key in open_keys
-            if per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
+            key for key in open_keys if per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
         ]
         if not stale:
             return {}
@@ -370,8 +369,13 @@ class _BatchReader:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     @staticmethod
-    def _ctl(kind: str, ssp: str | None, producer: str | None = None, task_count: int | None = None,
-             ctl_ms: int | None = None) -> dict[str, Any]:
+    def _ctl(
+        kind: str,
+        ssp: str | None,
+        producer: str | None = None,
+        task_count: int | None = None,
+        ctl_ms: int | None = None,
+    ) -> dict[str, Any]:
         return {"kind": kind, "ssp": ssp, "producer": producer, "task_count": task_count, "ctl_ms": ctl_ms}
 
     def read(self, value: tuple[Any, ...]) -> Iterator[pa.RecordBatch]:
@@ -465,8 +469,18 @@ class _BatchReader:
                 assert isinstance(message, ControlMessage)
                 if message.type is MessageType.DRAIN and message.run_id != self.spec.run_id:
                     continue  # another deployment's drain (docs/drain.md): not an end for this one
-                controls.append((0, self._ctl(_CONTROL_KINDS[message.type], key, message.task_name,
-                                              message.task_count, message.timestamp)))
+                controls.append(
+                    (
+                        0,
+                        self._ctl(
+                            _CONTROL_KINDS[message.type],
+                            key,
+                            message.task_name,
+                            message.task_count,
+                            message.timestamp,
+                        ),
+                    )
+                )
         if user:
             assert self.json is not None
             table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
@@ -503,18 +517,20 @@ class _BatchReader:
     def _dead_letter(self, key: str, chunk: RecordColumns, i: int, reason: str) -> int:
         """Queue record ``i`` for the dead-letter stream (sent before the batch can commit); returns 1."""
         raw = chunk.values[i]
-        self._dead.append((
-            {
-                "error": reason,
-                "stream": self.spec.stream_id,
-                "ssp": key,
-                "offset": chunk.offsets[i],
-                "task": self.spec.tasks.get(key, ""),
-                "timestamp_ms": chunk.timestamps_ms[i],
-                "raw_base64": base64.b64encode(raw).decode(),
-            },
-            chunk.keys[i],
-        ))
+        self._dead.append(
+            (
+                {
+                    "error": reason,
+                    "stream": self.spec.stream_id,
+                    "ssp": key,
+                    "offset": chunk.offsets[i],
+                    "task": self.spec.tasks.get(key, ""),
+                    "timestamp_ms": chunk.timestamps_ms[i],
+                    "raw_base64": base64.b64encode(raw).decode(),
+                },
+                chunk.keys[i],
+            )
+        )
         return 1
 
     def _send_dead_letters(self, ssp: Any) -> None:

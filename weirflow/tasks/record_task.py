@@ -139,8 +139,11 @@ class _TaskThread:
         if self._gate.acquire(timeout=max(0.0, timeout_s)):
             self._gate.release()
         else:
-            log.warning("task %s: a send under way did not finish within %.1f s of abandoning the task",
-                        self.task.name, _ABANDON_WAIT_S)  # fmt: skip
+            log.warning(
+                "task %s: a send under way did not finish within %.1f s of abandoning the task",
+                self.task.name,
+                _ABANDON_WAIT_S,
+            )
 
     def _run(self, runner: RecordTaskRunner) -> None:
         _current.task = TaskContext(
@@ -391,8 +394,9 @@ class RecordTaskRunner(TaskRunner):
                 )
         return by_system, rows
 
-    def _table_row(self, out: dict[str, Any], partition: int, by_system: dict[str, list[OutgoingRecord]]
-                   ) -> tuple[str, str, str]:  # fmt: skip
+    def _table_row(
+        self, out: dict[str, Any], partition: int, by_system: dict[str, list[OutgoingRecord]]
+    ) -> tuple[str, str, str]:
         """A served-table row: to the table's changelog, in the task's partition."""
         name, key = out.get("table"), out.get("key")
         if self.tables is None or name not in self.tables.tables:
@@ -402,8 +406,9 @@ class RecordTaskRunner(TaskRunner):
             raise ConfigError(f"task.function returned {out!r}; a table row needs 'key' and 'value'")
         row = _encode(out["value"])
         ref = self.tables.changelog(str(name))
-        by_system.setdefault(ref.system, []).append(OutgoingRecord(ref.physical, row, key=_encode(key),
-                                                                   partition=partition))  # fmt: skip
+        by_system.setdefault(ref.system, []).append(
+            OutgoingRecord(ref.physical, row, key=_encode(key), partition=partition)
+        )
         return str(name), key.decode() if isinstance(key, bytes) else str(key), row.decode("utf-8", "replace")
 
     def _send(self, outgoing: dict[str, list[OutgoingRecord]]) -> None:

@@ -35,6 +35,8 @@ class _HeldLock(Lock):
 
     def is_held(self) -> bool:
         return True
+
+
 B0 = SystemStreamPartition("eh", "clicks.v2", 0)
 
 

@@ -36,9 +36,14 @@ class ProcessorRegistryContract(CoordinationContract):
         registry = coordination("p1").processor_registry()
         registry.heartbeat(info("p1", state="IN_REBALANCE", beat=1))
         full = info(
-            "p1", job_model_version=3, tasks=["main-0", "main-2"], endpoint="http://h:8080", error="x",
-            instance="0f3a9c2e71d4", beat=2,
-        )  # fmt: skip
+            "p1",
+            job_model_version=3,
+            tasks=["main-0", "main-2"],
+            endpoint="http://h:8080",
+            error="x",
+            instance="0f3a9c2e71d4",
+            beat=2,
+        )
         registry.heartbeat(full)
         [row] = coordination("status").processor_registry().processors()
         assert _without_times(row) == _without_times(full)
