@@ -8,7 +8,7 @@ default with two processors over an unbounded input fed at ``--rate`` events per
 2. they are started again (same run id, resuming), and once the job keeps up again `weirflow drain --wait`
    runs; the figure is the time from starting that command to both processors exited.
 
-The target of issue 14 is ``value <= 5 * trigger interval + stop time``. The output is checked too: the windows
+The target is ``value <= 5 * trigger interval + stop time``. The output is checked too: the windows
 written equal pandas over the input up to the cut, each written once.
 
     .venv/bin/python benchmarks/drain.py [--rate 2000] [--partitions 4]

@@ -1,4 +1,4 @@
-"""Served-table key lookups through a processor that does not own the key (issue 16's target).
+"""Served-table key lookups through a processor that does not own the key (target: docs/endpoints.md).
 
 Starts the served-table example (`examples/endpoints`: the latest page view per user, 4 tasks) as two
 `weirflow run` processors on the embedded default, sends ``--views`` views of ``--users`` users, waits until

@@ -1,13 +1,13 @@
 """Drain notifications: the request, written to the job's metadata store, that a running deployment drain.
 
-A drain stops a pipeline with nothing in flight (see seed SAMZA-2741): sources stop at a cut, every open
+A drain stops a pipeline with nothing in flight (docs/drain.md; Apache Samza's drain, SAMZA-2741): sources stop at a cut, every open
 window is emitted, intermediate streams are read to the end, and every task writes a final checkpoint. The
 request is a `DrainNotification` document under ``drain/<uuid>`` in the `MetadataStore` (SQLite or Blob
 Storage), so every processor of the job sees it with one small read per poll. It names the deployment it is
 meant for (``run_id``, the job's `app.run.id`): a notification for another run is ignored, so a drained job
 restarted under a new run id for its upgrade is not drained again by the old request.
 
-`DrainUtils` writes, reads and removes notifications (the seed's ``DrainUtils``); the leader removes the
+`DrainUtils` writes, reads and removes notifications (named after Samza's ``DrainUtils``); the leader removes the
 notification of its run once every task drained.
 """
 

@@ -1,4 +1,4 @@
-"""Count primes below a limit, split across the tasks of one stage: the seed's distributed RPC (docs/endpoints.md).
+"""Count primes below a limit, split across the tasks of one stage: Samza's distributed RPC (docs/endpoints.md).
 
 Every record of the ``http`` stream `work` is a client's message (`weirflow.endpoints.http_system`): ``connect``,
 ``request`` or ``disconnect``, with the request's JSON ``body`` and, for a fan-out, which ``partition`` of how

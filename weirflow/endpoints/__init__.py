@@ -1,1 +1,1 @@
-"""Network endpoints of a running job (issue 16; docs/endpoints.md): an HTTP server in every processor."""
+"""Network endpoints of a running job (docs/endpoints.md): an HTTP server in every processor."""

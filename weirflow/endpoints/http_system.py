@@ -1,9 +1,9 @@
-"""``http``: request/response as a system (seed 000; docs/endpoints.md "Request/response").
+"""``http``: request/response as a system (docs/endpoints.md "Request/response").
 
 A stream on an ``http`` system is a job's conversation with its HTTP clients. Clients connect to any processor
 (``POST /rpc/<stream>``, ``POST /http/<stream>``, ``WS /http/<stream>``); what they send enters the job as
 **records of the stream**, and whatever the job writes **to the same system and stream name** goes back to the
-client. Each connection is a stream of its own in the seed's sense: its records carry the connection's id, all
+client. Each connection is a stream of its own: its records carry the connection's id, all
 of them go to one partition (so one task sees a conversation whole, in order), and it begins with a
 ``connect`` record and ends with a ``disconnect`` record. A response whose ``close`` is true disconnects the
 client.
