@@ -1,7 +1,7 @@
 """Drain notifications: the request, written to the job's metadata store, that a running deployment drain.
 
-A drain stops a pipeline with nothing in flight (docs/drain.md; Apache Samza's drain, SAMZA-2741): sources stop at a cut, every open
-window is emitted, intermediate streams are read to the end, and every task writes a final checkpoint. The
+A drain stops a pipeline with nothing in flight (docs/drain.md): sources stop at a cut, every open window is
+emitted, intermediate streams are read to the end, and every task writes a final checkpoint. The
 request is a `DrainNotification` document under ``drain/<uuid>`` in the `MetadataStore` (SQLite or Blob
 Storage), so every processor of the job sees it with one small read per poll. It names the deployment it is
 meant for (``run_id``, the job's `app.run.id`): a notification for another run is ignored, so a drained job

@@ -6,7 +6,7 @@ responses, which it reads from the stream's responses while any of its clients w
 *before* its request is written, and reading starts from the responses' end as of the first waiter, so no
 response is missed and no processor reads responses while nobody waits.
 
-**Fan-out** (distributed RPC, docs/endpoints.md): ``POST /rpc/<stream>`` writes the request once to *every partition*
+**Fan-out** (distributed RPC): ``POST /rpc/<stream>`` writes the request once to *every partition*
 of the stream — one copy per task of the stage reading it, each copy naming its ``partition`` and the number
 of ``tasks`` — and gathers one reply per task until all replied or the time limit (``?timeout_ms=``, default
 ``endpoints.rpc.timeout.ms``) passed: ``{"replies": [...], "tasks": N, "answered": k, "partial": k < N}``.
