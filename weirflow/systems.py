@@ -144,7 +144,11 @@ class Systems:
 
     def close(self) -> None:
         with self._lock:
-            clients = [*self._producers.values(), *self._consumers.values(), *self._admins.values()]
+            clients: list[SystemProducer | SystemConsumer | SystemAdmin] = [
+                *self._producers.values(),
+                *self._consumers.values(),
+                *self._admins.values(),
+            ]
             self._producers.clear()
             self._consumers.clear()
             self._admins.clear()

@@ -35,6 +35,7 @@ waking from a pause past its lease abandons the task before it writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -336,7 +337,7 @@ class RecordTaskRunner(TaskRunner):
                 if not records:
                     continue
                 outgoing, rows = self._process(ssp, records)
-                handle.guarded(lambda out=outgoing: self._send(out))
+                handle.guarded(functools.partial(self._send, outgoing))
                 for table, key, row in rows:  # sent to the changelog: now the table may show them
                     handle.tables[table].put(key, row)
                 offsets[ssp] = records[-1].next_offset
