@@ -24,6 +24,7 @@ rows (see `weirflow_azure.checkpoint.eventhubs_layout`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -198,7 +199,7 @@ class TableCheckpointManager(CheckpointManager):
             if not operations:
                 continue
             fenced = first if index == 0 else None
-            self._call("write checkpoint to", resource, lambda ops=operations, f=fenced: _transact(table, ops, f))
+            self._call("write checkpoint to", resource, functools.partial(_transact, table, operations, fenced))
 
     def _rows(self, task_name: str | None) -> list[Any]:
         table = self._storage.table(TABLE_SUFFIX)

@@ -342,7 +342,7 @@ class _PartitionReader:
                 if remaining <= 0:
                     break
                 self._arrived.wait(remaining)
-            out = []
+            out: list[Any] = []
             while self._buffer and len(out) < wanted:
                 out.append(self._buffer.popleft())
         if out:

@@ -70,6 +70,7 @@ class EventHubsSettings:
             return EventHubProducerClient.from_connection_string(self.connection_string, eventhub_name=hub)
         from azure.identity import DefaultAzureCredential
 
+        assert self.fully_qualified_namespace is not None, "from_config requires one of them"
         return EventHubProducerClient(self.fully_qualified_namespace, hub, DefaultAzureCredential())
 
     def consumer(self, hub: str) -> Any:
@@ -81,6 +82,7 @@ class EventHubsSettings:
             )
         from azure.identity import DefaultAzureCredential
 
+        assert self.fully_qualified_namespace is not None, "from_config requires one of them"
         return EventHubConsumerClient(
             self.fully_qualified_namespace, hub, self.consumer_group, DefaultAzureCredential()
         )

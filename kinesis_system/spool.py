@@ -329,9 +329,7 @@ class Spool:
         return [
             tuple(r)
             for r in self.db.connection()
-            .execute(  # type: ignore[misc]
-                "SELECT shard, after, oldest FROM losses ORDER BY detected_ms"
-            )
+            .execute("SELECT shard, after, oldest FROM losses ORDER BY detected_ms")
             .fetchall()
         ]
 

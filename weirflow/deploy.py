@@ -12,8 +12,8 @@ contacted). `weirflow deploy hubs CONFIG` prints them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from weirflow.interfaces.config import ConfigView
 from weirflow.systems import StreamRef, dead_letter_stream, declared_streams, stream_ref
 
 
@@ -25,7 +25,7 @@ class Hub:
     partitions: int
 
 
-def _partitions(config: Any, stream_id: str) -> int:
+def _partitions(config: ConfigView, stream_id: str) -> int:
     key = f"streams.{stream_id}.partitions"
     count = config.get(key)
     if not count:
@@ -33,7 +33,7 @@ def _partitions(config: Any, stream_id: str) -> int:
     return int(count)
 
 
-def hubs_to_create(config: Any, system: str) -> list[Hub]:
+def hubs_to_create(config: ConfigView, system: str) -> list[Hub]:
     """Every stream of the job on ``system``: streams declared under ``streams.<id>`` and, for a pipeline job
     (`app.pipeline`), each input's dead-letter stream and every intermediate stream. Loading a pipeline needs an
     active SparkSession (its code builds Spark columns); `weirflow deploy hubs` starts one."""

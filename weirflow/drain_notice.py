@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from weirflow import clock
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
 
 PREFIX = "drain/"
@@ -33,12 +34,12 @@ class DrainMode(str, enum.Enum):
     DEFAULT = "DEFAULT"
 
 
-def run_id_of(config: Any) -> str:
+def run_id_of(config: ConfigView) -> str:
     """The deployment's run id: `app.run.id`, or ``default`` when the job does not set one."""
     return str(config.get("app.run.id") or DEFAULT_RUN_ID)
 
 
-def drain_flag_path(config: Any) -> Path:
+def drain_flag_path(config: ConfigView) -> Path:
     """The local file a processor creates once it has seen a drain notification for its deployment; the Spark
     sources of its input streams (which run in processes of their own on the same host) fix their drain cut at
     their next planned batch once it exists. One per job and run id on a host: every processor of the

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemAdmin, SystemStreamPartition
 
 log = logging.getLogger("weirflow.start")
@@ -21,7 +21,7 @@ log = logging.getLogger("weirflow.start")
 START_KEYWORDS = ("earliest", "latest", "sdk-checkpoint")
 
 
-def parse_start(config: Any, stream_id: str) -> str | int:
+def parse_start(config: ConfigView, stream_id: str) -> str | int:
     """``streams.<id>.start`` as ``"earliest"``, ``"latest"``, ``"sdk-checkpoint"`` or epoch milliseconds (an
     ISO 8601 time; a time without a zone is UTC). Anything else is a config error naming the key."""
     key = f"streams.{stream_id}.start"
@@ -41,7 +41,7 @@ def parse_start(config: Any, stream_id: str) -> str | int:
     return int(when.timestamp() * 1000)
 
 
-def start_offset(config: Any, stream_id: str, admin: SystemAdmin, ssp: SystemStreamPartition) -> str:
+def start_offset(config: ConfigView, stream_id: str, admin: SystemAdmin, ssp: SystemStreamPartition) -> str:
     """The offset ``ssp`` starts from when no checkpoint names one."""
     start = parse_start(config, stream_id)
     if isinstance(start, int):

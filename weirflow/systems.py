@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weirflow.factories import system_factory
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import (
     SystemAdmin,
     SystemConsumer,
@@ -41,7 +42,7 @@ class StreamRef:
         return SystemStream(self.system, self.physical)
 
 
-def stream_ref(config: Any, stream_id: str, *, intermediate: bool = False) -> StreamRef:
+def stream_ref(config: ConfigView, stream_id: str, *, intermediate: bool = False) -> StreamRef:
     """Stream id -> system and physical name: the one rule.
 
     A declared stream is on `streams.<id>.system` (default `job.default.system`) and called
@@ -59,7 +60,7 @@ def stream_ref(config: Any, stream_id: str, *, intermediate: bool = False) -> St
     return StreamRef(stream_id, system, physical)
 
 
-def declared_streams(config: Any) -> list[StreamRef]:
+def declared_streams(config: ConfigView) -> list[StreamRef]:
     """Every stream declared under `streams.<id>`, resolved by `stream_ref`."""
     return [stream_ref(config, stream_id) for stream_id in config.names("streams")]
 
@@ -76,7 +77,7 @@ def stream_id_of(refs: Iterable[StreamRef], system: str, physical: str) -> str:
 DEAD_LETTER_SUFFIX = ".dlq"
 
 
-def is_http_stream(config: Any, stream_id: str) -> bool:
+def is_http_stream(config: ConfigView | None, stream_id: str) -> bool:
     """Whether ``stream_id`` is on a system whose factory is ``http`` (request/response, docs/endpoints.md):
     such a stream is both read (requests) and written (responses) by the job."""
     from weirflow.factories import system_factory_value
@@ -96,7 +97,7 @@ def dead_letter_stream(physical: str) -> str:
 class Systems:
     """Lazily built, cached clients of every system the job uses. Thread-safe; `close` releases them all."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ConfigView) -> None:
         self._config = config
         self._lock = threading.Lock()
         self._refs: dict[str, StreamRef] = {}
@@ -106,7 +107,7 @@ class Systems:
         self._producers: dict[str, SystemProducer] = {}
 
     @property
-    def config(self) -> Any:
+    def config(self) -> ConfigView:
         """The job config the systems were built from (stream settings live there too)."""
         return self._config
 
@@ -144,7 +145,11 @@ class Systems:
 
     def close(self) -> None:
         with self._lock:
-            clients = [*self._producers.values(), *self._consumers.values(), *self._admins.values()]
+            clients: list[SystemProducer | SystemConsumer | SystemAdmin] = [
+                *self._producers.values(),
+                *self._consumers.values(),
+                *self._admins.values(),
+            ]
             self._producers.clear()
             self._consumers.clear()
             self._admins.clear()

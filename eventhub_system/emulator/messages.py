@@ -33,7 +33,9 @@ def sections(encoded: bytes) -> list[tuple[int, Any, bytes]]:
         data.rewind()
         data.next()
         value = data.get_object()
-        code = int(value.descriptor) if isinstance(value, Described) else -1
+        # A section's descriptor is its ulong code; proton types it as any AMQP value, and int() refuses others.
+        descriptor: Any = value.descriptor if isinstance(value, Described) else -1
+        code = int(descriptor)
         inner = value.value if isinstance(value, Described) else value
         if isinstance(inner, memoryview):
             inner = bytes(inner)  # a view into `data`'s buffer, which dies with it
@@ -61,7 +63,7 @@ def split_batch(encoded: bytes) -> tuple[str | None, list[bytes]]:
     key = partition_key_of(parts)
     bodies = [value for code, value, _ in parts if code == DATA]
     if bodies:
-        inner = []
+        inner: list[bytes] = []
         for body in bodies:
             try:
                 inner_parts = sections(bytes(body))

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from proton import Collector, Condition, Connection, Delivery, Event, Message, Transport, symbol, timestamp
 
@@ -75,6 +75,16 @@ def start_index(hub: Hub, partition: int, selector: str | None) -> int:
         seq = int(value)
         return max(0, seq if inclusive else seq + 1)
     return events.index_after_time(int(value), inclusive)
+
+
+_T = TypeVar("_T")
+
+
+def _present(value: _T | None) -> _T:
+    """An event's connection, session, link or delivery: proton types each Optional, and every event kind
+    `_dispatch` handles carries the ones it reads."""
+    assert value is not None, "a proton event without the object its kind names"
+    return value
 
 
 @dataclass(eq=False)
@@ -230,7 +240,7 @@ class EventHubsEmulator:
                 if pending < 0:
                     self._drop(client)
                 return
-            chunk = client.transport.peek(pending)
+            chunk = _present(client.transport.peek(pending))  # None only at the end of the stream
             client.transport.pop(len(chunk))
             try:
                 client.sock.sendall(client.padder.feed(chunk))
@@ -271,24 +281,27 @@ class EventHubsEmulator:
     def _dispatch(self, client: _Client, event: Event) -> None:
         kind = event.type
         if kind == Event.CONNECTION_REMOTE_OPEN:
-            event.connection.container = "weirflow-eventhubs-emulator"
-            event.connection.open()
+            connection = _present(event.connection)
+            connection.container = "weirflow-eventhubs-emulator"
+            connection.open()
         elif kind == Event.SESSION_REMOTE_OPEN:
-            event.session.open()
+            _present(event.session).open()
         elif kind == Event.LINK_REMOTE_OPEN:
-            self._open_link(client, event.link)
+            self._open_link(client, _present(event.link))
         elif kind == Event.LINK_FLOW:
-            if event.link.is_sender:
-                self._pump_link(event.link)
+            flowed = _present(event.link)
+            if flowed.is_sender:
+                self._pump_link(flowed)
         elif kind == Event.DELIVERY:
-            self._delivery(event.delivery)
+            self._delivery(_present(event.delivery))
         elif kind == Event.LINK_REMOTE_CLOSE:
-            self._consumers = [c for c in self._consumers if c.link != event.link]
-            event.link.close()
+            closed = _present(event.link)
+            self._consumers = [c for c in self._consumers if c.link != closed]
+            closed.close()
         elif kind == Event.SESSION_REMOTE_CLOSE:
-            event.session.close()
+            _present(event.session).close()
         elif kind == Event.CONNECTION_REMOTE_CLOSE:
-            event.connection.close()
+            _present(event.connection).close()
 
     def _open_link(self, client: _Client, link: Any) -> None:
         link.source.copy(link.remote_source)
@@ -310,7 +323,13 @@ class EventHubsEmulator:
             return
         match = _PATH.match(address)
         hub = self.store.hub(match["hub"]) if match else None
-        if hub is None or match["group"] is None or match["p"] is None or int(match["p"]) >= len(hub.partitions):
+        if (
+            match is None
+            or hub is None
+            or match["group"] is None
+            or match["p"] is None
+            or int(match["p"]) >= len(hub.partitions)
+        ):
             link.open()
             self._refuse(link, "amqp:not-found", f"The messaging entity '{address}' could not be found.")
             return
@@ -363,6 +382,7 @@ class EventHubsEmulator:
             return
         data = link.recv(delivery.pending)
         link.advance()
+        assert data is not None, "a readable, complete delivery holds its bytes"
         address = link.remote_target.address or ""
         outcome = Delivery.ACCEPTED
         if address == "$cbs":
@@ -402,7 +422,8 @@ class EventHubsEmulator:
     def _management(self, link: Any, data: bytes) -> None:
         request = Message()
         request.decode(data)
-        props = {str(k): v for k, v in (request.properties or {}).items()}
+        properties: dict[Any, Any] = request.properties or {}
+        props = {str(k): v for k, v in properties.items()}
         self._send_reply(link, "$management", self._management_reply(request.id, props))
 
     def _management_reply(self, correlation_id: Any, props: dict[str, Any]) -> Message:
@@ -421,7 +442,8 @@ class EventHubsEmulator:
             return reply(correlation_id, 200, "OK", body)
         if props.get("type") == "com.microsoft:partition":
             try:
-                partition = int(props.get("partition"))
+                requested: Any = props.get("partition")  # any AMQP value: int() refuses the wrong ones
+                partition = int(requested)
                 events = hub.partitions[partition].events
             except (TypeError, ValueError, IndexError):
                 return reply(correlation_id, 404, f"partition {props.get('partition')!r} of {hub.name} not found")
@@ -442,7 +464,7 @@ class EventHubsEmulator:
     def _publish(self, address: str, data: bytes) -> Any:
         match = _PATH.match(address)
         hub = self.store.hub(match["hub"]) if match else None
-        if hub is None:
+        if match is None or hub is None:
             return Delivery.REJECTED
         key, events = split_batch(data)
         if match["p"] is not None:

@@ -5,6 +5,7 @@ their extra, and a job's own modules never hide a plugin (docs/architecture.md).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -108,3 +109,14 @@ def test_the_emulator_command_says_how_to_install_its_engine_when_it_is_missing(
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "weirflow[emulator]" in done.stderr, done.stderr
+
+
+def test_mypy_reads_every_plugin_folder_under_its_installed_name() -> None:
+    """mypy cannot follow the editable install's import hook, so `make lint` links the plugin folders under the
+    names they install as: the Makefile's links and checked packages must follow package-dir."""
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    variables = dict(re.findall(r"^(MYPY_LINKS|MYPY_PACKAGES) := (.*)$", makefile, re.MULTILINE))
+    links = dict(pair.split("=") for pair in variables["MYPY_LINKS"].split())
+    package_dir = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    assert links == {name.replace(".", "/"): folder for name, folder in package_dir.items()}
+    assert sorted(variables["MYPY_PACKAGES"].split()) == sorted(["weirflow", *package_dir])

@@ -14,9 +14,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from weirflow.drain_notice import DrainNotification, DrainUtils, drain_flag_path, run_id_of
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
 
 log = logging.getLogger("weirflow.processor")
@@ -25,7 +25,9 @@ log = logging.getLogger("weirflow.processor")
 class DrainMonitor:
     """Polls for this deployment's drain notification; once seen it stays seen (a drain is not cancelled)."""
 
-    def __init__(self, metadata: MetadataStore, config: Any, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, metadata: MetadataStore, config: ConfigView, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._drains = DrainUtils(metadata)
         self.run_id = run_id_of(config)
         self.flag = drain_flag_path(config)

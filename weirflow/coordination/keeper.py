@@ -19,6 +19,7 @@ The keeper never calls the store from `tick` itself, so the fence is checked on 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -117,7 +118,7 @@ class LeaseKeeper:
                     result.expiring.append(name)
                     del self._held[name]
                 elif held.in_flight is None and now >= held.next_at:
-                    held.in_flight = self.submit(lambda lock=held.lock: self._renew(lock))
+                    held.in_flight = self.submit(functools.partial(self._renew, held.lock))
         return result
 
     def _collect(self, name: str, held: _Held, now: float, result: KeeperRound) -> bool:

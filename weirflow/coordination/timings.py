@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from weirflow.interfaces.config import ConfigView
 
 MARGIN_KEY = "job.coordinator.lease.renew.margin.ms"
 
@@ -24,7 +25,7 @@ class CoordinationTimings:
     finished_check_interval_ms: int = 1000
 
     @classmethod
-    def from_config(cls, config: Any) -> CoordinationTimings:
+    def from_config(cls, config: ConfigView) -> CoordinationTimings:
         lease_ms = config.get("job.coordinator.lease.duration.ms")
         margin = config.get(MARGIN_KEY)
         timings = cls(
@@ -43,7 +44,7 @@ class CoordinationTimings:
         timings._validate(config, explicit_margin=margin is not None)
         return timings
 
-    def _validate(self, config: Any, *, explicit_margin: bool) -> None:
+    def _validate(self, config: ConfigView, *, explicit_margin: bool) -> None:
         if self.renew_interval_ms >= self.lease_ms:
             raise config.error(
                 "job.coordinator.lease.renew.interval.ms",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weirflow.errors import WeirflowError
+from weirflow.interfaces.config import ConfigView
 from weirflow.systems import is_http_stream
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
@@ -128,7 +129,7 @@ class App:
     ``config`` is the job's configuration, for pipelines that read their own settings.
     """
 
-    def __init__(self, config: Any = None) -> None:
+    def __init__(self, config: ConfigView | None = None) -> None:
         self.config = config
         self.nodes: list[Node] = []
         self.sinks: list[Sink] = []

@@ -24,9 +24,9 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from weirflow.grouper import group_by_partition, partition_task
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
@@ -34,7 +34,7 @@ from weirflow.systems import StreamRef, Systems, dead_letter_stream, stream_id_o
 from weirflow.user_code import load_callable
 
 
-def load_pipeline(config: Any) -> App:
+def load_pipeline(config: ConfigView) -> App:
     """Import `app.pipeline` (``module:function``; the config file's directory is importable) and record it."""
     target = config.get("app.pipeline")
     fn = load_callable(config, "app.pipeline")
@@ -48,7 +48,7 @@ def load_pipeline(config: Any) -> App:
     return app
 
 
-def intermediate_partitions(config: Any, input_counts: Callable[[], list[int]]) -> int:
+def intermediate_partitions(config: ConfigView, input_counts: Callable[[], list[int]]) -> int:
     """Partitions of the pipeline's intermediate streams: `job.intermediate.partitions`, else the most of any
     input of the pipeline (``input_counts`` is asked only then)."""
     configured = config.get("job.intermediate.partitions")
@@ -91,7 +91,7 @@ def stage_name(stream_id: str) -> str:
 class PipelinePlan:
     """The stages of one pipeline, in an order where every stage comes after the stages feeding it."""
 
-    def __init__(self, app: App, config: Any, systems: Systems) -> None:
+    def __init__(self, app: App, config: ConfigView, systems: Systems) -> None:
         self.app = app
         self.config = config
         self.systems = systems

@@ -73,7 +73,7 @@ def _integer(bits: int) -> Callable[[Any], int]:
     return convert
 
 
-_INTEGER_BITS = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
+_INTEGER_BITS: dict[type[T.DataType], int] = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}
 
 
 def _floating(value: Any) -> float:
@@ -171,7 +171,7 @@ class JsonDecoder:
             raise DecodeError(f"not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise DecodeError(f"expected a JSON object, got {type(data).__name__}")
-        row = []
+        row: list[Any] = []
         for name, nullable, convert, expected in self._fields:
             value = data.get(name)
             if value is None:
@@ -295,14 +295,16 @@ class KeyValueDecoder:
             try:
                 key_array, value_array = key_array.cast(kind), value_array.cast(kind)
             except pa.ArrowInvalid:
-                rows, decoded, failed = [], [], []
+                rows: list[list[Any]] = []
+                decoded: list[int] = []
+                failed: list[tuple[int, str]] = []
                 for i, (key, value) in enumerate(zip(keys, values, strict=True)):
                     try:
                         rows.append(self.decode_pair(key, value))
                         decoded.append(i)
                     except DecodeError as exc:
                         failed.append((i, str(exc)))
-                columns = list(zip(*rows, strict=True)) or [[], []]
+                columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) or [[], []]
                 arrays = [pa.array(c, type=kind) for c in columns]
                 return pa.Table.from_arrays(arrays, schema=schema), decoded, failed
         return pa.Table.from_arrays([key_array, value_array], schema=schema), list(range(len(values))), []

@@ -26,9 +26,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weirflow.errors import WeirflowError
+from weirflow.interfaces.config import ConfigView
+
+if TYPE_CHECKING:
+    from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
 
 log = logging.getLogger("weirflow.spark")
 
@@ -141,12 +145,12 @@ LOCAL_CHECKPOINT_SETTINGS: dict[str, str] = {
 }
 
 
-def _checkpoints_on_local_disk(config: Any) -> bool:
+def _checkpoints_on_local_disk(config: ConfigView) -> bool:
     location = str(config.get("task.spark.checkpoint.dir") or "")
     return "://" not in location or location.startswith("file:")
 
 
-def spark_settings(config: Any) -> dict[str, str]:
+def spark_settings(config: Config) -> dict[str, str]:
     """`SPARK_DEFAULTS` overlaid with the job's `spark.*` keys (values as strings)."""
     settings = dict(SPARK_DEFAULTS)
     if _checkpoints_on_local_disk(config):
@@ -157,7 +161,7 @@ def spark_settings(config: Any) -> dict[str, str]:
     return settings
 
 
-def build_spark_session(config: Any) -> Any:
+def build_spark_session(config: Config) -> Any:
     """Start (or reuse) this process's SparkSession, configured for the job; quiet logs unless asked."""
     check_java()
     prepare_environment()
@@ -196,7 +200,7 @@ def job_code_archive(base_dir: Path, target: Path) -> list[str]:
     return names
 
 
-def ship_job_code(spark: Any, config: Any) -> None:
+def ship_job_code(spark: Any, config: ConfigView) -> None:
     """On a cluster (a `spark.master` other than ``local``), executors start their Python workers on other
     machines, where the config file's directory is not: the job's code goes to them with the application
     (``SparkContext.addPyFile``), so a UDF or transform defined in it can be unpickled there. weirflow itself

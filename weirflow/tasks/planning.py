@@ -6,9 +6,8 @@ A record-task job reads the streams in `task.inputs`; they form one stage, ``mai
 
 from __future__ import annotations
 
-from typing import Any
-
 from weirflow.grouper import group_by_partition
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.systems import Systems
@@ -16,7 +15,7 @@ from weirflow.systems import Systems
 RECORD_STAGE = "main"
 
 
-def plan_record_tasks(config: Any, systems: Systems) -> dict[str, TaskModel]:
+def plan_record_tasks(config: ConfigView, systems: Systems) -> dict[str, TaskModel]:
     """Tasks of a `task.inputs` job. Raises `StreamNotFoundError` naming a missing input stream."""
     inputs = config.get("task.inputs")
     if not inputs:

@@ -14,9 +14,8 @@ are sent with.
 
 from __future__ import annotations
 
-from typing import Any
-
 from weirflow.grouper import partition_task
+from weirflow.interfaces.config import ConfigView
 from weirflow.systems import StreamRef, Systems
 from weirflow.tasks.planning import RECORD_STAGE
 
@@ -24,7 +23,7 @@ from weirflow.tasks.planning import RECORD_STAGE
 class RecordTables:
     """The tables of a record-task job: their changelog streams and which task holds a key."""
 
-    def __init__(self, config: Any, systems: Systems) -> None:
+    def __init__(self, config: ConfigView, systems: Systems) -> None:
         self.config = config
         self.systems = systems
         self.tables: dict[str, None] = dict.fromkeys(config.get("task.tables") or [])

@@ -35,6 +35,7 @@ waking from a pause past its lease abandons the task before it writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -46,6 +47,7 @@ from typing import Any
 from weirflow.errors import ConfigError, LockLostError, WeirflowError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
@@ -87,7 +89,7 @@ class _Abandoned(WeirflowError):
     """The task was abandoned: leave its loop without writing anything more."""
 
 
-def load_record_function(config: Any) -> RecordFunction:
+def load_record_function(config: ConfigView) -> RecordFunction:
     """Import `task.function`, with the config file's directory importable; errors name the key and file."""
     return load_callable(config, "task.function")
 
@@ -193,7 +195,7 @@ class RecordTaskRunner(TaskRunner):
         self._guard = threading.Lock()
 
     @classmethod
-    def from_config(cls, config: Any, systems: Systems, checkpoints: CheckpointManager) -> RecordTaskRunner:
+    def from_config(cls, config: ConfigView, systems: Systems, checkpoints: CheckpointManager) -> RecordTaskRunner:
         for stream_id in config.get("task.inputs") or []:
             parse_start(config, stream_id)  # a bad start fails the processor now, naming the key
         tables = RecordTables(config, systems)
@@ -336,7 +338,7 @@ class RecordTaskRunner(TaskRunner):
                 if not records:
                     continue
                 outgoing, rows = self._process(ssp, records)
-                handle.guarded(lambda out=outgoing: self._send(out))
+                handle.guarded(functools.partial(self._send, outgoing))
                 for table, key, row in rows:  # sent to the changelog: now the table may show them
                     handle.tables[table].put(key, row)
                 offsets[ssp] = records[-1].next_offset

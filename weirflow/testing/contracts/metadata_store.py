@@ -79,7 +79,8 @@ class MetadataStoreContract(Contract):
         for store in (same, other):
             store.start()
         try:
-            assert same.get("job-model").etag == etag
+            seen = same.get("job-model")
+            assert seen is not None and seen.etag == etag
             assert other.get("job-model") is None and other.list() == []
         finally:
             same.stop()
