@@ -387,22 +387,24 @@ class EventHubSystemConsumer(SystemConsumer):
         holding more credit than `prefetch` is replaced once the backlog is smaller (the partition is live
         now, and the SDK's bursts of that many events would delay it) -- but not on the ``tail`` of a read
         or of a planned read: a receiver positioned at ``start`` there has the events in flight (its
-        buffer merely ran dry, as on a busy machine), and reopening it would cost an attach mid-read."""
+        buffer merely ran dry, as on a busy machine), and reopening it would cost an attach mid-read; one
+        that must be reopened there (it failed) keeps its credit."""
         settings = self._settings
         catching_up = settings.catch_up_prefetch > settings.prefetch and backlog >= settings.catch_up_prefetch
         with self._guard:
             reader = self._readers.get(ssp)
+            credit = settings.catch_up_prefetch if catching_up else settings.prefetch
             if reader is not None and (
                 reader.next_seq != start
                 or reader.error is not None
                 or (not catching_up and not tail and reader.prefetch > settings.prefetch)
             ):
+                if tail:  # a receiver that failed on a tail is reopened with the credit it had
+                    credit = max(credit, reader.prefetch)
                 reader.close(join=False)
                 reader = None
             if reader is None:
-                reader = _PartitionReader(
-                    settings, ssp, start, settings.catch_up_prefetch if catching_up else settings.prefetch
-                )
+                reader = _PartitionReader(settings, ssp, start, credit)
                 self._readers[ssp] = reader
             return reader
 
