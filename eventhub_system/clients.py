@@ -367,6 +367,8 @@ class EventHubSystemConsumer(SystemConsumer):
     def __init__(self, settings: EventHubsSettings) -> None:
         self._settings = settings
         self._readers: dict[SystemStreamPartition, _PartitionReader] = {}
+        # End of the latest planned read of each SSP (`warm`): reads before it are that plan's tail.
+        self._planned_ends: dict[SystemStreamPartition, int] = {}
         self._guard = threading.Lock()
         self._properties = _Clients(settings)
 
@@ -376,27 +378,33 @@ class EventHubSystemConsumer(SystemConsumer):
             props = self._properties.producer(ssp.stream).get_partition_properties(str(ssp.partition))
         return int(props["last_enqueued_sequence_number"]) + 1
 
-    def _reader(self, ssp: SystemStreamPartition, start: int, backlog: int) -> _PartitionReader:
+    def _reader(
+        self, ssp: SystemStreamPartition, start: int, backlog: int, tail: bool = False
+    ) -> _PartitionReader:
         """The open receiver of ``ssp`` at ``start``, opened if needed. ``backlog``: events from ``start`` to
-        the partition's end (or a whole planned read, see `warm`; never the tail of one). A receiver opened
-        for a backlog of at least `catch_up_prefetch` events gets that much link credit (catching up: round
-        trips count); one holding more credit than `prefetch` is replaced once the backlog is smaller (the
-        partition is live now, and the SDK's bursts of that many events would delay it)."""
+        the partition's end (or a whole planned read, see `warm`). A receiver opened for a backlog of at
+        least `catch_up_prefetch` events gets that much link credit (catching up: round trips count); one
+        holding more credit than `prefetch` is replaced once the backlog is smaller (the partition is live
+        now, and the SDK's bursts of that many events would delay it) -- but not on the ``tail`` of a read
+        or of a planned read: a receiver positioned at ``start`` there has the events in flight (its
+        buffer merely ran dry, as on a busy machine), and reopening it would cost an attach mid-read; one
+        that must be reopened there (it failed) keeps its credit."""
         settings = self._settings
         catching_up = settings.catch_up_prefetch > settings.prefetch and backlog >= settings.catch_up_prefetch
         with self._guard:
             reader = self._readers.get(ssp)
+            credit = settings.catch_up_prefetch if catching_up else settings.prefetch
             if reader is not None and (
                 reader.next_seq != start
                 or reader.error is not None
-                or (not catching_up and reader.prefetch > settings.prefetch)
+                or (not catching_up and not tail and reader.prefetch > settings.prefetch)
             ):
+                if tail:  # a receiver that failed on a tail is reopened with the credit it had
+                    credit = max(credit, reader.prefetch)
                 reader.close(join=False)
                 reader = None
             if reader is None:
-                reader = _PartitionReader(
-                    settings, ssp, start, settings.catch_up_prefetch if catching_up else settings.prefetch
-                )
+                reader = _PartitionReader(settings, ssp, start, credit)
                 self._readers[ssp] = reader
             return reader
 
@@ -409,6 +417,8 @@ class EventHubSystemConsumer(SystemConsumer):
         """Open (or keep) the receiver at ``start``: the SDK takes about a second to attach one."""
         if end is not None:
             self._reader(ssp, int(start), int(end) - int(start))
+            with self._guard:
+                self._planned_ends[ssp] = int(end)
         return True
 
     def read_columns(
@@ -435,8 +445,11 @@ class EventHubSystemConsumer(SystemConsumer):
             attributes=[event_attributes(event) for event in events] if attributes else (),
         )
 
-    def _events(self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None) -> list[Any]:
-        """SDK events of ``ssp`` from sequence number ``start`` (see `SystemConsumer.read`)."""
+    def _events(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None, tail: bool = False
+    ) -> list[Any]:
+        """SDK events of ``ssp`` from sequence number ``start`` (see `SystemConsumer.read`); ``tail``: the
+        rest of a read that began before ``start``."""
         first = int(start)
         bound = int(end) if end is not None else None
         if max_records <= 0 or (bound is not None and first >= bound):
@@ -450,14 +463,16 @@ class EventHubSystemConsumer(SystemConsumer):
                 done = events[-1].sequence_number + 1
                 if bound is None or done >= min(bound, first + max_records):
                     return events
-                return events + self._events(ssp, str(done), max_records - len(events), end)
+                return events + self._events(ssp, str(done), max_records - len(events), end, tail=True)
         # Otherwise read what exists now: the partition's end bounds the read, so the call returns at once
         # when there is nothing and waits only for events known to be there (a receiver attaching).
         upcoming = self._upcoming(ssp)
         last = min(int(end), upcoming) if end is not None else upcoming
         if first >= last or max_records <= 0:
             return []
-        reader = self._reader(ssp, first, upcoming - first)
+        with self._guard:
+            planned = first < self._planned_ends.get(ssp, first)
+        reader = self._reader(ssp, first, upcoming - first, tail=tail or planned)
         events = reader.take(max_records, last, self.END_WAIT_S)
         expected = min(last, first + max_records)
         if not events or events[-1].sequence_number + 1 < expected:

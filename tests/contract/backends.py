@@ -2,10 +2,10 @@
 their registered factories and a job config, as the runtime builds them.
 
 * ``local`` — the embedded default: one SQLite database per job under the test's directory, and the local
-  system's log beside it. 600 ms leases.
+  system's log beside it; Spark state stays on the local disk (no copies). 600 ms leases.
 * ``azure`` — the Azure suite on the storage account of the session (Azurite, or a real account through
   ``WEIRFLOW_TEST_AZURE_STORAGE``): blob leases, Table latches and registry, blob metadata, Table
-  checkpoints. Blob leases last at least 15 s, so leases are 15 s.
+  checkpoints, Blob copies of Spark state. Blob leases last at least 15 s, so leases are 15 s.
 * ``eventhub`` — the Event Hubs system on the emulator. Event hubs are infrastructure, so the test plays the
   part of Bicep: `declare_stream` adds the hub to the emulator, then the admin checks it.
 
@@ -31,6 +31,7 @@ def local_backend(state_dir: Path) -> FactoryBackend:
         LocalCheckpointManagerFactory,
         LocalJobCoordinatorFactory,
         LocalMetadataStoreFactory,
+        LocalSparkStateStoreFactory,
         LocalSystemFactory,
     )
 
@@ -42,12 +43,15 @@ def local_backend(state_dir: Path) -> FactoryBackend:
         systems=LocalSystemFactory(),
         system_name="local",
         lease_ms=LOCAL_LEASE_MS,
+        spark_state=LocalSparkStateStoreFactory(),
+        spark_state_copies=False,
     )
 
 
 def azure_backend(connection_string: str) -> FactoryBackend:
     from weirflow_azure.checkpoint.factories import TableCheckpointManagerFactory
     from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory, AzureMetadataStoreFactory
+    from weirflow_azure.coordinator.spark_state import BlobSparkStateStoreFactory
 
     return FactoryBackend(
         {"azure.storage.connection.string": connection_string},
@@ -55,6 +59,7 @@ def azure_backend(connection_string: str) -> FactoryBackend:
         checkpoints=TableCheckpointManagerFactory(),
         metadata=AzureMetadataStoreFactory(),
         lease_ms=AZURE_LEASE_MS,
+        spark_state=BlobSparkStateStoreFactory(),
     )
 
 

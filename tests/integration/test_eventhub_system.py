@@ -14,7 +14,7 @@ from weirflow.errors import ConfigError, RecordTooLargeError, StreamNotFoundErro
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
-from weirflow_azure.eventhubs.clients import EventHubSystemConsumer
+from weirflow_azure.eventhubs.clients import EventHubSystemConsumer, _PartitionReader
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 
 pytestmark = pytest.mark.integration
@@ -107,6 +107,28 @@ def test_a_backlog_is_read_with_catch_up_credit_and_a_live_partition_with_the_sm
         assert fresh._readers[ssp].prefetch == 20, "reopened near the end"
     finally:
         fresh.close()
+
+
+def test_a_receiver_whose_buffer_runs_dry_on_the_tail_of_a_planned_read_keeps_its_catch_up_credit(
+    systems: Systems, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy machine: every read finds the receiver's buffer empty (events still in flight), so each read
+    of the planned range asks where the partition ends; the tail of the plan still keeps the receiver."""
+    producer, consumer = systems.producer("eh"), systems.consumer("eh")
+    producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=2) for i in range(1000)])
+    ssp = SystemStreamPartition("eh", "views", 2)
+    monkeypatch.setattr(_PartitionReader, "buffered", lambda self: 0)
+    consumer.warm(ssp, "0", "1000")
+    receiver = consumer._readers[ssp]
+    seen = []
+    for position, count in ((0, 400), (400, 400), (800, 100)):  # the last: 200 events from the end
+        seen += [r.value for r in consumer.read(ssp, str(position), count, end="1000")]
+        assert consumer._readers[ssp] is receiver, f"the receiver was replaced at {position}"
+    receiver.error = RuntimeError("link detached")  # a receiver that fails on the tail is reopened ...
+    seen += [r.value for r in consumer.read(ssp, "900", 400, end="1000")]
+    assert consumer._readers[ssp] is not receiver
+    assert consumer._readers[ssp].prefetch == 300, "... with its catch-up credit"
+    assert seen == [f"v{i}".encode() for i in range(1000)]
 
 
 def test_the_producer_fills_batches_and_refuses_an_event_over_the_limit(systems: Systems) -> None:

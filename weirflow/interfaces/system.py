@@ -137,7 +137,11 @@ class RecordColumns:
     Index *i* of every sequence describes one record, with the meaning of `IncomingRecord`'s fields;
     ``next_offset`` is the offset to resume after the last record. ``attributes`` is empty unless the caller
     asked for them (it holds one mapping per record then). The Spark source decodes whole columns at once,
-    so it reads this shape rather than one `IncomingRecord` object per record."""
+    so it reads this shape rather than one `IncomingRecord` object per record.
+
+    ``offsets`` name the records (the Spark source puts them in dead letters only; reads resume from
+    ``next_offset``): with dense offsets they are `read`'s; a system of positions may name each record by
+    its own identity instead (Kinesis: ``<shard>/<sequence number>``)."""
 
     offsets: Sequence[str]
     keys: Sequence[bytes | None]

@@ -34,6 +34,7 @@ from weirflow.testing.contracts import (  # noqa: E402
     LockContract,
     MetadataStoreContract,
     ProcessorRegistryContract,
+    SparkStateStoreContract,
     SystemContract,
     SystemUnderTest,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "LockContract",
     "MetadataStoreContract",
     "ProcessorRegistryContract",
+    "SparkStateStoreContract",
     "SystemClients",
     "SystemContract",
     "SystemUnderTest",

@@ -20,6 +20,7 @@ from typing import Any
 from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
 from weirflow.interfaces.coordination import CoordinationUtils, JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
+from weirflow.interfaces.spark_state import SparkStateStore, SparkStateStoreFactory
 from weirflow.interfaces.system import StreamSpec, SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 
 
@@ -45,6 +46,9 @@ class Backend:
       leases of ``lease_ms`` (LockContract, LeaderElectorContract, LatchContract, ProcessorRegistryContract).
     * ``checkpoint_manager(job)`` — a `CheckpointManager` of job ``job`` (CheckpointManagerContract).
     * ``metadata_store(job)`` — a `MetadataStore` of job ``job`` (MetadataStoreContract).
+    * ``spark_state_store(job)`` — a `SparkStateStore` of job ``job`` (SparkStateStoreContract). A store
+      whose processors all share one disk keeps no copy (the embedded default): it sets
+      ``spark_state_copies = False``, and the contract checks that it leaves the local directory alone.
     * ``system()`` — `SystemClients` of one system with no streams yet (SystemContract).
     * ``declare_stream(admin, stream, partitions)`` — make a stream exist as a job's deployment would; by
       default ``admin.create_stream``. A system whose streams are infrastructure (Event Hubs) sets
@@ -61,6 +65,7 @@ class Backend:
     lease_ms: int = 600
     processes: bool = True
     creates_streams: bool = True
+    spark_state_copies: bool = True
 
     def coordination(self, job: str, owner: str, lease_ms: int, instance: str = "") -> CoordinationUtils:
         """The primitives of job ``job`` for the holder (``owner``, ``instance``)."""
@@ -71,6 +76,9 @@ class Backend:
 
     def metadata_store(self, job: str) -> MetadataStore:
         raise self._missing("metadata_store")
+
+    def spark_state_store(self, job: str) -> SparkStateStore:
+        raise self._missing("spark_state_store")
 
     def system(self) -> SystemClients:
         raise self._missing("system")
@@ -104,6 +112,8 @@ class FactoryBackend(Backend):
     lease_ms: int = 600
     processes: bool = True
     creates_streams: bool = True
+    spark_state: SparkStateStoreFactory | None = None
+    spark_state_copies: bool = True
 
     def job_config(self, job: str, **overrides: Any) -> Any:
         """The `weirflow.config.Config` of job ``job``: ``config`` with ``job.name`` and ``overrides``."""
@@ -126,6 +136,11 @@ class FactoryBackend(Backend):
         if self.metadata is None:
             raise self._missing("metadata_store")
         return self.metadata.get_metadata_store(self.job_config(job))
+
+    def spark_state_store(self, job: str) -> SparkStateStore:
+        if self.spark_state is None:
+            raise self._missing("spark_state_store")
+        return self.spark_state.get_spark_state_store(self.job_config(job))
 
     def system(self) -> SystemClients:
         if self.systems is None:
@@ -151,5 +166,6 @@ _FACTORY_OF_HOOK = {
     "coordination": "coordinator",
     "checkpoint_manager": "checkpoints",
     "metadata_store": "metadata",
+    "spark_state_store": "spark_state",
     "system": "systems",
 }

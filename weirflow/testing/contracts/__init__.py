@@ -8,6 +8,7 @@ from weirflow.testing.contracts.leader_elector import LeaderElectorContract
 from weirflow.testing.contracts.lock import LockContract
 from weirflow.testing.contracts.metadata_store import MetadataStoreContract
 from weirflow.testing.contracts.processor_registry import ProcessorRegistryContract
+from weirflow.testing.contracts.spark_state import SparkStateStoreContract
 from weirflow.testing.contracts.system import SystemContract, SystemUnderTest
 
 
@@ -24,6 +25,7 @@ __all__ = [
     "LockContract",
     "MetadataStoreContract",
     "ProcessorRegistryContract",
+    "SparkStateStoreContract",
     "SystemContract",
     "SystemUnderTest",
 ]

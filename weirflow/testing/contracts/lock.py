@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 
 from weirflow.local.launcher import wait_until
@@ -14,13 +15,28 @@ from weirflow.testing.contracts._base import (
     require_processes,
 )
 
+# Each spawned process takes the lock this many times at least while the others try too; the test gives up
+# (saying so) after the deadline, which only a machine stalled for a minute reaches.
+CONTENDED_ACQUISITIONS = 10
+CONTENTION_DEADLINE_S = 60.0
 
-def _contend(backend: Backend, job: str, owner: str, seconds: float, queue) -> None:
-    """In a spawned process: take and release the lock ``contended`` for ``seconds``; report when held."""
+
+def _contend(backend: Backend, job: str, owner: str, processes: int, start_together, done, refused, queue) -> None:
+    """In a spawned process: take and release the lock ``contended`` until every process has taken it
+    `CONTENDED_ACQUISITIONS` times and some try was refused (another held it); report when it held it.
+
+    The processes wait for each other before the first try (``start_together``), and none stops before all
+    are done, so every acquisition is contended by construction, however slowly the processes started."""
     lock = backend.coordination(job, owner, max(PROCESS_LEASE_MS, backend.lease_ms)).lock("contended")
-    intervals = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    intervals: list[tuple[float, float]] = []
+    try:
+        start_together.wait(CONTENTION_DEADLINE_S)
+    except threading.BrokenBarrierError:  # the others never started: the test reports no acquisitions
+        queue.put((owner, intervals))
+        return
+    deadline = time.monotonic() + CONTENTION_DEADLINE_S
+    counted = False
+    while time.monotonic() < deadline and not (done.value >= processes and refused.value > 0):
         if lock.try_acquire():
             start = time.time()
             assert lock.is_held()
@@ -28,6 +44,14 @@ def _contend(backend: Backend, job: str, owner: str, seconds: float, queue) -> N
             stop = time.time()
             lock.release()
             intervals.append((start, stop))
+            if len(intervals) >= CONTENDED_ACQUISITIONS and not counted:
+                counted = True
+                with done.get_lock():
+                    done.value += 1
+            time.sleep(0.001)  # let another process try before this one tries again
+        else:
+            with refused.get_lock():
+                refused.value += 1
     queue.put((owner, intervals))
 
 
@@ -112,16 +136,27 @@ class LockContract(CoordinationContract):
         require_processes(weirflow_backend)
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
+        processes = 4
+        start_together, done, refused = ctx.Barrier(processes), ctx.Value("i", 0), ctx.Value("i", 0)
         procs = [
-            ctx.Process(target=_contend, args=(weirflow_backend, job_name, f"p{i}", 1.5, queue)) for i in range(4)
+            ctx.Process(
+                target=_contend,
+                args=(weirflow_backend, job_name, f"p{i}", processes, start_together, done, refused, queue),
+            )
+            for i in range(processes)
         ]
         for proc in procs:
             proc.start()
-        results = [queue.get(timeout=60) for _ in procs]
+        wait_s = 2 * CONTENTION_DEADLINE_S + 60  # the barrier, the loop, and spawning on a busy machine
+        results = [queue.get(timeout=wait_s) for _ in procs]
         for proc in procs:
             proc.join(timeout=60)
             assert proc.exitcode == 0
+        taken = {owner: len(intervals) for owner, intervals in results}
+        assert all(n >= CONTENDED_ACQUISITIONS for n in taken.values()) and refused.value > 0, (
+            f"waited {CONTENTION_DEADLINE_S:.0f} s for each process to take the lock {CONTENDED_ACQUISITIONS}"
+            f" times while the others tried; acquisitions {taken}, refused tries {refused.value}"
+        )
         held = sorted((start, stop, owner) for owner, intervals in results for start, stop in intervals)
-        assert len({owner for _, _, owner in held}) >= 2, "the test needs real contention"
         for (_, end_a, owner_a), (start_b, _, owner_b) in zip(held, held[1:], strict=False):
             assert end_a <= start_b, f"{owner_a} and {owner_b} held the lock at once"

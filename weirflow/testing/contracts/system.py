@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from weirflow.errors import StreamNotFoundError
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.interfaces.system import OutgoingRecord, RecordColumns, StreamSpec, SystemStreamPartition
 from weirflow.testing.backend import Backend, SystemClients
 from weirflow.testing.contracts._base import Contract, require_processes
 
@@ -187,3 +187,88 @@ class SystemContract(Contract):
         assert system.consumer.read(ssp, system.admin.offset_for_time("timed", 1, cutoff + 3_600_000), 100) == []
         empty = SystemStreamPartition(system.name, "timed", 0)
         assert system.consumer.read(empty, system.admin.offset_for_time("timed", 0, 0), 100) == []
+
+    # --- read_columns: the path the Spark source reads every record through ---------------------------------
+    def _assert_same_records(self, system, ssp, start: str, max_records: int, end: str | None = None) -> int:
+        """``read_columns`` and ``read`` over one range agree column by column, with and without attributes;
+        returns how many records the range held."""
+        records = system.consumer.read(ssp, start, max_records, end)
+        for attributes in (False, True):
+            columns = system.consumer.read_columns(ssp, start, max_records, end, attributes=attributes)
+            expected = RecordColumns.of(records, start, attributes)
+            where = f"read_columns({start!r}, {max_records}, end={end!r}, attributes={attributes})"
+            assert list(columns.values) == list(expected.values), where
+            assert list(columns.keys) == list(expected.keys), where
+            assert list(columns.timestamps_ms) == list(expected.timestamps_ms), where
+            if system.admin.dense_offsets:
+                assert list(columns.offsets) == list(expected.offsets), where
+            else:  # positions: a name per record, maybe the system's own (`RecordColumns`)
+                assert len(set(columns.offsets)) == len(records), f"{where}: one distinct offset per record"
+            assert len(columns) == len(records), where
+            if records:
+                assert columns.next_offset == expected.next_offset, where
+            if attributes:
+                assert [dict(a) for a in columns.attributes] == [dict(a) for a in expected.attributes], where
+            else:
+                assert not columns.attributes, f"{where}: attributes only when asked for"
+        return len(records)
+
+    def test_read_columns_hold_what_read_returns(self, system) -> None:
+        system.declare("columns", 2)
+        system.producer.send(
+            [OutgoingRecord("columns", f"v{i}".encode(), key=f"k{i}".encode(), partition=1) for i in range(10)]
+            + [OutgoingRecord("columns", b"no key", partition=1)]
+        )
+        ssp = SystemStreamPartition(system.name, "columns", 1)
+        oldest = system.admin.partition_metadata("columns")[1].oldest
+        everything = system.consumer.read(ssp, oldest, 100)
+        assert len(everything) == 11
+        assert self._assert_same_records(system, ssp, oldest, 100) == 11
+        assert self._assert_same_records(system, ssp, everything[3].offset, 4) == 4, "at most max_records"
+        assert self._assert_same_records(system, ssp, everything[3].offset, 100, everything[5].offset) == 2, (
+            "stopping before end"
+        )
+        assert self._assert_same_records(system, ssp, everything[9].offset, 100) == 2, "a record without a key"
+
+    def test_read_columns_resumed_at_next_offset_read_every_record_once(self, system) -> None:
+        system.declare("columns", 2)
+        system.producer.send([OutgoingRecord("columns", f"v{i}".encode(), partition=0) for i in range(10)])
+        ssp = SystemStreamPartition(system.name, "columns", 0)
+        meta = system.admin.partition_metadata("columns")[0]
+        everything = system.consumer.read(ssp, meta.oldest, 100)
+        end = everything[-1].next_offset
+        values: list[bytes] = []
+        position = meta.oldest
+        for _ in range(20):  # the Spark source's loop over a planned range, in chunks of 3
+            if position == end:
+                break
+            chunk = system.consumer.read_columns(ssp, position, 3, end)
+            assert len(chunk) <= 3
+            assert len(chunk) or chunk.next_offset != position, f"no progress at {position!r}"
+            values += chunk.values
+            position = chunk.next_offset
+        assert position == end
+        assert values == [f"v{i}".encode() for i in range(10)]
+
+    def test_read_columns_of_an_empty_range_are_empty(self, system) -> None:
+        system.declare("columns", 2)
+        system.producer.send([OutgoingRecord("columns", f"v{i}".encode(), partition=1) for i in range(3)])
+        ssp = SystemStreamPartition(system.name, "columns", 1)
+        meta = system.admin.partition_metadata("columns")
+        records = system.consumer.read(ssp, meta[1].oldest, 100)
+        at_end = system.consumer.read_columns(ssp, records[-1].next_offset, 100, attributes=True)
+        assert len(at_end) == 0 and list(at_end.offsets) == [] and list(at_end.keys) == []
+        assert list(at_end.timestamps_ms) == [] and not at_end.attributes
+        start = records[1].offset
+        for empty in (
+            system.consumer.read_columns(ssp, start, 100, end=start),
+            system.consumer.read_columns(ssp, start, 0),
+        ):
+            assert len(empty) == 0 and list(empty.values) == [] and empty.next_offset == start
+        if system.admin.dense_offsets:
+            assert at_end.next_offset == records[-1].next_offset
+        untouched = SystemStreamPartition(system.name, "columns", 0)
+        nothing = system.consumer.read_columns(untouched, meta[0].oldest, 100)
+        assert len(nothing) == 0 and list(nothing.values) == []
+        if system.admin.dense_offsets:
+            assert nothing.next_offset == meta[0].oldest

@@ -1,0 +1,219 @@
+"""Spark-state-store contract: a task's Spark checkpoint directory mirrored as of a committed batch, restored
+on another processor, replaced by newer copies, fenced by the holder's epoch, and discarded.
+
+The runner (`weirflow.spark.runner`) mirrors a stateful task's directory after each committed micro-batch and
+restores it before the task's query starts; a drained task starting a new run discards it. The directories
+here are small fakes of Spark's layout (the file names `weirflow.interfaces.spark_state` describes), so the
+contract needs no Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from weirflow.errors import FencedOffError
+from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore
+from weirflow.testing.backend import Backend
+from weirflow.testing.contracts._base import Contract
+
+
+def write_batches(local: Path, last_planned: int, last_committed: int, purged_before: int = 0) -> None:
+    """A Spark checkpoint directory of a stateful query: batches ``purged_before..last_planned`` planned
+    (offset log), up to ``last_committed`` committed (commit log), state version ``b + 1`` of every planned
+    batch ``b``, Spark's metadata file and its hidden checksums. Files before ``purged_before`` are removed,
+    as Spark's maintenance does."""
+    (local / "metadata").parent.mkdir(parents=True, exist_ok=True)
+    (local / "metadata").write_text('{"id":"query"}')
+    for batch in range(last_planned + 1):
+        files = {
+            f"offsets/{batch}": f"offsets of {batch}",
+            f"state/0/0/{batch + 1}.delta": f"state {batch + 1}",
+        }
+        if batch <= last_committed:
+            files[f"commits/{batch}"] = f"commit {batch}"
+        for rel, text in files.items():
+            path = local / rel
+            if batch < purged_before:
+                path.unlink(missing_ok=True)
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            (path.parent / f".{path.name}.crc").write_text("checksum")
+
+
+def contents(local: Path) -> dict[str, str]:
+    """Relative path -> text of every file under ``local``, hidden ones left out."""
+    if not local.exists():
+        return {}
+    return {
+        p.relative_to(local).as_posix(): p.read_text()
+        for p in local.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def committed_contents(batch: int, first: int = 0) -> dict[str, str]:
+    """What `write_batches` leaves that belongs to committed ``batch`` (batches ``first..batch``)."""
+    expected = {"metadata": '{"id":"query"}'}
+    for b in range(first, batch + 1):
+        expected |= {f"offsets/{b}": f"offsets of {b}", f"commits/{b}": f"commit {b}"}
+        expected[f"state/0/0/{b + 1}.delta"] = f"state {b + 1}"
+    return expected
+
+
+class SparkStateStoreContract(Contract):
+    """`weirflow.interfaces.spark_state.SparkStateStore`, through ``Backend.spark_state_store``. ``store()``
+    opens another store of the test's job each call, as another processor would; all are closed after the
+    test. A backend with ``spark_state_copies = False`` (one disk shared by every processor) is checked to
+    keep nothing and to leave local directories alone."""
+
+    @pytest.fixture
+    def store(self, weirflow_backend: Backend, job_name: str) -> Iterator[Callable[[], SparkStateStore]]:
+        opened: list[SparkStateStore] = []
+
+        def make() -> SparkStateStore:
+            opened.append(weirflow_backend.spark_state_store(job_name))
+            return opened[-1]
+
+        yield make
+        for one in opened:
+            one.close()
+
+    @pytest.fixture
+    def copies(self, weirflow_backend: Backend) -> bool:
+        return weirflow_backend.spark_state_copies
+
+    @staticmethod
+    def _keeps_copies(copies: bool) -> None:
+        if not copies:
+            pytest.skip("spark_state_copies is False: the store keeps no copy (test_a_store_of_one_disk...)")
+
+    def test_a_store_of_one_disk_keeps_nothing_and_leaves_the_directory_alone(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        if copies:
+            pytest.skip("spark_state_copies is True: the store keeps copies (the other tests)")
+        local = tmp_path / "task-1"
+        write_batches(local, 2, 1)
+        before = contents(local)
+        assert isinstance(store().mirror("task-1", local, 1, 1), MirrorReport)
+        assert store().restore("task-1", tmp_path / "elsewhere") is None
+        assert store().restore("task-1", local) is None
+        store().discard("task-1")
+        assert contents(local) == before
+
+    def test_restoring_a_task_never_mirrored_returns_none_and_leaves_the_directory_alone(
+        self, store, tmp_path: Path
+    ) -> None:
+        local = tmp_path / "task-1"
+        assert store().restore("task-1", local) is None
+        assert not local.exists()
+        write_batches(local, 1, 0)
+        before = contents(local)
+        assert store().restore("task-1", local) is None
+        assert contents(local) == before
+
+    def test_another_processor_restores_the_directory_as_of_the_mirrored_batch(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        self._keeps_copies(copies)
+        local = tmp_path / "here" / "task-1"
+        write_batches(local, 3, 2)  # batch 3 planned, not committed: its files are left out
+        report = store().mirror("task-1", local, 2, 1)
+        expected = committed_contents(2)
+        assert report.uploaded == len(expected) and report.uploaded_bytes == sum(map(len, expected.values()))
+        assert report.deleted == 0
+        elsewhere = tmp_path / "there" / "task-1"
+        assert store().restore("task-1", elsewhere) == 2
+        assert contents(elsewhere) == expected, "exactly Spark's directory as of the committed batch"
+
+    def test_a_newer_copy_replaces_the_older_sending_only_new_files_and_dropping_purged_ones(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        self._keeps_copies(copies)
+        local, holder = tmp_path / "here" / "task-1", store()
+        write_batches(local, 1, 1)
+        holder.mirror("task-1", local, 1, 1)
+        write_batches(local, 3, 3, purged_before=1)  # two batches on; Spark purged batch 0's files
+        report = holder.mirror("task-1", local, 3, 1)
+        assert report.uploaded == 6, "only the files of batches 2 and 3 are sent"
+        assert report.deleted == 3, "batch 0's offsets, commit and state files are gone"
+        elsewhere = tmp_path / "there" / "task-1"
+        assert store().restore("task-1", elsewhere) == 3
+        assert contents(elsewhere) == committed_contents(3, first=1)
+
+    def test_a_restore_replaces_a_directory_behind_the_copy_and_keeps_one_as_far_on(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        self._keeps_copies(copies)
+        local = tmp_path / "here" / "task-1"
+        write_batches(local, 4, 4)
+        store().mirror("task-1", local, 4, 1)
+        behind = tmp_path / "there" / "task-1"
+        write_batches(behind, 2, 1)
+        (behind / "state" / "0" / "0" / "stale.delta").write_text("stale")
+        assert store().restore("task-1", behind) == 4
+        assert contents(behind) == committed_contents(4), "the directory is replaced, not merged"
+
+        ahead = tmp_path / "ahead" / "task-1"
+        write_batches(ahead, 6, 5)
+        before = contents(ahead)
+        assert store().restore("task-1", ahead) == 4, "the stored copy's batch"
+        assert contents(ahead) == before, "a directory as far on or further is left alone"
+
+    def test_tasks_are_independent(self, store, copies, tmp_path: Path) -> None:
+        self._keeps_copies(copies)
+        one, two = tmp_path / "one", tmp_path / "two"
+        write_batches(one, 1, 1)
+        write_batches(two, 3, 3)
+        store().mirror("task-1", one, 1, 1)
+        store().mirror("task-2", two, 3, 1)
+        assert store().restore("task-1", tmp_path / "r1") == 1
+        assert store().restore("task-2", tmp_path / "r2") == 3
+        assert contents(tmp_path / "r1") == committed_contents(1)
+        assert contents(tmp_path / "r2") == committed_contents(3)
+        assert store().restore("task-3", tmp_path / "r3") is None
+
+    def test_a_holder_of_an_earlier_epoch_is_fenced_off(self, store, copies, tmp_path: Path) -> None:
+        self._keeps_copies(copies)
+        local = tmp_path / "here" / "task-1"
+        write_batches(local, 1, 1)
+        old = store()
+        old.mirror("task-1", local, 1, 1)
+        new = store()
+        assert new.restore("task-1", tmp_path / "there" / "task-1") == 1  # the next holder takes over
+        write_batches(tmp_path / "there" / "task-1", 2, 2)
+        new.mirror("task-1", tmp_path / "there" / "task-1", 2, 2)
+        write_batches(local, 3, 3)
+        with pytest.raises(FencedOffError):
+            old.mirror("task-1", local, 3, 1)
+        with pytest.raises(FencedOffError):
+            store().mirror("task-1", local, 3, 1)
+        assert store().restore("task-1", tmp_path / "check") == 2, "the fenced writes changed nothing"
+        assert contents(tmp_path / "check") == committed_contents(2)
+
+    def test_a_discarded_copy_is_gone_and_a_new_run_mirrors_afresh(self, store, copies, tmp_path: Path) -> None:
+        self._keeps_copies(copies)
+        local, holder = tmp_path / "here" / "task-1", store()
+        write_batches(local, 3, 3)
+        holder.mirror("task-1", local, 3, 1)
+        holder.discard("task-1")
+        assert store().restore("task-1", tmp_path / "gone") is None
+        assert not (tmp_path / "gone").exists()
+        store().discard("task-1")  # nothing stored: nothing happens
+        store().discard("never-mirrored")
+
+        fresh = tmp_path / "fresh" / "task-1"  # the new run's fresh Spark checkpoint
+        write_batches(fresh, 0, 0)
+        report = holder.mirror("task-1", fresh, 0, 1)
+        assert report.uploaded == len(committed_contents(0)), "nothing of the discarded copy counts as stored"
+        assert store().restore("task-1", tmp_path / "again") == 0
+        assert contents(tmp_path / "again") == committed_contents(0)
+
+    def test_close_is_idempotent(self, weirflow_backend: Backend, job_name: str) -> None:
+        store = weirflow_backend.spark_state_store(job_name)
+        store.close()
+        store.close()
