@@ -58,6 +58,7 @@ test: install $(NODE_STAMP) faketime chromium
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 docs: install
 	$(PY) -m weirflow.config.reference > docs/configuration.md
