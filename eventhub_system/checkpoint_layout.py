@@ -1,7 +1,7 @@
-"""Where an Event Hubs consumer written with the Azure SDKs looks for its checkpoints: the layouts the Event
-Hubs plugin owns, which the checkpoint manager writes beside its own rows (`weirflow_azure.checkpoint`, which
-layouts: ``task.checkpoint.azure.eventhubs.layout``) and this plugin's admin reads (``streams.<id>.start:
-sdk-checkpoint``).
+"""Where an Event Hubs consumer written with the Azure SDKs looks for its checkpoints. The layouts are Event
+Hubs knowledge, so this plugin owns them: the checkpoint manager (`weirflow_azure.checkpoint`) writes them
+beside its own rows (which of them: ``task.checkpoint.azure.eventhubs.layout``), and this plugin's admin reads
+them (``streams.<id>.start: sdk-checkpoint``).
 
 * **Blob** (`weirflow_azure.eventhubs.checkpoint_blobs`): what every released SDK (``BlobCheckpointStore``,
   ``EventProcessorClient``) and KEDA's Event Hubs scaler read — one blob per partition,
