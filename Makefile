@@ -70,6 +70,7 @@ lint: install
 	@for link in $(MYPY_LINKS); do \
 	  mkdir -p $$(dirname $(MYPY_PATH)/$${link%=*}) && ln -s $(CURDIR)/$${link#*=} $(MYPY_PATH)/$${link%=*}; done
 	$(VENV)/bin/mypy $(addprefix -p ,$(MYPY_PACKAGES))
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 docs: install
 	$(PY) -m weirflow.config.reference > docs/configuration.md

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
@@ -15,7 +14,9 @@ from weirflow.interfaces.coordination import (
     Lock,
     ProcessorRegistry,
 )
+from weirflow.interfaces.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
+from weirflow.interfaces.timings import CoordinationTimings
 from weirflow_azure.coordinator.latch import TableLatch
 from weirflow_azure.coordinator.leases import LEADER_BLOB, LOCK_PREFIX, BlobLease, lease_seconds
 from weirflow_azure.coordinator.metadata import BlobMetadataStore
@@ -64,12 +65,10 @@ def _lease_ms(config: ConfigView) -> int:
     return lease_ms
 
 
-def _check_deadline(config: ConfigView, storage: Storage) -> None:
+def _check_deadline(config: ConfigView, storage: Storage, timings: CoordinationTimings) -> None:
     """A storage call must end, retries included, before the self-fence acts on a renewal that did not come
     (docs/coordination.md, "The self-fence")."""
-    from weirflow.coordination.timings import CoordinationTimings
-
-    margin_ms = CoordinationTimings.from_config(config).renew_margin_ms
+    margin_ms = timings.renew_margin_ms
     deadline_ms = round(storage.settings.retry_deadline_s * 1000)
     if deadline_ms >= margin_ms:
         raise config.error(
@@ -81,7 +80,9 @@ def _check_deadline(config: ConfigView, storage: Storage) -> None:
 
 
 class AzureJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils:
+    def get_coordination_utils(
+        self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
+    ) -> CoordinationUtils:
         storage = Storage.from_config(config)
         log.info(
             "azure coordination: container %s, tables %s{processors,latches} on %s",
@@ -90,7 +91,7 @@ class AzureJobCoordinatorFactory(JobCoordinatorFactory):
             storage.settings.account or "the connection string's account",
         )
         lease_ms = _lease_ms(config)
-        _check_deadline(config, storage)
+        _check_deadline(config, storage, timings or CoordinationTimings.from_config(config))
         return AzureCoordinationUtils(storage, owner, lease_ms, instance)
 
 

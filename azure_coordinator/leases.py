@@ -44,7 +44,7 @@ def lease_seconds(lease_ms: int) -> int:
 
 
 class BlobLease:
-    """One blob, one owner's lease id: the `weirflow.coordination.leases.Lease` behind the leader election and
+    """One blob, one owner's lease id: the `weirflow.interfaces.leases.Lease` behind the leader election and
     task locks (`LeaseLeaderElector`, `LeaseLock`)."""
 
     def __init__(self, storage: Storage, blob_name: str, owner: str, lease_ms: int, instance: str = "") -> None:

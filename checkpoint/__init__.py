@@ -1,3 +1,3 @@
 """Checkpoint managers of the Azure suite: `TableCheckpointManager` (``task.checkpoint.factory: azure-table``),
 which also writes Event Hubs checkpoints in the Azure SDKs' table layout
-(`weirflow_azure.checkpoint.eventhubs_layout`)."""
+(`weirflow_azure.eventhubs.checkpoint_layout`)."""

@@ -6,10 +6,11 @@ import re
 
 from weirflow.interfaces.checkpoint import CheckpointManager, CheckpointManagerFactory
 from weirflow.interfaces.config import ConfigView
-from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints
-from weirflow_azure.checkpoint.eventhubs_layout import eventhubs_systems, layouts_of
+from weirflow_azure.checkpoint.eventhubs_layout import layouts_of
 from weirflow_azure.checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
+from weirflow_azure.eventhubs.checkpoint_blobs import open_blob_checkpoints
+from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
 
 
 class TableCheckpointManagerFactory(CheckpointManagerFactory):

@@ -19,7 +19,7 @@ control state ahead of the offsets it belongs to.
 Keys are escaped (`escape_key`) because Table keys may not contain ``/ \\ # ?``.
 
 Event Hubs SSPs are also written in the Azure SDKs' layouts, table rows and/or blobs, after the checkpoint's own
-rows (see `weirflow_azure.checkpoint.eventhubs_layout`).
+rows (see `weirflow_azure.eventhubs.checkpoint_layout`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from azure.data.tables import TableTransactionError, UpdateMode
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow_azure.checkpoint.eventhubs_blobs import BlobCheckpoints
-from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem, sdk_checkpoints
 from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key
+from weirflow_azure.eventhubs.checkpoint_blobs import BlobCheckpoints
+from weirflow_azure.eventhubs.checkpoint_layout import EventHubsSystem, sdk_checkpoints
 
 T = TypeVar("T")
 

@@ -54,8 +54,8 @@ from weirflow_azure.eventhubs.lookup3 import partition_for_key
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 if TYPE_CHECKING:
-    from weirflow_azure.checkpoint.eventhubs_blobs import BlobCheckpoints
-    from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem
+    from weirflow_azure.eventhubs.checkpoint_blobs import BlobCheckpoints
+    from weirflow_azure.eventhubs.checkpoint_layout import EventHubsSystem
 
 log = logging.getLogger("weirflow.eventhub")
 

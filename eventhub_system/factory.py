@@ -7,7 +7,7 @@ from typing import Any
 
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
-from weirflow.systems import declared_streams
+from weirflow.stream_names import declared_streams
 from weirflow_azure.eventhubs.clients import EventHubSystemAdmin, EventHubSystemConsumer, EventHubSystemProducer
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
@@ -28,8 +28,8 @@ def _sdk_checkpoints(system: str, config: ConfigView) -> Callable[[], tuple[Any,
     naming the keys to set."""
 
     def open_() -> tuple[Any, Any]:
-        from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints
-        from weirflow_azure.checkpoint.eventhubs_layout import eventhubs_systems
+        from weirflow_azure.eventhubs.checkpoint_blobs import open_blob_checkpoints
+        from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
 
         return open_blob_checkpoints(config), eventhubs_systems(config)[system]
 

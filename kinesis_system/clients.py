@@ -47,7 +47,7 @@ from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
 from weirflow_kinesis.spool import Spool, raw_get_records
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("weirflow.kinesis.clients")
 
 # PutRecords limits (AWS documentation, "Quotas and limits").
 MAX_RECORDS_PER_CALL = 500

@@ -22,7 +22,7 @@ from weirflow_kinesis import positions
 from weirflow_kinesis.shards import ShardMap
 from weirflow_kinesis.spool import Spool, SpooledRecord
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("weirflow.kinesis.reader")
 # A read up to an end position gives up when the spool cannot reach it in this time.
 _READ_TIMEOUT_S = 120.0
 # Shards read by a walk within this time are read ahead in the background; the prefetcher's idle tick.

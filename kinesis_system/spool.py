@@ -32,7 +32,7 @@ from weirflow.local.database import Database
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("weirflow.kinesis.spool")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (shard TEXT NOT NULL, seq TEXT NOT NULL, task INTEGER NOT NULL,

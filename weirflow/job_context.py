@@ -14,6 +14,7 @@ from weirflow.factories import (
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils
 from weirflow.interfaces.metadata import MetadataStore
+from weirflow.interfaces.timings import CoordinationTimings
 from weirflow.systems import Systems
 
 
@@ -30,8 +31,11 @@ class JobContext:
     attachments: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, config: Any, owner: str, instance: str = "") -> JobContext:
-        """Resolve every factory first (a wrong value fails here, before anything is created), then open."""
+    def open(
+        cls, config: Any, owner: str, instance: str = "", timings: CoordinationTimings | None = None
+    ) -> JobContext:
+        """Resolve every factory first (a wrong value fails here, before anything is created), then open.
+        ``timings`` (the processor's, read once from ``config``) go to the coordinator factory."""
         validate_factories(config)
         coordinator = coordinator_factory(config)
         metadata_factory = metadata_store_factory(config)
@@ -43,7 +47,7 @@ class JobContext:
         return cls(
             config=config,
             owner=owner,
-            coordination=coordinator.get_coordination_utils(config, owner, instance=instance),
+            coordination=coordinator.get_coordination_utils(config, owner, instance=instance, timings=timings),
             metadata=metadata,
             checkpoints=checkpoints,
             systems=Systems(config),

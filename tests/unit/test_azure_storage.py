@@ -10,7 +10,6 @@ from tests.azurite import free_port
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError, ServiceUnavailableError
 from weirflow.factories import metadata_store_factory
-from weirflow_azure.checkpoint.eventhubs_layout import namespace_of_connection_string
 from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory
 from weirflow_azure.coordinator.metadata import BlobMetadataStore
 from weirflow_azure.coordinator.storage import (
@@ -23,6 +22,7 @@ from weirflow_azure.coordinator.storage import (
     is_transient,
     unescape_key,
 )
+from weirflow_azure.eventhubs.checkpoint_layout import namespace_of_connection_string
 
 ACCOUNT = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=a2V5;"
 
@@ -81,7 +81,7 @@ def test_bad_names_and_lease_durations_are_config_errors() -> None:
             config(**{"azure.storage.connection.string": ACCOUNT, "azure.storage.container": "Bad_Name"})
         )
     with pytest.raises(ConfigError, match="task.checkpoint.azure.eventhubs.container.*'Ckpts' is not a valid"):
-        from weirflow_azure.checkpoint.eventhubs_blobs import open_blob_checkpoints
+        from weirflow_azure.eventhubs.checkpoint_blobs import open_blob_checkpoints
 
         open_blob_checkpoints(
             config(

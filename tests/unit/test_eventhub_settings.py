@@ -58,7 +58,7 @@ def test_the_default_consumer_group_is_defined_once_in_the_plugin() -> None:
     import ast
     from pathlib import Path
 
-    from weirflow_azure.checkpoint.eventhubs_layout import EventHubsSystem
+    from weirflow_azure.eventhubs.checkpoint_layout import EventHubsSystem
     from weirflow_azure.eventhubs.keys import DEFAULT_CONSUMER_GROUP, KEYS
 
     root = Path(__file__).resolve().parents[2]

@@ -271,8 +271,8 @@ def test_no_module_builds_a_physical_name_from_config_itself() -> None:
     def rebuilds(node: ast.AST, text: str) -> bool:  # f"streams.{id}.physical.name", f"streams.{id}.system"
         return isinstance(node, ast.JoinedStr) and (".physical.name" in text or text.endswith(".system"))
 
-    offenders = _offenders(rebuilds, {"weirflow/systems.py"})
-    assert offenders == [], "resolve stream ids with weirflow.systems.stream_ref"
+    offenders = _offenders(rebuilds, {"weirflow/stream_names.py"})
+    assert offenders == [], "resolve stream ids with weirflow.stream_names.stream_ref"
 
 
 # --- the dead-letter stream ----------------------------------------------------------------------------
@@ -310,9 +310,9 @@ def test_the_dead_letter_stream_is_created_and_written_under_one_name(tmp_path: 
 def test_no_module_spells_the_dead_letter_suffix_itself() -> None:
     offenders = _offenders(
         lambda node, text: (isinstance(node, ast.JoinedStr) and ".dlq" in text) or text == ".dlq",
-        {"weirflow/systems.py"},
+        {"weirflow/stream_names.py"},
     )
-    assert offenders == [], "name dead-letter streams with weirflow.systems.dead_letter_stream"
+    assert offenders == [], "name dead-letter streams with weirflow.stream_names.dead_letter_stream"
 
 
 # --- a task's stage comes from the job model -----------------------------------------------------------
@@ -335,7 +335,7 @@ class _NotEventHubs(SystemFactory):
 
 
 def test_event_hubs_systems_are_the_ones_whose_factory_is_the_plugin_s_class() -> None:
-    from weirflow_azure.checkpoint.eventhubs_layout import eventhubs_systems
+    from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
     from weirflow_azure.eventhubs.factory import EventHubSystemFactory
 
     connection = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=a2V5"

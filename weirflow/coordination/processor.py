@@ -186,7 +186,7 @@ class StreamProcessor:
 
     def run(self) -> int:
         """Run until stopped. Returns 0 after a clean stop, 1 after a persistent error (FAILED)."""
-        self.ctx = JobContext.open(self.config, self.processor_id, self.instance_id)
+        self.ctx = JobContext.open(self.config, self.processor_id, self.instance_id, self.timings)
         registry = self.ctx.coordination.processor_registry()
         try:
             ensure_sole_instance(registry, self.processor_id, self.instance_id, self.timings)

@@ -12,6 +12,7 @@ from weirflow.interfaces.coordination import (
     ProcessorInfo,
     ProcessorRegistry,
 )
+from weirflow.interfaces.leases import Lease, LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.metadata import Document, MetadataStore, MetadataStoreFactory
 from weirflow.interfaces.system import (
     IncomingRecord,
@@ -25,6 +26,7 @@ from weirflow.interfaces.system import (
     SystemStream,
     SystemStreamPartition,
 )
+from weirflow.interfaces.timings import CoordinationTimings
 
 __all__ = [
     "Checkpoint",
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointManagerFactory",
     "ConfigKey",
     "ConfigView",
+    "CoordinationTimings",
     "CoordinationUtils",
     "Document",
     "IncomingRecord",
@@ -39,6 +42,9 @@ __all__ = [
     "Latch",
     "LatchState",
     "LeaderElector",
+    "Lease",
+    "LeaseLeaderElector",
+    "LeaseLock",
     "Lock",
     "MetadataStore",
     "MetadataStoreFactory",

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from weirflow.interfaces.config import ConfigView
+from weirflow.interfaces.timings import CoordinationTimings
 
 
 class LeaderElector(ABC):
@@ -222,7 +223,12 @@ class JobCoordinatorFactory(ABC):
     """Named by `job.coordinator.factory` (aliases ``local``, ``azure``); constructed with no arguments.
 
     ``owner`` is the processor id, or a read-only observer name (``weirflow status``); ``instance`` the id of
-    this run of the processor: leases are held by the pair (see `Lock`)."""
+    this run of the processor: leases are held by the pair (see `Lock`). ``timings`` are the protocol's
+    timings as the core read them from ``config`` (lease duration, renew margin...): a backend sizes its leases
+    and checks its own deadlines against them. None when a caller opens one backend alone (a tool, a contract
+    test): the backend reads them from ``config`` (`CoordinationTimings.from_config`) if it needs them."""
 
     @abstractmethod
-    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils: ...
+    def get_coordination_utils(
+        self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
+    ) -> CoordinationUtils: ...

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from weirflow import clock
-from weirflow.coordination.leases import LeaseLeaderElector, LeaseLock
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     Latch,
@@ -32,6 +31,7 @@ from weirflow.interfaces.coordination import (
     ProcessorInfo,
     ProcessorRegistry,
 )
+from weirflow.interfaces.leases import LeaseLeaderElector, LeaseLock
 from weirflow.local.database import Database
 
 SCHEMA = """

@@ -14,6 +14,7 @@ from weirflow.interfaces.coordination import CoordinationUtils, JobCoordinatorFa
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
+from weirflow.interfaces.timings import CoordinationTimings
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.metadata import SqliteMetadataStore
@@ -36,11 +37,13 @@ def _busy(config: ConfigView) -> int:
 
 
 class LocalJobCoordinatorFactory(JobCoordinatorFactory):
-    def get_coordination_utils(self, config: ConfigView, owner: str, instance: str = "") -> CoordinationUtils:
+    def get_coordination_utils(
+        self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
+    ) -> CoordinationUtils:
         return SqliteCoordinationUtils(
             job_database_path(config),
             owner,
-            config.get("job.coordinator.lease.duration.ms"),
+            timings.lease_ms if timings is not None else config.get("job.coordinator.lease.duration.ms"),
             _busy(config),
             instance=instance,
         )

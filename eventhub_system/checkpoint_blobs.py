@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from azure.core.exceptions import ResourceNotFoundError
 
 from weirflow.interfaces.config import ConfigView
-from weirflow_azure.checkpoint.eventhubs_layout import SdkCheckpoint
 from weirflow_azure.coordinator.storage import CONTAINER_NAME_RULE, Storage, valid_container_name
+from weirflow_azure.eventhubs.checkpoint_layout import SdkCheckpoint
 
 T = TypeVar("T")
 

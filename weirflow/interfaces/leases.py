@@ -1,7 +1,10 @@
-"""`LeaderElector` and `Lock` over any backend's named lease.
+"""`LeaderElector` and `Lock` over any backend's named lease: public, for coordination backends.
 
 A backend implements one small thing, a lease (`Lease`: acquire, renew, release, held, holder for one owner);
-the leader election and task locks every backend offers are the same thin layer over it, kept here once.
+the leader election and task locks every backend offers are the same thin layer over it, kept here once, in
+the interfaces, so that a backend (the embedded one in `weirflow.local`, a plugin such as the Azure suite)
+builds its `CoordinationUtils` from it without importing the protocol (docs/architecture.md, "The dependency
+rule").
 """
 
 from __future__ import annotations
