@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from weirflow.errors import WeirflowError
+from weirflow.errors import JavaMissingError
 
 log = logging.getLogger("weirflow.spark")
 
@@ -49,10 +49,6 @@ SPARK_DEFAULTS: dict[str, str] = {
     # PySpark's worker daemon, started with weirflow's modules loaded and its heap frozen (see the module).
     "spark.python.daemon.module": "weirflow.spark.daemon",
 }
-
-
-class JavaMissingError(WeirflowError):
-    """No Java runtime: Spark cannot start."""
 
 
 def check_java() -> str:
