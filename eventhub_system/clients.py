@@ -55,7 +55,7 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow_azure.eventhubs.errors import EventTooLargeError, hub_errors, is_transient
+from weirflow_azure.eventhubs.errors import EventsNotReceivedError, EventTooLargeError, hub_errors, is_transient
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
@@ -252,7 +252,7 @@ class EventHubSystemAdmin(SystemAdmin):
         finally:
             reader.close()
         if not events:
-            raise TimeoutError(
+            raise EventsNotReceivedError(
                 f"event hub '{stream}' partition {partition}: no event at or after {when.isoformat()} was "
                 f"received within {EventHubSystemConsumer.END_WAIT_S:.0f} s, though the partition has some"
                 + (f" ({reader.error})" if reader.error else "")
@@ -457,7 +457,7 @@ class EventHubSystemConsumer(SystemConsumer):
         events = reader.take(max_records, last, self.END_WAIT_S)
         expected = min(last, first + max_records)
         if not events or events[-1].sequence_number + 1 < expected:
-            raise TimeoutError(
+            raise EventsNotReceivedError(
                 f"{ssp}: events {first}..{expected - 1} exist but were not received within {self.END_WAIT_S:.0f} s"
                 + (f" ({reader.error})" if reader.error else "")
             )

@@ -44,6 +44,12 @@ class EventHubsAccessError(EventHubsError):
     the role of the identity signing in, then restart."""
 
 
+class EventsNotReceivedError(ServiceUnavailableError, TimeoutError):
+    """Events the partition holds (its properties say so) were not received within the read's wait: the
+    namespace is slow or the receiving link failed. A `TimeoutError` too, which it was before it was a
+    `WeirflowError`."""
+
+
 class EventTooLargeError(WeirflowError):
     """One event is larger than the hub accepts in a batch; it cannot be sent at all. `send` checks every
     record first and refuses with `RecordTooLargeError` (this error's text as the reason); raised itself

@@ -30,7 +30,8 @@ before it was a `WeirflowError` and callers may still catch it so)::
     ├── PeerError
     ├── TapError (ValueError)
     ├── ServiceUnavailableError
-    │   └── KinesisThrottledError ............ weirflow_kinesis.errors
+    │   ├── KinesisThrottledError ............ weirflow_kinesis.errors
+    │   └── EventsNotReceivedError (TimeoutError) .. weirflow_azure.eventhubs.errors
     ├── EventHubsError ....................... weirflow_azure.eventhubs.errors
     │   └── EventHubsAccessError
     ├── EventTooLargeError ................... weirflow_azure.eventhubs.errors

@@ -112,6 +112,9 @@ def test_errors_that_were_value_errors_still_are() -> None:
         assert issubclass(cls, ValueError) and issubclass(cls, WeirflowError), cls
     for cls in (errors.StateError, errors.UnreadableRangeError):
         assert issubclass(cls, RuntimeError) and issubclass(cls, WeirflowError), cls
+    from weirflow_azure.eventhubs.errors import EventsNotReceivedError
+
+    assert issubclass(EventsNotReceivedError, TimeoutError) and issubclass(EventsNotReceivedError, WeirflowError)
 
 
 # --- the Event Hubs table --------------------------------------------------------------------------------

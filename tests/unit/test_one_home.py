@@ -368,7 +368,7 @@ _EventHubsSubclass = _event_hubs_subclass()
 
 
 # --- every error that crosses an interface is a WeirflowError ----------------------------------------------
-BUILTIN_ERRORS = {"ValueError", "RuntimeError", "KeyError", "TypeError"}
+BUILTIN_ERRORS = {"ValueError", "RuntimeError", "KeyError", "TypeError", "TimeoutError"}
 
 # The built-in errors still raised, each a programming-error assertion that never leaves its module (or the
 # lookup protocol of a mapping-like method), keyed by (class, the message's first literal words, or the
@@ -392,6 +392,7 @@ INTERNAL_RAISES = {
     ("ValueError", "the connection string has no 'Endpoint=sb://<namespace>/' part"),  # likewise
     ("ValueError", "undecodable AMQP section at byte "),  # the emulator's decoder, caught by its server
     ("ValueError", "hub '"),  # the emulator's store, refused to its admin client
+    ("TimeoutError", "timed out after "),  # `wait_until`, the helper of tests and contracts
     # not yet converted: the Spark data plane and the endpoint server are being reorganised
     ("RuntimeError", "the Spark data plane could not be prepared: "),
     ("RuntimeError", "the endpoint server did not start on "),
