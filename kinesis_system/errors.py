@@ -118,8 +118,11 @@ def classify(exc: BaseException, table: ErrorTable = KINESIS_ERRORS) -> type[Wei
 class Where(Protocol):
     """What a message names: the system and the service's address (`KinesisSettings`)."""
 
-    system: str
-    virtual_tasks: int
+    @property
+    def system(self) -> str: ...
+
+    @property
+    def virtual_tasks(self) -> int: ...
 
     @property
     def where(self) -> str: ...
