@@ -21,7 +21,7 @@ failures (connection errors, timeouts, 408, 429, 5xx) are retried with exponenti
 starts when a request timing out could overrun it), so that a lease renewal answers, or fails, while the
 processor can still fence itself (docs/coordination.md, "The self-fence"); when they keep failing,
 `ServiceUnavailableError` names the endpoint and the resource. Any other error surfaces at once as
-`AzureStorageError` naming the resource.
+`AzureStorageError` naming the resource (the one table of `weirflow_azure.coordinator.errors`, `STORAGE_ERRORS`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from azure.core.exceptions import (
-    HttpResponseError,
-    ResourceExistsError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
+from azure.core.exceptions import ResourceExistsError
 from tenacity import (
     RetryError,
     Retrying,
@@ -52,29 +47,16 @@ from tenacity import (
     wait_random,
 )
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError
+from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.config import ConfigView
+from weirflow_azure.coordinator.errors import is_transient, short, storage_errors
 
 log = logging.getLogger("weirflow.azure")
 
 T = TypeVar("T")
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
-TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 TABLE_SUFFIXES = ("processors", "latches", "checkpoints")
-
-
-class AzureStorageError(WeirflowError):
-    """A storage call failed for a reason retrying cannot fix (auth, a missing resource, a bad request)."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Connection errors, timeouts, throttling and server errors: worth another try."""
-    if isinstance(exc, ServiceRequestError | ServiceResponseError):
-        return True
-    if isinstance(exc, HttpResponseError):
-        return exc.status_code is None or exc.status_code in TRANSIENT_STATUS
-    return isinstance(exc, ConnectionError | TimeoutError)
 
 
 def _job_hash(name: str, job_id: str) -> str:
@@ -283,7 +265,8 @@ class Storage:
 
     def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` under the retry policy. ``fn`` handles the errors it expects (a 409 on a taken lease,
-        say) and returns; transient ones are retried; the rest are raised naming ``resource``."""
+        say) and returns; transient ones are retried; the rest are raised naming ``resource``, as the one table
+        of `weirflow_azure.coordinator.errors` (`STORAGE_ERRORS`) maps them."""
         s = self.settings
         retrying = Retrying(
             # no attempt starts (backoff included) when one timing out could end past the deadline
@@ -300,20 +283,19 @@ class Storage:
                 endpoint,
                 state.attempt_number,
                 s.retry_attempts,
-                _short(state.outcome.exception()) if state.outcome else "?",
+                short(state.outcome.exception()) if state.outcome else "?",
             ),
         )
         try:
-            return retrying(fn)
+            with storage_errors(operation, resource, endpoint):
+                return retrying(fn)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             raise ServiceUnavailableError(
                 f"{operation} {resource} on {endpoint} still failed after {exc.last_attempt.attempt_number} "
                 f"attempts ({s.retry_deadline_s:.1f} s at most): "
-                f"{_short(cause)}. Is the storage account reachable (and Azurite running, in development)?"
+                f"{short(cause)}. Is the storage account reachable (and Azurite running, in development)?"
             ) from cause
-        except HttpResponseError as exc:
-            raise AzureStorageError(f"{operation} {resource} on {endpoint} failed: {_short(exc)}") from exc
 
     def close(self) -> None:
         for name in ("blob_service", "table_service"):
@@ -321,15 +303,6 @@ class Storage:
             if client is not None:
                 client.close()
         self.__dict__.pop("container", None)
-
-
-def _short(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    if isinstance(exc, HttpResponseError):
-        code = getattr(exc, "error_code", None)
-        return f"HTTP {exc.status_code} {code or ''}".strip() + f" ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _create_container(client: Any) -> Callable[[], None]:

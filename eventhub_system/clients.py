@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 from azure.eventhub import EventData
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from weirflow.errors import RecordTooLargeError, StreamNotFoundError, WeirflowError
+from weirflow.errors import (
+    InvalidArgumentError,
+    PartitionNotFoundError,
+    RecordTooLargeError,
+    StreamExistsError,
+    StreamNotFoundError,
+)
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
@@ -49,7 +55,7 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow_azure.eventhubs.errors import hub_errors, is_transient
+from weirflow_azure.eventhubs.errors import EventsNotReceivedError, EventTooLargeError, hub_errors, is_transient
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
@@ -58,16 +64,6 @@ if TYPE_CHECKING:
     from weirflow_azure.eventhubs.checkpoint_layout import EventHubsSystem
 
 log = logging.getLogger("weirflow.eventhub")
-
-
-class EventTooLargeError(WeirflowError):
-    """One event is larger than the hub accepts in a batch; it cannot be sent at all. `send` checks every
-    record first and refuses with `RecordTooLargeError` (this error's text as the reason); raised itself
-    only if a batch with a run's partition arguments holds less than that check's empty batch."""
-
-    def __init__(self, hub: str, size: int, limit: int) -> None:
-        super().__init__(f"event of {size} bytes exceeds the {limit}-byte limit of event hub '{hub}'")
-        self.hub, self.size, self.limit = hub, size, limit
 
 
 def body_bytes(event: Any) -> bytes:
@@ -196,7 +192,7 @@ class EventHubSystemAdmin(SystemAdmin):
         """Event hubs are infrastructure: check, never create."""
         count = self.partition_count(spec.stream)
         if count != spec.partitions:
-            raise ValueError(
+            raise StreamExistsError(
                 f"event hub '{spec.stream}' has {count} partitions, the job needs {spec.partitions}; "
                 "change streams.<id>.partitions or the hub (partition counts of event hubs are fixed at creation)"
             )
@@ -256,7 +252,7 @@ class EventHubSystemAdmin(SystemAdmin):
         finally:
             reader.close()
         if not events:
-            raise TimeoutError(
+            raise EventsNotReceivedError(
                 f"event hub '{stream}' partition {partition}: no event at or after {when.isoformat()} was "
                 f"received within {EventHubSystemConsumer.END_WAIT_S:.0f} s, though the partition has some"
                 + (f" ({reader.error})" if reader.error else "")
@@ -476,7 +472,7 @@ class EventHubSystemConsumer(SystemConsumer):
         events = reader.take(max_records, last, self.END_WAIT_S)
         expected = min(last, first + max_records)
         if not events or events[-1].sequence_number + 1 < expected:
-            raise TimeoutError(
+            raise EventsNotReceivedError(
                 f"{ssp}: events {first}..{expected - 1} exist but were not received within {self.END_WAIT_S:.0f} s"
                 + (f" ({reader.error})" if reader.error else "")
             )
@@ -530,7 +526,7 @@ class EventHubSystemProducer(SystemProducer):
             try:
                 partition = int(record.key)
             except ValueError:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"key {record.key!r} is not a partition number (partition.method key_as_partition)"
                 ) from None
             return partition, {"partition_id": str(partition)}
@@ -575,7 +571,9 @@ class EventHubSystemProducer(SystemProducer):
             count = self._partition_count(record.stream)
             partition, dest = self._destination(record, count)
             if not 0 <= partition < count:
-                raise ValueError(f"partition {partition} of event hub '{record.stream}' does not exist ({count})")
+                raise PartitionNotFoundError(
+                    f"partition {partition} of event hub '{record.stream}' does not exist ({count})"
+                )
             group = runs.setdefault((record.stream, partition), [])
             if group and group[-1][0] == dest:
                 group[-1][1].append(record)

@@ -44,6 +44,22 @@ class EventHubsAccessError(EventHubsError):
     the role of the identity signing in, then restart."""
 
 
+class EventsNotReceivedError(ServiceUnavailableError, TimeoutError):
+    """Events the partition holds (its properties say so) were not received within the read's wait: the
+    namespace is slow or the receiving link failed. A `TimeoutError` too, which it was before it was a
+    `WeirflowError`."""
+
+
+class EventTooLargeError(WeirflowError):
+    """One event is larger than the hub accepts in a batch; it cannot be sent at all. `send` checks every
+    record first and refuses with `RecordTooLargeError` (this error's text as the reason); raised itself
+    only if a batch with a run's partition arguments holds less than that check's empty batch."""
+
+    def __init__(self, hub: str, size: int, limit: int) -> None:
+        super().__init__(f"event of {size} bytes exceeds the {limit}-byte limit of event hub '{hub}'")
+        self.hub, self.size, self.limit = hub, size, limit
+
+
 ErrorKey = type[BaseException] | tuple[type[BaseException], str]
 ErrorTable = Mapping[ErrorKey, type[WeirflowError]]
 

@@ -19,14 +19,20 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from weirflow.clock import now_ms
-from weirflow.errors import RecordTooLargeError, ServiceUnavailableError, StreamNotFoundError, WeirflowError
+from weirflow.errors import (
+    PartitionNotFoundError,
+    RecordTooLargeError,
+    ServiceUnavailableError,
+    StreamExistsError,
+    WeirflowError,
+)
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
@@ -41,6 +47,12 @@ from weirflow.interfaces.system import (
     SystemStreamPartition,
 )
 from weirflow_kinesis import positions
+from weirflow_kinesis.errors import (
+    KinesisStreamInUseError,
+    KinesisThrottledError,
+    error_code,
+    kinesis_errors,
+)
 from weirflow_kinesis.hashing import key_hash, partition_key, pinning_key, slice_of
 from weirflow_kinesis.reader import SliceReader, Walk
 from weirflow_kinesis.settings import KinesisSettings
@@ -65,12 +77,8 @@ RECORD_FIELDS = (
 )
 
 
-class _NotWritten(Exception):
+class _NotWritten(WeirflowError):
     """Some entries of a `PutRecords` call were not written (retried)."""
-
-
-class KinesisError(WeirflowError):
-    """A Kinesis call failed for a reason retrying does not fix; the message names the stream and the service."""
 
 
 class KinesisClients:
@@ -130,32 +138,11 @@ class KinesisClients:
                 self._probe_client = self._make_client(2, 1)
             return self._probe_client
 
-    @contextmanager
-    def errors(self, stream: str) -> Iterator[None]:
-        """Service errors as weirflow's: a missing stream names it, an unreachable service names the endpoint
-        (boto3 has retried it already, `standard` mode)."""
-        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
-        try:
-            yield
-        except EndpointConnectionError as exc:
-            raise ServiceUnavailableError(
-                f"Kinesis at {self.settings.where} is unreachable (stream '{stream}', system "
-                f"'{self.settings.system}'): {exc}"
-            ) from exc
-        except NoCredentialsError as exc:
-            raise KinesisError(
-                f"no AWS credentials for Kinesis system '{self.settings.system}': set them the boto3 way "
-                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role)"
-            ) from exc
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code == "ResourceNotFoundException":
-                raise StreamNotFoundError(
-                    f"Kinesis stream '{stream}' does not exist at {self.settings.where}; create it with "
-                    f"`weirflow streams create CONFIG {stream} --partitions {self.settings.virtual_tasks}`"
-                ) from exc
-            raise
+    def errors(self, stream: str) -> AbstractContextManager[None]:
+        """botocore's errors as weirflow's, through the one table (`weirflow_kinesis.errors.KINESIS_ERRORS`): a
+        missing stream names it, an unreachable service names the endpoint (boto3 has retried it already,
+        `standard` mode)."""
+        return kinesis_errors(self.settings, stream)
 
     def shard_map(self, stream: str, force: bool = False) -> ShardMap:
         """The stream's shards, listed at most every ``shard.refresh.ms`` unless ``force``."""
@@ -249,7 +236,7 @@ class KinesisSystemAdmin(SystemAdmin):
             with self.clients.errors(spec.stream):
                 client.create_stream(StreamName=spec.stream, ShardCount=shards)
             created = True
-        except client.exceptions.ResourceInUseException:
+        except KinesisStreamInUseError:
             created = False
         with self.clients.errors(spec.stream):
             client.get_waiter("stream_exists").wait(StreamName=spec.stream, WaiterConfig={"Delay": 1})
@@ -258,7 +245,7 @@ class KinesisSystemAdmin(SystemAdmin):
         self.clients.forget(spec.stream)
         existing = self.clients.virtual_tasks(spec.stream)
         if existing != spec.partitions:
-            raise ValueError(
+            raise StreamExistsError(
                 f"Kinesis stream '{spec.stream}' has {existing} virtual tasks (its partitions), "
                 f"not {spec.partitions}"
             )
@@ -388,7 +375,7 @@ class KinesisSystemProducer(SystemProducer):
         if record.partition is not None:
             virtual = self.clients.virtual_tasks(record.stream)
             if not 0 <= record.partition < virtual:
-                raise ValueError(
+                raise PartitionNotFoundError(
                     f"partition {record.partition} of Kinesis stream '{record.stream}' does not "
                     f"exist ({virtual} virtual tasks)"
                 )
@@ -434,11 +421,9 @@ class KinesisSystemProducer(SystemProducer):
                         StreamName=stream, Records=[{"Data": r.value, "PartitionKey": k} for r, k in pending]
                     )
                 results = response["Records"]
-            except (
-                client.exceptions.ProvisionedThroughputExceededException,
-                client.exceptions.KMSThrottlingException,
-            ) as exc:
-                results = [{"ErrorCode": type(exc).__name__, "ErrorMessage": str(exc)}] * len(pending)
+            except KinesisThrottledError as exc:  # the whole call refused: every entry failed
+                cause = exc.__cause__ or exc
+                results = [{"ErrorCode": error_code(cause), "ErrorMessage": str(cause)}] * len(pending)
             failed = [(entry, res) for entry, res in zip(pending, results, strict=True) if "ErrorCode" in res]
             if failed:
                 pending = [entry for entry, _ in failed]

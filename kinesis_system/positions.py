@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from weirflow.errors import InvalidOffsetError
+
 ENDED = "E"
 EARLIEST = "{}"
 
@@ -28,9 +30,9 @@ def decode(offset: str) -> dict[str, str]:
     try:
         value = json.loads(offset)
     except ValueError as exc:
-        raise ValueError(f"{offset!r} is not a Kinesis position (JSON of shard id → state)") from exc
+        raise InvalidOffsetError(f"{offset!r} is not a Kinesis position (JSON of shard id → state)") from exc
     if not isinstance(value, dict):
-        raise ValueError(f"{offset!r} is not a Kinesis position (JSON of shard id → state)")
+        raise InvalidOffsetError(f"{offset!r} is not a Kinesis position (JSON of shard id → state)")
     return {str(k): str(v) for k, v in value.items()}
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from weirflow.errors import UnreadableRangeError
 from weirflow_kinesis import positions
 from weirflow_kinesis.shards import ShardMap
 from weirflow_kinesis.spool import Spool, SpooledRecord
@@ -179,7 +180,7 @@ class SliceReader:
                     state.walk.at_end = not state.behind
                     break
                 if time.monotonic() > state.deadline:
-                    raise RuntimeError(
+                    raise UnreadableRangeError(
                         f"kinesis {self.spool.stream} task v{task}: could not read up to {end} "
                         f"(at {positions.encode(state.position)})"
                     )
@@ -267,5 +268,5 @@ class SliceReader:
             if run.ended:
                 return took, True, True
             if time.monotonic() > deadline:
-                raise RuntimeError(f"kinesis {self.spool.stream}/{shard}: the spool did not reach {goal}")
+                raise UnreadableRangeError(f"kinesis {self.spool.stream}/{shard}: the spool did not reach {goal}")
             self.spool.fetch(shard, wait=True)

@@ -302,10 +302,7 @@ def streams_create(
         if not count:
             raise cfg.error(f"streams.{stream}.partitions", "is not set; pass --partitions N")
         ref = systems.resolve(stream)
-        try:
-            created = systems.admin(ref.system).create_stream(StreamSpec(ref.physical, int(count)))
-        except ValueError as exc:
-            raise WeirflowError(str(exc)) from exc
+        created = systems.admin(ref.system).create_stream(StreamSpec(ref.physical, int(count)))
         verb = "created" if created else "already exists:"
         console.print(f"{verb} {ref.system}.{ref.physical} with {count} partitions")
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from weirflow.errors import WeirflowError
+from weirflow.errors import MalformedMessageError
 
 CONTROL_VERSION = 1
 # 9999-12-31T00:00:00Z in ms: "no more data, ever". Spark accepts it as a timestamp and a watermark.
@@ -74,11 +74,6 @@ class ControlMessage:
             "run-id": self.run_id,
         }
         return bytes([int(self.type)]) + json.dumps(payload, separators=(",", ":")).encode()
-
-
-class MalformedMessageError(WeirflowError, ValueError):
-    """An intermediate-stream message whose type byte or control payload cannot be understood (a
-    `ValueError` too, as it was before it was a `WeirflowError`)."""
 
 
 def encode_user(payload: bytes) -> bytes:

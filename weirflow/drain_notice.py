@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from weirflow import clock
+from weirflow.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
 
@@ -61,7 +62,7 @@ class DrainNotification:
     @classmethod
     def create(cls, run_id: str, mode: DrainMode = DrainMode.DEFAULT) -> DrainNotification:
         if not run_id:
-            raise ValueError("a drain notification needs the run id of the deployment to drain")
+            raise InvalidArgumentError("a drain notification needs the run id of the deployment to drain")
         return cls(uuid_module.uuid4().hex, run_id, mode, clock.now_ms())
 
     @property
@@ -87,7 +88,7 @@ class DrainNotification:
                 created_ms=int(data.get("created-ms", 0)),
             )
         except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"not a drain notification ({exc}): {data!r}") from exc
+            raise MalformedDocumentError(f"not a drain notification ({exc}): {data!r}") from exc
 
 
 class DrainUtils:
@@ -118,7 +119,7 @@ class DrainUtils:
         elif run_id is not None:
             targets = [n for n in self.all() if n.run_id == run_id]
         else:
-            raise ValueError("cleanup needs a notification or a run id")
+            raise InvalidArgumentError("cleanup needs a notification or a run id")
         for target in targets:
             self._metadata.delete(target.key)
         return len(targets)

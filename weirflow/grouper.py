@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from weirflow.errors import InvalidArgumentError
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import TaskModel
 
@@ -26,7 +27,7 @@ def group_by_partition(
     stage: str, ssps: Iterable[SystemStreamPartition], prefix: str = ""
 ) -> dict[str, TaskModel]:
     if not _STAGE.match(stage):
-        raise ValueError(f"stage name {stage!r} must match [A-Za-z0-9_]+ (task names are '<stage>-<n>')")
+        raise InvalidArgumentError(f"stage name {stage!r} must match [A-Za-z0-9_]+ (task names are '<stage>-<n>')")
     by_partition: dict[int, list[SystemStreamPartition]] = {}
     for ssp in ssps:
         by_partition.setdefault(ssp.partition, []).append(ssp)

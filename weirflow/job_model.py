@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.system import SystemStreamPartition
 
 FORMAT = 1
@@ -69,7 +70,9 @@ class JobModel:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobModel:
         if data.get("format") != FORMAT:
-            raise ValueError(f"job model document has format {data.get('format')!r}; this weirflow reads {FORMAT}")
+            raise MalformedDocumentError(
+                f"job model document has format {data.get('format')!r}; this weirflow reads {FORMAT}"
+            )
         try:
             tasks = {
                 name: TaskModel(
@@ -80,13 +83,17 @@ class JobModel:
             assignment = {str(p): tuple(sorted(ts)) for p, ts in data["assignment"].items()}
             model = cls(int(data["version"]), tasks, assignment, int(data["created_ms"]), str(data["leader"]))
         except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"malformed job model document: missing or bad field {exc}") from exc
+            raise MalformedDocumentError(f"malformed job model document: missing or bad field {exc}") from exc
         seen: dict[str, str] = {}
         for processor, names in assignment.items():
             for name in names:
                 if name in seen:
-                    raise ValueError(f"malformed job model: task {name} assigned to {seen[name]} and {processor}")
+                    raise MalformedDocumentError(
+                        f"malformed job model: task {name} assigned to {seen[name]} and {processor}"
+                    )
                 if name not in tasks:
-                    raise ValueError(f"malformed job model: {processor} is assigned unknown task {name}")
+                    raise MalformedDocumentError(
+                        f"malformed job model: {processor} is assigned unknown task {name}"
+                    )
                 seen[name] = processor
         return model

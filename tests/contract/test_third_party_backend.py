@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from weirflow.errors import EtagMismatchError, FencedOffError, StreamNotFoundError
+from weirflow.errors import EtagMismatchError, FencedOffError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces import (
     Checkpoint,
     CheckpointManager,
@@ -272,7 +272,7 @@ class MemorySystemAdmin(SystemAdmin):
     def create_stream(self, spec: StreamSpec) -> bool:
         if spec.stream in self.streams:
             if len(self.streams[spec.stream]) != spec.partitions:
-                raise ValueError(f"stream '{spec.stream}' has {len(self.streams[spec.stream])} partitions")
+                raise StreamExistsError(f"stream '{spec.stream}' has {len(self.streams[spec.stream])} partitions")
             return False
         self.streams[spec.stream] = [[] for _ in range(spec.partitions)]
         return True

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, RecordTooLargeError, StreamNotFoundError
+from weirflow.errors import ConfigError, RecordTooLargeError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
@@ -46,7 +46,7 @@ def test_admin_checks_hubs_instead_of_creating_them(systems: Systems) -> None:
     admin = systems.admin("eh")
     assert admin.create_stream(StreamSpec("views", 4)) is False
     assert admin.list_streams() == {"views": 4}
-    with pytest.raises(ValueError, match="'small' has 2 partitions, the job needs 8"):
+    with pytest.raises(StreamExistsError, match="'small' has 2 partitions, the job needs 8"):
         admin.create_stream(StreamSpec("small", 8))
     with pytest.raises(StreamNotFoundError, match="event hub 'missing'.*--hub missing:N"):
         admin.create_stream(StreamSpec("missing", 1))

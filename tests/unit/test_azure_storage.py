@@ -10,10 +10,10 @@ from tests.azurite import free_port
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError, ServiceUnavailableError
 from weirflow.factories import metadata_store_factory
+from weirflow_azure.coordinator.errors import AzureStorageError
 from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory
 from weirflow_azure.coordinator.metadata import BlobMetadataStore
 from weirflow_azure.coordinator.storage import (
-    AzureStorageError,
     Storage,
     StorageSettings,
     default_container_name,

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import unique_job_name
 from weirflow.config.loader import Config
 from weirflow.drain_notice import DEFAULT_RUN_ID, DrainMode, DrainNotification, DrainUtils, run_id_of
+from weirflow.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.local.metadata import SqliteMetadataStore
 
@@ -43,11 +44,11 @@ def test_a_notification_round_trips_through_json() -> None:
 
 
 def test_a_malformed_document_is_refused_with_what_it_was() -> None:
-    with pytest.raises(ValueError, match="not a drain notification"):
+    with pytest.raises(MalformedDocumentError, match="not a drain notification"):
         DrainNotification.from_json({"uuid": "x"})
-    with pytest.raises(ValueError, match="not a drain notification"):
+    with pytest.raises(MalformedDocumentError, match="not a drain notification"):
         DrainNotification.from_json({"uuid": "x", "run-id": "r", "mode": "SOMETIMES"})
-    with pytest.raises(ValueError, match="run id"):
+    with pytest.raises(InvalidArgumentError, match="run id"):
         DrainNotification.create("")
 
 

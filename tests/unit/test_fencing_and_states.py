@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from weirflow.coordination.state import ProcessorState, check_transition
-from weirflow.errors import LockLostError
+from weirflow.errors import LockLostError, StateError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import SystemStreamPartition
@@ -90,5 +90,5 @@ def test_the_protocol_paths_are_legal(path: list[str]) -> None:
 
 @pytest.mark.parametrize(("current", "new"), [("NEW", "RUNNING"), ("STOPPED", "STARTED"), ("RUNNING", "STARTED")])
 def test_illegal_transitions_raise(current: str, new: str) -> None:
-    with pytest.raises(RuntimeError, match="illegal processor state change"):
+    with pytest.raises(StateError, match="illegal processor state change"):
         check_transition(ProcessorState(current), ProcessorState(new))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from weirflow.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import JobModel
@@ -38,21 +39,21 @@ def test_tasks_of_and_owner_of() -> None:
 
 def test_unknown_format_is_rejected() -> None:
     doc = sample().to_json() | {"format": 99}
-    with pytest.raises(ValueError, match="format 99"):
+    with pytest.raises(MalformedDocumentError, match="format 99"):
         JobModel.from_json(doc)
 
 
 def test_a_task_assigned_twice_is_rejected() -> None:
     doc = sample().to_json()
     doc["assignment"]["p2"].append("s0-0")
-    with pytest.raises(ValueError, match="s0-0 assigned to"):
+    with pytest.raises(MalformedDocumentError, match="s0-0 assigned to"):
         JobModel.from_json(doc)
 
 
 def test_a_missing_field_is_rejected_with_its_name() -> None:
     doc = sample().to_json()
     del doc["tasks"]
-    with pytest.raises(ValueError, match="tasks"):
+    with pytest.raises(MalformedDocumentError, match="tasks"):
         JobModel.from_json(doc)
 
 
@@ -68,5 +69,5 @@ def test_group_by_partition_names_tasks_after_stage_and_partition() -> None:
 
 
 def test_stage_names_that_would_make_ambiguous_task_names_are_rejected() -> None:
-    with pytest.raises(ValueError, match="stage name"):
+    with pytest.raises(InvalidArgumentError, match="stage name"):
         group_by_partition("bad-stage", ssps_of("local", "views", 1))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from weirflow.errors import StateError
+
 if TYPE_CHECKING:
     from weirflow.interfaces.coordination import ProcessorInfo
 
@@ -40,11 +42,11 @@ ALLOWED: dict[ProcessorState, frozenset[ProcessorState]] = {
 
 
 def check_transition(current: ProcessorState, new: ProcessorState) -> None:
-    """Raise `RuntimeError` for a transition the protocol does not allow (FAILED is reachable from anywhere)."""
+    """Raise `StateError` for a transition the protocol does not allow (FAILED is reachable from anywhere)."""
     if new is ProcessorState.FAILED or new is current:
         return
     if new not in ALLOWED[current]:
-        raise RuntimeError(f"illegal processor state change {current.value} -> {new.value}")
+        raise StateError(f"illegal processor state change {current.value} -> {new.value}")
 
 
 # A processor in one of these states has left the group, however fresh its heartbeat: a STOPPING one is

@@ -17,11 +17,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from weirflow.errors import WeirflowError
-
-
-class PeerError(WeirflowError):
-    """The peer could not be reached, closed the connection, or did not answer in time."""
+from weirflow.errors import PeerError
 
 
 class _Connection(asyncio.Protocol):

@@ -30,7 +30,7 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from weirflow.control import MalformedMessageError, MessageType, decode
-from weirflow.errors import WeirflowError
+from weirflow.errors import TapError
 from weirflow.interfaces.system import IncomingRecord, SystemStreamPartition
 from weirflow.systems import DEAD_LETTER_SUFFIX, StreamRef, dead_letter_stream, stream_ref
 
@@ -39,14 +39,6 @@ log = logging.getLogger("weirflow.endpoints")
 POLL_S = 0.1
 READ_BATCH = 1000
 CLOSE_TOO_SLOW = 1008
-
-
-class TapError(WeirflowError, ValueError):
-    """A tap request that cannot be served (unknown stream, bad regex): the client's error, HTTP 400/404."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,8 @@ class SystemAdmin(ABC):
     @abstractmethod
     def create_stream(self, spec: StreamSpec) -> bool:
         """Create the stream if missing. Return True if created, False if it already existed with the same
-        partition count; raise `ValueError` if it exists with a different count."""
+        partition count; raise `weirflow.errors.StreamExistsError` (a `ValueError`) if it exists with a
+        different count."""
 
     @abstractmethod
     def list_streams(self) -> dict[str, int]:

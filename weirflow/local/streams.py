@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from weirflow import clock
-from weirflow.errors import StreamNotFoundError
+from weirflow.errors import InvalidArgumentError, PartitionNotFoundError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
@@ -83,7 +83,7 @@ class LocalSystemAdmin(SystemAdmin):
         result = {}
         for p in partitions:
             if not 0 <= p < count:
-                raise ValueError(f"stream '{stream}' has no partition {p} (it has {count})")
+                raise PartitionNotFoundError(f"stream '{stream}' has no partition {p} (it has {count})")
             lo, hi = conn.execute(_ENDS, (stream, p, stream, p)).fetchone()
             result[p] = (
                 PartitionMetadata("0", None, "0")
@@ -94,12 +94,14 @@ class LocalSystemAdmin(SystemAdmin):
 
     def create_stream(self, spec: StreamSpec) -> bool:
         if spec.partitions < 1:
-            raise ValueError(f"stream '{spec.stream}' needs at least one partition, not {spec.partitions}")
+            raise InvalidArgumentError(
+                f"stream '{spec.stream}' needs at least one partition, not {spec.partitions}"
+            )
         with self._store.db.transaction() as conn:
             row = conn.execute("SELECT partitions FROM streams WHERE name = ?", (spec.stream,)).fetchone()
             if row is not None:
                 if row[0] != spec.partitions:
-                    raise ValueError(
+                    raise StreamExistsError(
                         f"stream '{spec.stream}' already exists in {self._store.path} with {row[0]} partitions, "
                         f"not {spec.partitions}"
                     )
@@ -184,7 +186,7 @@ class LocalSystemProducer(SystemProducer):
     def _partition(self, record: OutgoingRecord, partitions: int) -> int:
         if record.partition is not None:
             if not 0 <= record.partition < partitions:
-                raise ValueError(
+                raise PartitionNotFoundError(
                     f"stream '{record.stream}' has no partition {record.partition} (it has {partitions})"
                 )
             return record.partition

@@ -27,17 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.errors import WeirflowError
+from weirflow.errors import PipelineError
 from weirflow.interfaces.config import ConfigView
 from weirflow.systems import is_http_stream
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 ColumnLike = Any  # a column name or a pyspark Column
-
-
-class PipelineError(WeirflowError, ValueError):
-    """The pipeline graph is not valid (a join across stages, a stream used by two apps, ...). Still a
-    `ValueError`, which it was before it was a `WeirflowError`."""
 
 
 @dataclass(eq=False)

@@ -27,6 +27,7 @@ from pyspark.sql import types as T
 
 from weirflow.drain_notice import drain_flag_path, run_id_of
 from weirflow.endpoints.http_system import REQUEST_SCHEMA
+from weirflow.errors import PipelineError
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
@@ -329,7 +330,7 @@ class StageBuilder:
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))
                 if not isinstance(df, DataFrame):
-                    raise TypeError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
+                    raise PipelineError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
             elif node.op == "merge":
                 df = frame(node.parents[0])
                 for other in node.parents[1:]:

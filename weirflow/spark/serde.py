@@ -30,18 +30,13 @@ import pyarrow.json as pa_json
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from weirflow.errors import WeirflowError
+from weirflow.errors import DecodeError
 
 SERDES = ("json", "string", "bytes")
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MIN_EPOCH_MS = -62_135_596_800_000  # 0001-01-01T00:00:00Z
 _MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
-
-
-class DecodeError(WeirflowError, ValueError):
-    """A value the serde cannot decode; the message is the dead letter's reason. A `ValueError` too, so the
-    decoders' ``except ValueError`` around the libraries they call takes it with theirs."""
 
 
 def _timestamp_us(value: Any) -> int:

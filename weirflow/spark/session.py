@@ -28,11 +28,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weirflow.errors import WeirflowError
 from weirflow.interfaces.config import ConfigView
 
 if TYPE_CHECKING:
     from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
+from weirflow.errors import JavaMissingError
 
 log = logging.getLogger("weirflow.spark")
 
@@ -53,10 +53,6 @@ SPARK_DEFAULTS: dict[str, str] = {
     # PySpark's worker daemon, started with weirflow's modules loaded and its heap frozen (see the module).
     "spark.python.daemon.module": "weirflow.spark.daemon",
 }
-
-
-class JavaMissingError(WeirflowError):
-    """No Java runtime: Spark cannot start."""
 
 
 def check_java() -> str:

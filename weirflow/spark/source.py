@@ -65,6 +65,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from weirflow.control import MAX_TIMESTAMP_MS, ControlMessage, MalformedMessageError, MessageType, decode
+from weirflow.errors import UnreadableRangeError
 from weirflow.interfaces.system import RecordColumns
 from weirflow.spark import workergc
 from weirflow.spark.packing import unpack
@@ -404,7 +405,7 @@ class _BatchReader:
         while int(position) < int(end) if self.spec.dense else position != end:
             chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end, attributes=bool(self.system_fields))
             if not len(chunk) and (self.spec.dense or chunk.next_offset == position):
-                raise RuntimeError(f"{key}: offsets [{position}, {end}) were planned but cannot be read")
+                raise UnreadableRangeError(f"{key}: offsets [{position}, {end}) were planned but cannot be read")
             yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)
             position = chunk.next_offset

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from weirflow.errors import StreamNotFoundError
+from weirflow.errors import StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, RecordColumns, StreamSpec, SystemStreamPartition
 from weirflow.testing.backend import Backend, SystemClients
 from weirflow.testing.contracts._base import Contract, require_processes
@@ -78,12 +78,12 @@ class SystemContract(Contract):
             system.declare("views", 4)
             existing = system.admin.create_stream(StreamSpec("views", 4))
             assert existing is False, "an existing stream is only checked"
-            with pytest.raises(ValueError, match="views"):
+            with pytest.raises(StreamExistsError, match="views"):
                 system.admin.create_stream(StreamSpec("views", 8))
             return  # a missing stream: test_a_missing_stream_is_an_error_naming_it
         assert system.admin.create_stream(StreamSpec("views", 4)) is True
         assert system.admin.create_stream(StreamSpec("views", 4)) is False
-        with pytest.raises(ValueError, match="views"):
+        with pytest.raises(StreamExistsError, match="views"):
             system.admin.create_stream(StreamSpec("views", 8))
         assert system.admin.partition_count("views") == 4
         assert system.admin.list_streams() == {"views": 4}
