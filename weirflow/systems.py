@@ -76,6 +76,12 @@ def stream_id_of(refs: Iterable[StreamRef], system: str, physical: str) -> str:
 DEAD_LETTER_SUFFIX = ".dlq"
 
 
+#: The columns of the records an ``http`` stream's requests become (docs/endpoints.md "Request/response"), as
+#: Spark DDL: the ``http`` system writes them (`weirflow.endpoints.http_system`) and the Spark source reads an
+#: ``http`` stream with this schema unless the stream declares its own.
+HTTP_REQUEST_SCHEMA = "connection string, kind string, request string, body string, partition int, tasks int"
+
+
 def is_http_stream(config: Any, stream_id: str) -> bool:
     """Whether ``stream_id`` is on a system whose factory is ``http`` (request/response, docs/endpoints.md):
     such a stream is both read (requests) and written (responses) by the job."""
