@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from weirflow.factories import (
@@ -14,6 +14,7 @@ from weirflow.factories import (
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils
 from weirflow.interfaces.metadata import MetadataStore
+from weirflow.job_mode import JobMode
 from weirflow.systems import Systems
 
 
@@ -25,9 +26,7 @@ class JobContext:
     metadata: MetadataStore
     checkpoints: CheckpointManager
     systems: Systems
-    # What a component builds once per context and shares (the Spark data plane, which the leader's planner
-    # and the task runner both use); it lives and dies with the context.
-    attachments: dict[str, Any] = field(default_factory=dict)
+    mode: JobMode  # a pipeline or a record job, decided once from the config (`weirflow.job_mode`)
 
     @classmethod
     def open(cls, config: Any, owner: str, instance: str = "") -> JobContext:
@@ -47,10 +46,10 @@ class JobContext:
             metadata=metadata,
             checkpoints=checkpoints,
             systems=Systems(config),
+            mode=JobMode.of(config),
         )
 
     def close(self) -> None:
-        self.attachments.clear()
         self.systems.close()
         self.checkpoints.stop()
         self.metadata.stop()

@@ -1,6 +1,7 @@
 """The Spark data plane of one processor: its SparkSession, the job's pipeline plan and the task runner.
 
-Built once per processor (the leader's planner and the runner share it) when the job sets `app.pipeline`.
+Built once per processor when the job is a pipeline (`JobMode.PIPELINE`): the leader's planner and the runner
+share it (`weirflow.coordination.data_plane` holds it for the processor).
 """
 
 from __future__ import annotations
@@ -59,11 +60,3 @@ class SparkDataPlane:
 
     def planner(self) -> Callable[[], dict[str, TaskModel]]:
         return self.plan.plan_tasks
-
-
-def data_plane(ctx: Any) -> SparkDataPlane:
-    """The processor's data plane: one per `JobContext`, kept in its attachments (gone when it closes)."""
-    plane = ctx.attachments.get("spark.data_plane")
-    if plane is None:
-        plane = ctx.attachments["spark.data_plane"] = SparkDataPlane(ctx)
-    return plane
