@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
 
 from weirflow.factories import spark_state_factory
+from weirflow.job_context import JobContext
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import PipelineError
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
@@ -23,7 +23,7 @@ log = logging.getLogger("weirflow.spark")
 
 
 class SparkDataPlane:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: JobContext) -> None:
         config = ctx.config
         # Python workers import the job's modules (UDFs, transforms) from the config file's directory.
         base = str(config.base_dir)
