@@ -78,13 +78,14 @@ def run(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run one processor of the job; start N of them to share its tasks. Stops cleanly on SIGTERM / Ctrl-C."""
-    from weirflow.coordination.processor import StreamProcessor, default_processor_id
+    from weirflow.coordination.identity import default_processor_id
+    from weirflow.endpoints.processor_server import serving_processor
 
     with _user_errors():
         cfg = _load(config, set_)
         pid = processor_id or cfg.get("processor.id") or default_processor_id()
         _setup_logging(log_level, pid)
-        processor = StreamProcessor(cfg, processor_id=pid)
+        processor = serving_processor(cfg, processor_id=pid)
 
         def _on_signal(signum: int, _frame: Any) -> None:
             logging.getLogger("weirflow.cli").info("received %s; stopping", signal.Signals(signum).name)
@@ -157,10 +158,11 @@ def drain(
     from weirflow.drain_notice import DrainUtils, run_id_of
     from weirflow.drain_progress import read_progress
     from weirflow.job_context import JobContext
+    from weirflow.job_mode import JobMode
 
     with _user_errors():
         cfg = _load(config, set_)
-        if not cfg.get("app.pipeline"):
+        if JobMode.of(cfg) is not JobMode.PIPELINE:
             raise cfg.error("app.pipeline", "drain needs a pipeline job; stop a record-task job with SIGTERM")
         run = run_id or run_id_of(cfg)
         timings = CoordinationTimings.from_config(cfg)
@@ -244,13 +246,14 @@ def deploy_hubs(
     """Print every hub the job needs on SYSTEM (inputs, their dead-letter hubs, intermediate streams, outputs)
     with its partition count, as the `hubs` parameter of infra/main.bicep."""
     from weirflow.deploy import hubs_to_create
+    from weirflow.job_mode import JobMode
 
     with _user_errors():
         cfg = _load(config, set_)
         if system not in cfg.names("systems"):
             raise cfg.error(f"systems.{system}.factory", f"no system '{system}' is configured; pass --system")
         spark = None
-        if cfg.get("app.pipeline"):
+        if JobMode.of(cfg) is JobMode.PIPELINE:
             from weirflow.spark.session import build_spark_session
 
             err_console.print("loading the pipeline (it needs a SparkSession: starting one)...")

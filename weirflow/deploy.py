@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weirflow.interfaces.config import ConfigView
+from weirflow.job_mode import JobMode
 from weirflow.systems import StreamRef, dead_letter_stream, declared_streams, stream_ref
 
 
@@ -46,7 +47,7 @@ def hubs_to_create(config: ConfigView, system: str) -> list[Hub]:
     for ref in declared_streams(config):
         if config.get(f"streams.{ref.stream_id}.partitions"):
             add(ref, _partitions(config, ref.stream_id))
-    if config.get("app.pipeline"):
+    if JobMode.of(config) is JobMode.PIPELINE:
         from weirflow.pipeline.plan import intermediate_partitions, load_pipeline
 
         app = load_pipeline(config)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from weirflow.factories import (
@@ -15,6 +15,7 @@ from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.interfaces.timings import CoordinationTimings
+from weirflow.job_mode import JobMode
 from weirflow.systems import Systems
 
 
@@ -26,9 +27,7 @@ class JobContext:
     metadata: MetadataStore
     checkpoints: CheckpointManager
     systems: Systems
-    # What a component builds once per context and shares (the Spark data plane, which the leader's planner
-    # and the task runner both use); it lives and dies with the context.
-    attachments: dict[str, Any] = field(default_factory=dict)
+    mode: JobMode  # a pipeline or a record job, decided once from the config (`weirflow.job_mode`)
 
     @classmethod
     def open(
@@ -51,10 +50,10 @@ class JobContext:
             metadata=metadata,
             checkpoints=checkpoints,
             systems=Systems(config),
+            mode=JobMode.of(config),
         )
 
     def close(self) -> None:
-        self.attachments.clear()
         self.systems.close()
         self.checkpoints.stop()
         self.metadata.stop()

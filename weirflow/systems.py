@@ -29,6 +29,7 @@ from weirflow.stream_names import (
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
+    "HTTP_REQUEST_SCHEMA",
     "StreamRef",
     "Systems",
     "dead_letter_stream",
@@ -37,6 +38,12 @@ __all__ = [
     "stream_id_of",
     "stream_ref",
 ]
+
+
+#: The columns of the records an ``http`` stream's requests become (docs/endpoints.md "Request/response"), as
+#: Spark DDL: the ``http`` system writes them (`weirflow.endpoints.http_system`) and the Spark source reads an
+#: ``http`` stream with this schema unless the stream declares its own.
+HTTP_REQUEST_SCHEMA = "connection string, kind string, request string, body string, partition int, tasks int"
 
 
 def is_http_stream(config: ConfigView | None, stream_id: str) -> bool:

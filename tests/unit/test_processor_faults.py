@@ -23,6 +23,7 @@ from weirflow.config import load_config
 from weirflow.coordination.job_finished import JOB_FINISHED_KEY
 from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.processor import StreamProcessor
+from weirflow.endpoints.processor_server import serving_processor
 from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils, Latch, LatchState, Lock
@@ -249,7 +250,7 @@ class Running:
 
 
 def start(config: Any, pid: str, setup: Callable[[JobContext], TaskRunner]) -> Running:
-    return Running(StreamProcessor(config, processor_id=pid, runner_factory=setup, planner_factory=plan))
+    return Running(serving_processor(config, processor_id=pid, runner_factory=setup, planner_factory=plan))
 
 
 def runs_its_assignment(processor: StreamProcessor) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.unit.test_processor_faults import Running
 from weirflow.config import load_config
-from weirflow.coordination.processor import StreamProcessor
+from weirflow.endpoints.processor_server import serving_processor
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
 from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
@@ -68,7 +68,7 @@ def test_a_record_job_serves_its_table_through_any_processor_and_rebuilds_it_whe
     systems = Systems(config)
     systems.admin("local").create_stream(StreamSpec("views", 4))
     latest = send(systems, 0, 200)
-    procs = {pid: Running(StreamProcessor(config, processor_id=pid)) for pid in ("p1", "p2")}
+    procs = {pid: Running(serving_processor(config, processor_id=pid)) for pid in ("p1", "p2")}
     try:
 
         def both_running() -> bool:

@@ -15,8 +15,11 @@ crash thus waits at most the liveness timeout.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 
 from weirflow import clock
 from weirflow.coordination.state import has_departed
@@ -25,6 +28,11 @@ from weirflow.errors import DuplicateProcessorError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 
 log = logging.getLogger("weirflow.processor")
+
+
+def default_processor_id() -> str:
+    """A processor id unique to this process: host, pid and a random suffix (``processor.id`` unset)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def _row(registry: ProcessorRegistry, processor_id: str) -> ProcessorInfo | None:

@@ -40,19 +40,23 @@ from concurrent.futures import Future
 from typing import Any
 
 from weirflow import clock
+from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
-from weirflow.coordination.identity import Announcement, ensure_sole_instance
+from weirflow.coordination.identity import Announcement, default_processor_id, ensure_sole_instance
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
 from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
+from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
+from weirflow.coordination.server_hook import ProcessorServer, ServerFactory
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.drain_notice import run_id_of
 from weirflow.errors import LockLostError
 from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
 from weirflow.job_context import JobContext
+from weirflow.job_mode import JobMode
 from weirflow.job_model import JobModel, TaskModel
 from weirflow.tasks.runner import TaskRunner
 
@@ -62,71 +66,13 @@ _FATAL_AFTER_LEASES = 4
 _TASK_RETRY_MS = 5000
 
 
-def default_processor_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class _LoopErrors:
-    """Consecutive-failure bookkeeping of one loop: the first error time, to decide when to give up."""
-
-    def __init__(self) -> None:
-        self.since_ms: int | None = None
-
-    def ok(self) -> bool:
-        """Record a good round; True when it ends a run of failures."""
-        recovered = self.since_ms is not None
-        self.since_ms = None
-        return recovered
-
-    def failed(self, now: int) -> int:
-        if self.since_ms is None:
-            self.since_ms = now
-        return now - self.since_ms
-
-
-class _Leadership:
-    """The leader loop's tenure: duties while leading, and the monotonic deadline of the leadership lease."""
-
-    def __init__(self) -> None:
-        self.duties: LeaderDuties | None = None
-        self.finished: FinishedWatch | None = None
-        self.deadline = 0.0  # monotonic s: sent time of the last confirming request + lease
-        self.last_sent = 0.0
-
-    def confirm(self, sent_at: float, lease_s: float) -> None:
-        self.deadline = sent_at + lease_s
-        self.last_sent = sent_at
-
-    def step_down(self) -> None:
-        self.duties = None
-        self.finished = None
-
-
-def _run_bounded(fn: Callable[[], None], timeout_s: float, name: str) -> bool:
-    """Run ``fn`` in a thread; True when it returned within ``timeout_s`` (its exception is re-raised)."""
-    done = threading.Event()
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # re-raised in the caller's thread
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    finished = done.wait(timeout_s)
-    if failure:
-        raise failure[0]
-    return finished
-
-
 class StreamProcessor:
     """Runs one processor of a job until `stop` is called (or a persistent error).
 
     ``runner_factory`` builds the `TaskRunner` from the opened `JobContext`; ``planner_factory`` builds the
-    function the leader calls to plan the job's tasks. Both default to the record-task data plane.
+    function the leader calls to plan the job's tasks. Both default to the job's own data plane
+    (`weirflow.coordination.data_plane`). ``server_factory`` starts what serves the processor's state over the
+    network (`weirflow.endpoints.processor_server`, which `weirflow run` passes); None: nothing.
     """
 
     def __init__(
@@ -136,14 +82,17 @@ class StreamProcessor:
         processor_id: str | None = None,
         runner_factory: Callable[[JobContext], TaskRunner] | None = None,
         planner_factory: Callable[[JobContext], Callable[[], dict[str, TaskModel]]] | None = None,
+        server_factory: ServerFactory | None = None,
     ) -> None:
         self.config = config
         self.processor_id = processor_id or config.get("processor.id") or default_processor_id()
         # this run of the processor: leases are held by (processor id, instance); weirflow.coordination.identity
         self.instance_id = uuid.uuid4().hex[:12]
         self.timings = CoordinationTimings.from_config(config)
-        self._runner_factory = runner_factory or _default_runner
-        self._planner_factory = planner_factory or _default_planner
+        plane = JobDataPlane()
+        self._runner_factory = runner_factory or plane.runner
+        self._planner_factory = planner_factory or plane.planner
+        self._server_factory = server_factory
         self.finished = False
         self._state = ProcessorState.NEW
         self._state_lock = threading.Lock()
@@ -170,8 +119,8 @@ class StreamProcessor:
         self._drain: DrainMonitor | None = None  # pipeline jobs only: record tasks do not drain
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
-        self._tenure: _Leadership | None = None
-        self._endpoints: Any = None  # weirflow.endpoints.server.EndpointServer while it runs
+        self._tenure: Leadership | None = None
+        self._server: ProcessorServer | None = None
         self.endpoint_url = ""
         self.rebalances = 0  # job models this processor moved to (GET /metrics)
 
@@ -208,9 +157,11 @@ class StreamProcessor:
             announcement.stop()
         self.runner.on_started = self._heartbeat_now.set
         self.runner.lease_valid = self._keeper.valid
-        self._start_endpoints()
+        if self._server_factory is not None:
+            self._server = self._server_factory(self)
+            self.endpoint_url = self._server.url if self._server is not None else ""
         planner = self._planner_factory(self.ctx)
-        if self.config.get("app.pipeline"):
+        if self.ctx.mode is JobMode.PIPELINE:
             self._drain = DrainMonitor(self.ctx.metadata, self.config)
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
@@ -228,109 +179,24 @@ class StreamProcessor:
             self._shutdown(leader, keeper)
         return 1 if self._fatal else 0
 
-    # --- endpoints ------------------------------------------------------------------------------------
+    # --- plain state (read by the processor's server) ------------------------------------------------
     @property
     def leading(self) -> bool:
         return self._tenure is not None and self._tenure.duties is not None
 
-    def _start_endpoints(self) -> None:
-        """The processor's HTTP server (docs/endpoints.md); its URL goes into the processor's row."""
-        from weirflow.endpoints.settings import EndpointSettings
+    @property
+    def working_version(self) -> int:
+        """The job model version this processor works on (-1 before the first)."""
+        return self._working_version
 
-        settings = EndpointSettings.from_config(self.config)
-        if not settings.enabled:
-            return
-        from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
-        from weirflow.endpoints.server import EndpointServer, create_app
-        from weirflow.endpoints.task_report import TaskReport, gather
-        from weirflow.job_status import job_status
+    @property
+    def lease_renewals(self) -> int:
+        """Task-lock renewals confirmed so far (`LeaseKeeper.renewals`)."""
+        return self._keeper.renewals
 
-        assert self.ctx is not None and self.runner is not None
-        tasks = TaskReport(self.ctx.systems, self.runner.task_stats)
-
-        def snapshot() -> ProcessorSnapshot:
-            running = self.runner.running() if self.runner is not None else set()
-            return ProcessorSnapshot(
-                self.processor_id,
-                self._state.value,
-                self._working_version,
-                len(running),
-                self.leading,
-                tasks(),
-                self._keeper.renewals,
-                self.rebalances,
-            )
-
-        def health() -> tuple[bool, str]:
-            return self._state not in (ProcessorState.FAILED, ProcessorState.STOPPED), self._state.value
-
-        def status() -> dict[str, Any]:
-            """The job's picture, with every live processor's tasks (GET /tasks of each, this one's directly)."""
-            doc = job_status(self.config, self.ctx)
-            urls = {p["processor_id"]: p.get("endpoint") or "" for p in doc["processors"] if p["live"]}
-            doc["task_reports"] = gather(urls, self.processor_id, tasks, settings.token)
-            return doc
-
-        app = create_app(
-            settings,
-            status,
-            health,
-            metrics_exposition(snapshot),
-            self._table_service(settings),
-            self._tap_service(settings),
-            self._conversations(settings),
-            tasks,
-        )
-        self._endpoints = EndpointServer(settings, app)
-        self.endpoint_url = self._endpoints.start()
-
-    def _table_service(self, settings: Any) -> Any:
-        """The served tables' routing: a pipeline's (``Stream.serve``) or a record job's (``task.tables``);
-        None when the job serves none."""
-        from weirflow.endpoints.tables import TableService
-
-        assert self.ctx is not None and self.runner is not None
-        routes = getattr(self.runner, "plan", None) or getattr(self.runner, "tables", None)
-        if routes is None or not routes.tables:
-            return None
-
-        def endpoints() -> dict[str, str]:
-            assert self.ctx is not None
-            rows = self.ctx.coordination.processor_registry().processors()
-            return {row.processor_id: row.endpoint for row in rows}
-
-        return TableService(
-            routes,
-            self.processor_id,
-            lambda task: self._model.owner_of(task),
-            self.runner.table,
-            endpoints,
-            settings.token,
-            settings.route_wait_ms / 1000,
-        )
-
-    def _tap_service(self, settings: Any) -> Any:
-        from weirflow.endpoints.taps import TapService
-
-        assert self.ctx is not None
-        plan = getattr(self.runner, "plan", None)
-        intermediates = list(plan.app.intermediates) if plan is not None else []
-        return TapService(self.config, self.ctx.systems, intermediates, settings.tap_queue_size)
-
-    def _conversations(self, settings: Any) -> Any:
-        """Clients' requests to the job's ``http`` streams, and its responses (None: the job has none)."""
-        from weirflow.endpoints.conversations import Conversations
-        from weirflow.systems import is_http_stream
-
-        assert self.ctx is not None
-        streams = {
-            s: self.ctx.systems.resolve(s).system
-            for s in self.config.names("streams")
-            if is_http_stream(self.config, s)
-        }
-        if not streams:
-            return None
-        return Conversations(self.ctx.systems, streams, self.processor_id, settings.rpc_timeout_ms / 1000)
+    def owner_of(self, task: str) -> str | None:
+        """The processor the job model this processor knows assigns ``task`` to."""
+        return self._model.owner_of(task)
 
     # --- state ----------------------------------------------------------------------------------------
     def _set_state(self, new: ProcessorState) -> None:
@@ -366,7 +232,7 @@ class StreamProcessor:
         assert self.ctx is not None
         self.ctx.coordination.processor_registry().heartbeat(self._info())
 
-    def _loop_error(self, loop: str, errors: _LoopErrors, exc: BaseException) -> None:
+    def _loop_error(self, loop: str, errors: LoopErrors, exc: BaseException) -> None:
         elapsed = errors.failed(clock.now_ms())
         self.error = f"{loop}: {type(exc).__name__}: {exc}"
         log.error("%s loop error (failing for %d ms): %s", loop, elapsed, exc, exc_info=exc)
@@ -376,7 +242,7 @@ class StreamProcessor:
             self._set_state(ProcessorState.FAILED)
             self._stop.set()
 
-    def _recovered(self, errors: _LoopErrors, loop: str) -> None:
+    def _recovered(self, errors: LoopErrors, loop: str) -> None:
         if errors.ok() and self.error.startswith(f"{loop}:"):
             log.info("%s loop recovered", loop)
             self.error = ""
@@ -387,7 +253,7 @@ class StreamProcessor:
 
     # --- follower -------------------------------------------------------------------------------------
     def _follower_loop(self) -> None:
-        errors = _LoopErrors()
+        errors = LoopErrors()
         while not self._stop.is_set():
             try:
                 self._follower_round()
@@ -523,7 +389,7 @@ class StreamProcessor:
         runner = self.runner
         timeout_ms = self.timings.task_stop_timeout_ms
         try:
-            stopped = _run_bounded(lambda: runner.stop_tasks(tasks), timeout_ms / 1000, "stop-tasks")
+            stopped = run_bounded(lambda: runner.stop_tasks(tasks), timeout_ms / 1000, "stop-tasks")
             problem = "" if stopped else f"did not stop within task.stop.timeout.ms ({timeout_ms} ms)"
         except Exception as exc:
             problem = f"failed to stop ({type(exc).__name__}: {exc})"
@@ -565,8 +431,8 @@ class StreamProcessor:
     def _leader_loop(self, planner: Callable[[], dict[str, TaskModel]]) -> None:
         assert self.ctx is not None
         elector = self.ctx.coordination.leader_elector()
-        tenure = self._tenure = _Leadership()
-        errors = _LoopErrors()
+        tenure = self._tenure = Leadership()
+        errors = LoopErrors()
         while not self._stop.is_set():
             try:
                 self._leader_round(elector, tenure, planner)
@@ -584,7 +450,7 @@ class StreamProcessor:
             log.error("could not resign leadership: %s", exc)
 
     def _leader_round(
-        self, elector: LeaderElector, tenure: _Leadership, planner: Callable[[], dict[str, TaskModel]]
+        self, elector: LeaderElector, tenure: Leadership, planner: Callable[[], dict[str, TaskModel]]
     ) -> None:
         assert self.ctx is not None
         lease_s = self.timings.lease_ms / 1000
@@ -617,7 +483,7 @@ class StreamProcessor:
         if tenure.finished is not None and self._model.version == self._working_version:
             tenure.finished.check(self._model)
 
-    def _fence_leadership(self, tenure: _Leadership) -> None:
+    def _fence_leadership(self, tenure: Leadership) -> None:
         """Step down when the leadership lease was not confirmed by ``deadline - margin``."""
         if tenure.duties is None:
             return
@@ -630,7 +496,7 @@ class StreamProcessor:
 
     # --- keeper ---------------------------------------------------------------------------------------
     def _keeper_loop(self) -> None:
-        errors = _LoopErrors()
+        errors = LoopErrors()
         tick_ms = min(
             self.timings.poll_interval_ms, self.timings.heartbeat_interval_ms, self.timings.renew_margin_ms // 4
         )
@@ -726,36 +592,7 @@ class StreamProcessor:
                 self._write_heartbeat()
             except Exception as exc:
                 log.error("could not write the final heartbeat: %s", exc)
-            if self._endpoints is not None:
-                self._endpoints.stop()
+            if self._server is not None:
+                self._server.stop()
             self.ctx.close()
             log.info("processor %s stopped", self.processor_id)
-
-
-def _default_runner(ctx: JobContext) -> TaskRunner:
-    """The Spark data plane when the job has a pipeline (`app.pipeline`), else the record runner."""
-    if ctx.config.get("app.pipeline"):
-        from weirflow.spark.plane import data_plane
-
-        return data_plane(ctx).runner
-    return _record_runner(ctx)
-
-
-def _default_planner(ctx: JobContext) -> Callable[[], dict[str, TaskModel]]:
-    if ctx.config.get("app.pipeline"):
-        from weirflow.spark.plane import data_plane
-
-        return data_plane(ctx).planner()
-    return _record_planner(ctx)
-
-
-def _record_runner(ctx: JobContext) -> TaskRunner:
-    from weirflow.tasks.record_task import RecordTaskRunner
-
-    return RecordTaskRunner.from_config(ctx.config, ctx.systems, ctx.checkpoints)
-
-
-def _record_planner(ctx: JobContext) -> Callable[[], dict[str, TaskModel]]:
-    from weirflow.tasks.planning import plan_record_tasks
-
-    return lambda: plan_record_tasks(ctx.config, ctx.systems)

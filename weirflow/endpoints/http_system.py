@@ -40,9 +40,9 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow.systems import DEAD_LETTER_SUFFIX, dead_letter_stream
+from weirflow.systems import DEAD_LETTER_SUFFIX, HTTP_REQUEST_SCHEMA, dead_letter_stream
 
-REQUEST_SCHEMA = "connection string, kind string, request string, body string, partition int, tasks int"
+REQUEST_SCHEMA = HTTP_REQUEST_SCHEMA  # defined with `is_http_stream`: the data plane reads it from there
 RESPONSES_SUFFIX = ".responses"
 SECTION = "Request/response (`http`)"
 

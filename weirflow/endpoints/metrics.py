@@ -102,5 +102,5 @@ def metrics_exposition(snapshot: Callable[[], ProcessorSnapshot]) -> Callable[[]
             yield from _task_families(now)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector())  # type: ignore[arg-type]
+    registry.register(_Collector())
     return lambda: generate_latest(registry)

@@ -1,6 +1,7 @@
 """The Spark data plane of one processor: its SparkSession, the job's pipeline plan and the task runner.
 
-Built once per processor (the leader's planner and the runner share it) when the job sets `app.pipeline`.
+Built once per processor when the job is a pipeline (`JobMode.PIPELINE`): the leader's planner and the runner
+share it (`weirflow.coordination.data_plane` holds it for the processor).
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
 
 from weirflow.factories import spark_state_factory
+from weirflow.job_context import JobContext
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import PipelineError
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
@@ -22,7 +23,7 @@ log = logging.getLogger("weirflow.spark")
 
 
 class SparkDataPlane:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: JobContext) -> None:
         config = ctx.config
         # Python workers import the job's modules (UDFs, transforms) from the config file's directory.
         base = str(config.base_dir)
@@ -59,11 +60,3 @@ class SparkDataPlane:
 
     def planner(self) -> Callable[[], dict[str, TaskModel]]:
         return self.plan.plan_tasks
-
-
-def data_plane(ctx: Any) -> SparkDataPlane:
-    """The processor's data plane: one per `JobContext`, kept in its attachments (gone when it closes)."""
-    plane = ctx.attachments.get("spark.data_plane")
-    if plane is None:
-        plane = ctx.attachments["spark.data_plane"] = SparkDataPlane(ctx)
-    return plane

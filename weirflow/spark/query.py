@@ -26,7 +26,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from weirflow.drain_notice import drain_flag_path, run_id_of
-from weirflow.endpoints.http_system import REQUEST_SCHEMA
 from weirflow.errors import PipelineError
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
@@ -34,7 +33,7 @@ from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
 from weirflow.start_position import parse_start
-from weirflow.systems import is_http_stream
+from weirflow.systems import HTTP_REQUEST_SCHEMA, is_http_stream
 
 # An intermediate stream's record packs up to 4,096 rows (`weirflow.spark.packing`), so one batch reads at most
 # limit/64 of them per task: as many rows as `task.max.records.per.trigger` when records are 1/64 full, at most
@@ -171,7 +170,7 @@ class StageBuilder:
         cfg = self.config
         ddl = cfg.get(f"streams.{stream_id}.schema")
         if ddl is None and is_http_stream(cfg, stream_id):
-            ddl = REQUEST_SCHEMA  # the records clients' requests become (weirflow.endpoints.http_system)
+            ddl = HTTP_REQUEST_SCHEMA  # the records clients' requests become (the ``http`` system)
         serde = cfg.get(f"streams.{stream_id}.serde") or ("json" if ddl else "string")
         if serde not in SERDES:
             raise cfg.error(f"streams.{stream_id}.serde", f"must be one of {', '.join(SERDES)}, not '{serde}'")
@@ -183,9 +182,14 @@ class StageBuilder:
                     "the json serde needs a schema: Spark DDL such as 'user string, page string, ts timestamp'",
                 )
             try:
-                schema = T._parse_datatype_string(ddl)
+                parsed = T._parse_datatype_string(ddl)
             except Exception as exc:
                 raise cfg.error(f"streams.{stream_id}.schema", f"is not valid Spark DDL: {exc}") from exc
+            if not isinstance(parsed, T.StructType):
+                raise cfg.error(
+                    f"streams.{stream_id}.schema", f"must name columns ('name type, ...'), not {ddl!r}"
+                )
+            schema = parsed
         user_schema = decoder_schema(serde, schema)
         field = cfg.get(f"streams.{stream_id}.event-time.field")
         if field:

@@ -866,6 +866,14 @@ class SparkTaskRunner(TaskRunner):
             for t, q in tasks
         }
 
+    @property
+    def table_routes(self) -> PipelinePlan:
+        return self.plan  # the tables a pipeline serves (``Stream.serve``) and the task holding each key
+
+    @property
+    def intermediate_streams(self) -> list[str]:
+        return list(self.plan.app.intermediates)
+
     def table(self, task_name: str, table: str) -> TableReader | None:
         """Called on the endpoint server's event loop for every lookup, so it takes no lock: the runner's guard
         can be held while a query starts or stops, and a lookup must not wait for that. Single dict reads

@@ -273,6 +273,12 @@ class RecordTaskRunner(TaskRunner):
         with self._guard:
             self._failed.pop(task_name, None)
 
+    @property
+    def table_routes(self) -> RecordTables | None:
+        """The job's ``task.tables`` (`weirflow.tasks.record_tables`): a key's table row is in the task holding
+        the key's partition of the first input."""
+        return self.tables
+
     def table(self, task_name: str, table: str) -> MemoryTable | None:
         with self._guard:
             handle = self._tasks.get(task_name)

@@ -18,17 +18,38 @@ Contract:
   whose start is still under way.
 * ``failures()`` maps task name -> error text for tasks that died (lock lost, bad input, ...); the processor
   reports them and clears them with ``forget``.
+* ``table_routes`` and ``intermediate_streams`` declare what the job serves beyond its tasks (served tables,
+  streams a tap may read), so the endpoints (docs/endpoints.md) ask the runner instead of guessing its type.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from weirflow.interfaces.coordination import Lock
 from weirflow.job_model import TaskModel
 from weirflow.served_tables import ServedTable
+
+
+class TableRoutes(Protocol):
+    """Which task holds a key of each served table: what routes ``GET /tables/...`` to the processor running
+    that task (docs/endpoints.md). A pipeline's plan (`weirflow.pipeline.plan.PipelinePlan`) and a record job's
+    ``task.tables`` (`weirflow.tasks.record_tables.RecordTables`) are the two kinds."""
+
+    @property
+    def tables(self) -> Mapping[str, object]:
+        """The served tables, by name (empty: the job serves none)."""
+        ...
+
+    def table_task(self, table: str, key: str) -> str:
+        """The task holding ``key`` of ``table``."""
+        ...
+
+    def table_tasks(self, table: str) -> list[str]:
+        """Every task holding a part of ``table``."""
+        ...
 
 
 class TaskRunner(ABC):
@@ -75,6 +96,17 @@ class TaskRunner(ABC):
         """The task's copy of served table ``table`` (`weirflow.served_tables`), once the task runs here and
         the copy is current (restored, its query started); None otherwise."""
         return None
+
+    @property
+    def table_routes(self) -> TableRoutes | None:
+        """How the job's served tables route to its tasks; None when this runner serves no tables."""
+        return None
+
+    @property
+    def intermediate_streams(self) -> list[str]:
+        """The job's intermediate streams (a pipeline's ``partition_by`` streams), which ``WS /tap`` reads
+        besides the declared ones; [] when it has none."""
+        return []
 
     @abstractmethod
     def failures(self) -> dict[str, str]: ...

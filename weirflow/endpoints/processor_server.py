@@ -1,0 +1,113 @@
+"""A running processor's HTTP server (docs/endpoints.md): the endpoints composed with a `StreamProcessor`.
+
+Coordination serves nothing itself (docs/architecture.md): `StreamProcessor` takes a server factory
+(`weirflow.coordination.server_hook`) and `start_processor_server` is the one `weirflow run` passes, through
+`serving_processor`. It reads the processor's plain state (its state, leadership, job model version, lease
+renewals, the owner of each task), its runner (task stats, served tables and their routes, intermediate
+streams) and the job's picture (`weirflow.job_status`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weirflow.config.loader import Config
+from weirflow.coordination.processor import StreamProcessor
+from weirflow.coordination.state import ProcessorState
+from weirflow.endpoints.conversations import Conversations
+from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
+from weirflow.endpoints.server import EndpointServer, create_app
+from weirflow.endpoints.settings import EndpointSettings
+from weirflow.endpoints.tables import TableService
+from weirflow.endpoints.taps import TapService
+from weirflow.endpoints.task_report import TaskReport, gather
+from weirflow.job_status import job_status
+from weirflow.systems import is_http_stream
+
+
+def serving_processor(config: Config, **kwargs: Any) -> StreamProcessor:
+    """A `StreamProcessor` (same arguments) that serves its endpoints while it runs: what `weirflow run` runs."""
+    return StreamProcessor(config, server_factory=start_processor_server, **kwargs)
+
+
+def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
+    """Start the processor's HTTP server; None when ``endpoints.enabled`` is off. Called once its runner
+    exists; its URL goes into the processor's registry row."""
+    settings = EndpointSettings.from_config(processor.config)
+    if not settings.enabled:
+        return None
+    ctx, runner = processor.ctx, processor.runner
+    assert ctx is not None and runner is not None
+    tasks = TaskReport(ctx.systems, runner.task_stats)
+
+    def snapshot() -> ProcessorSnapshot:
+        running = processor.runner.running() if processor.runner is not None else set()
+        return ProcessorSnapshot(
+            processor.processor_id,
+            processor.state.value,
+            processor.working_version,
+            len(running),
+            processor.leading,
+            tasks(),
+            processor.lease_renewals,
+            processor.rebalances,
+        )
+
+    def health() -> tuple[bool, str]:
+        state = processor.state
+        return state not in (ProcessorState.FAILED, ProcessorState.STOPPED), state.value
+
+    def status() -> dict[str, Any]:
+        """The job's picture, with every live processor's tasks (GET /tasks of each, this one's directly)."""
+        doc = job_status(processor.config, ctx)
+        urls = {p["processor_id"]: p.get("endpoint") or "" for p in doc["processors"] if p["live"]}
+        doc["task_reports"] = gather(urls, processor.processor_id, tasks, settings.token)
+        return doc
+
+    app = create_app(
+        settings,
+        status,
+        health,
+        metrics_exposition(snapshot),
+        _table_service(processor, settings),
+        TapService(processor.config, ctx.systems, runner.intermediate_streams, settings.tap_queue_size),
+        _conversations(processor, settings),
+        tasks,
+    )
+    server = EndpointServer(settings, app)
+    server.start()
+    return server
+
+
+def _table_service(processor: StreamProcessor, settings: EndpointSettings) -> TableService | None:
+    """The served tables' routing: a pipeline's (``Stream.serve``) or a record job's (``task.tables``);
+    None when the job serves none."""
+    ctx, runner = processor.ctx, processor.runner
+    assert ctx is not None and runner is not None
+    routes = runner.table_routes
+    if routes is None or not routes.tables:
+        return None
+
+    def endpoints() -> dict[str, str]:
+        rows = ctx.coordination.processor_registry().processors()
+        return {row.processor_id: row.endpoint for row in rows}
+
+    return TableService(
+        routes,
+        processor.processor_id,
+        processor.owner_of,
+        runner.table,
+        endpoints,
+        settings.token,
+        settings.route_wait_ms / 1000,
+    )
+
+
+def _conversations(processor: StreamProcessor, settings: EndpointSettings) -> Conversations | None:
+    """Clients' requests to the job's ``http`` streams, and its responses (None: the job has none)."""
+    config, ctx = processor.config, processor.ctx
+    assert ctx is not None
+    streams = {s: ctx.systems.resolve(s).system for s in config.names("streams") if is_http_stream(config, s)}
+    if not streams:
+        return None
+    return Conversations(ctx.systems, streams, processor.processor_id, settings.rpc_timeout_ms / 1000)
