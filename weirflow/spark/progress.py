@@ -20,6 +20,7 @@ import queue
 from typing import Any
 
 from weirflow.control import MAX_TIMESTAMP_MS
+from weirflow.interfaces.spark_checkpoint import SourceOffset
 
 log = logging.getLogger("weirflow.spark")
 
@@ -50,15 +51,16 @@ class ProgressView:
 
 
 class SourceView:
+    """One source of a report; `end` is its end offset when it is a weirflow source (`SourceOffset`)."""
+
     def __init__(self, data: dict[str, Any]) -> None:
         end = data.get("endOffset")
-        self.end: dict[str, Any] | None = json.loads(end) if isinstance(end, str) else end
-        start = data.get("startOffset")
-        self.start: dict[str, Any] | None = json.loads(start) if isinstance(start, str) else start
+        end = json.loads(end) if isinstance(end, str) else end
+        self.end: SourceOffset | None = SourceOffset.from_json(end) if SourceOffset.is_one(end) else None
 
     def watermark(self) -> int:
-        """The watermark the source injected up to this batch (``w`` of its offset; -1 when none)."""
-        return int(self.end.get("w", -1)) if isinstance(self.end, dict) else -1
+        """The watermark the source injected up to this batch (-1 when none)."""
+        return self.end.watermark if self.end is not None else -1
 
 
 class ProgressFeed:
