@@ -67,3 +67,16 @@ def test_an_unmoved_or_uncountable_ssp_adds_nothing() -> None:
     assert admin.asked == []  # unmoved, and an SSP first seen counts from where it is: nothing to ask
     assert records_between(systems, {ssp: '{"s-0": 1}'}, {ssp: '{"s-0": 2}'}) == 0
     assert len(admin.asked) == 1
+
+
+def test_control_rows_of_a_progress_polled_from_the_query_are_read_like_the_feed_s() -> None:
+    """``query.recentProgress`` (polled when a query stops) holds observed metrics as PySpark Rows, the feed's
+    JSON as dicts: both read the same."""
+    from pyspark.sql import Row
+
+    from weirflow.spark.progress import ProgressView
+
+    seen = {"kind": "seen", "ssp": "local.events.1", "producer": None, "task_count": None, "ctl_ms": 7}
+    polled = ProgressView({"batchId": 3, "observedMetrics": {"obs_0": Row(control=[Row(**seen)])}})
+    fed = ProgressView({"batchId": 3, "observedMetrics": {"obs_0": {"control": [seen]}}})
+    assert polled.observedMetrics == fed.observedMetrics == {"obs_0": {"control": [seen]}}

@@ -44,10 +44,16 @@ class ProgressView:
         self.batchId = int(data["batchId"])
         self.eventTime = data.get("eventTime") or {}
         self.stateOperators = data.get("stateOperators") or []
-        self.observedMetrics = data.get("observedMetrics") or {}
+        # the feed's JSON gives dicts; ``query.recentProgress`` (read when a query stops) gives PySpark Rows
+        self.observedMetrics = {name: _plain(row) for name, row in (data.get("observedMetrics") or {}).items()}
         self.sources = [SourceView(s) for s in data.get("sources") or []]
         self.started_ms = parse_spark_time(data.get("timestamp"))  # when the batch's trigger fired
         self.duration_ms = int((data.get("durationMs") or {}).get("triggerExecution") or 0)
+
+
+def _plain(row: Any) -> Any:
+    """An observed-metrics row as plain dicts and lists (a PySpark ``Row`` has no ``get``)."""
+    return row.asDict(recursive=True) if hasattr(row, "asDict") else row
 
 
 class SourceView:
