@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 OFFSETS_DIR = "offsets"
 COMMITS_DIR = "commits"
@@ -90,7 +90,7 @@ class SourceOffset:
         )
 
     @staticmethod
-    def is_one(data: Any) -> bool:
+    def is_one(data: Any) -> TypeGuard[dict[str, Any]]:
         """Whether a source's JSON in Spark's offset log (or its progress report) is the weirflow source's."""
         return isinstance(data, dict) and "p" in data
 
