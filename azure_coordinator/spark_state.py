@@ -34,13 +34,8 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.spark_state import (
-    MirrorReport,
-    SparkStateStore,
-    SparkStateStoreFactory,
-    committed_files,
-    last_committed_batch,
-)
+from weirflow.interfaces.spark_checkpoint import committed_files, last_committed_batch
+from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 from weirflow_azure.coordinator.storage import Storage
 
 T = TypeVar("T")

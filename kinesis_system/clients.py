@@ -68,6 +68,8 @@ MAX_RECORD_BYTES = 1024 * 1024  # data + partition key
 
 # The stream tag holding a stream's virtual task count (docs/kinesis.md).
 VIRTUAL_TASKS_TAG = "weirflow.virtual.tasks"
+# A count of records read (`KinesisSystemAdmin.records_read`) is bounded by its end offset, not by a number
+_COUNT_LIMIT = 1 << 40
 
 RECORD_FIELDS = (
     RecordField("partition_key", "string", "The record's Kinesis partition key."),
@@ -283,6 +285,16 @@ class KinesisSystemAdmin(SystemAdmin):
 
     def records_between(self, stream: str, partition: int, start: str, end: str) -> int | None:
         return 0 if start == end else None  # sequence numbers count nothing (docs/kinesis.md)
+
+    def records_read(self, stream: str, partition: int, start: str, end: str) -> int | None:
+        """Counted from the spool, which holds the records the task has just read: a walk from ``start`` to
+        ``end`` without values (no call to Kinesis while the spool still covers the range; no read-ahead
+        started, since only planners read ahead)."""
+        if start == end:
+            return 0
+        with self.clients.errors(stream):
+            walk = self.clients.reader(stream).walk(partition, start, _COUNT_LIMIT, end, values=False)
+        return len(walk.records)
 
     def plan_read(self, stream: str, partition: int, start: str, max_records: int) -> ReadPlan:
         with self.clients.errors(stream):

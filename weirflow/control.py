@@ -54,6 +54,16 @@ class MessageType(IntEnum):
     ROWS = 4
 
 
+# The name of each control message's kind in the Spark source's control rows (``__ctl.kind``,
+# `weirflow.spark.source`), and back: the source writes the names and the runner reads them.
+CONTROL_KIND_NAMES: dict[MessageType, str] = {
+    MessageType.WATERMARK: "watermark",
+    MessageType.END_OF_STREAM: "eos",
+    MessageType.DRAIN: "drain",
+}
+CONTROL_KIND_TYPES: dict[str, MessageType] = {name: kind for kind, name in CONTROL_KIND_NAMES.items()}
+
+
 @dataclass(frozen=True)
 class ControlMessage:
     """A watermark, end-of-stream or drain message from producer task ``task_name`` (one of ``task_count``)."""

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-SERVED_DIR = "served"
+from weirflow.interfaces.spark_checkpoint import COMMITS_DIR, SERVED_DIR, last_committed_batch
+
 COMPACT_EVERY = 16  # deltas between snapshots: a reader replays at most this many files after a snapshot
 _FILE = re.compile(r"^(\d+)\.(delta|snapshot)$")
 
@@ -89,15 +90,6 @@ def write_batch(location: Path, table: str, batch: int, rows: dict[str, str]) ->
     (directory / f"{batch}.delta").unlink(missing_ok=True)
 
 
-def last_committed(location: Path) -> int:
-    """Spark's last committed batch in ``location`` (-1: none)."""
-    try:
-        names = os.listdir(location / "commits")
-    except FileNotFoundError:
-        return -1
-    return max((int(n) for n in names if n.isdigit()), default=-1)
-
-
 class ServedTable(Protocol):
     """What answers lookups of one task's copy of a table: `TableReader` (files, Spark tasks) or `MemoryTable`
     (record tasks)."""
@@ -148,14 +140,15 @@ class TableReader:
             except FileNotFoundError:
                 return 0
 
-        return mtime(self.directory), mtime(self.location / "commits")
+        return mtime(self.directory), mtime(self.location / COMMITS_DIR)
 
     def refresh(self) -> None:
         signature = self._signature()
         if signature == self._seen:
             return
         with self._guard:
-            committed = last_committed(self.location)
+            committed = last_committed_batch(self.location)
+            committed = -1 if committed is None else committed
             if committed < self._applied:  # the directory was replaced (a restore, or a fresh Spark checkpoint)
                 self._rows, self._applied = {}, -1
             files = [f for f in _files(self.directory) if f[0] <= committed]

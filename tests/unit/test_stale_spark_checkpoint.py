@@ -1,5 +1,5 @@
 """A task's Spark checkpoint behind the checkpoint store is discarded (the store wins); one ahead of it is kept
-for catching up (weirflow.spark.runner.StageQuery._stale). The Spark checkpoint is written in Spark's own
+for catching up (weirflow.spark.stage_query.StageQuery._stale). The Spark checkpoint is written in Spark's own
 offset-log layout (``offsets/<batch>``: a version line, the batch metadata, one JSON line per source)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.spark.runner import StageQuery
+from weirflow.spark.stage_query import StageQuery
 
 SSP = SystemStreamPartition("local", "views-by-page", 1)
 

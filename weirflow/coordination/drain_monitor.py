@@ -4,7 +4,7 @@ The follower polls the job's metadata store for a `DrainNotification` of its run
 ``drain/`` prefix per `job.drain.poll.interval.ms`). On the first one it creates the host-local drain flag
 (`weirflow.drain_notice.drain_flag_path`) that the Spark sources of its input streams look for when they plan
 their next batch: from then on they read up to a cut and no further, and the tasks drain as they end (the
-data plane's part: `weirflow.spark.source`, `weirflow.spark.runner`). Notifications for other run ids are
+data plane's part: `weirflow.spark.source`, `weirflow.spark.task_progress`). Notifications for other run ids are
 logged once and ignored, so a drained job restarted under a new run id is not drained again by the old one.
 """
 

@@ -1,13 +1,14 @@
 """Where a task's Spark state lives when its processor is gone (``task.spark.checkpoint.store``).
 
 A stateful Spark task (windows, aggregations, joins) keeps its operator state in its Spark checkpoint
-directory on the processor's local disk (`weirflow.spark.runner`). When the task moves to another processor
+directory on the processor's local disk (`weirflow.spark.stage_query`). When the task moves to another processor
 — a rebalance, or its processor killed — a processor on another machine has no such directory, and without
 one the task would restart with empty state from the checkpoint store's offsets: windows open at the move
 would be counted only from then on. A `SparkStateStore` keeps a copy of each task's directory where every
 processor can reach it: the runner *mirrors* the directory after each committed micro-batch (before the
 checkpoint store's own write, so the copy is never behind the store's offsets) and *restores* it before the
-task's query starts, when the copy is further on than what is on local disk.
+task's query starts, when the copy is further on than what is on local disk. Which files make up a copy as of
+a committed batch, and which batch is the last committed, is `weirflow.interfaces.spark_checkpoint`.
 
 Implementations: ``local`` (the embedded default; the local disk is the only copy, since every processor of
 an embedded job shares it) and ``azure`` (Blob Storage, `weirflow_azure.coordinator.spark_state`). The
@@ -16,7 +17,6 @@ default follows ``job.coordinator.factory``.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,51 +59,3 @@ class SparkStateStore(ABC):
 class SparkStateStoreFactory(ABC):
     @abstractmethod
     def get_spark_state_store(self, config: ConfigView) -> SparkStateStore: ...
-
-
-# --- which files make up a Spark checkpoint as of a committed batch ------------------------------------
-# Which files of a Spark checkpoint directory make up its state as of a committed batch.
-#
-# Spark writes, per micro-batch ``b``: ``offsets/<b>`` when the batch is planned, the state stores' files of
-# version ``b + 1`` (``state/<operator>/<partition>/<b+1>.delta`` or ``.snapshot``, plus ``.zip`` / ``.changelog``
-# for RocksDB) while it runs, and ``commits/<b>`` once it is done. All of them are written once and never
-# changed (Spark writes a temporary file and renames it), so a copy can be kept up to date by sending new files
-# only. Files of a batch after ``b`` may already exist while batch ``b``'s copy is being made (the next batch
-# has started); they are left out, so a restored copy is exactly Spark's directory as of batch ``b``.
-
-_LOG = re.compile(r"^(offsets|commits)/(\d+)$")
-_SERVED = re.compile(r"^served/[^/]+/(\d+)\.(?:delta|snapshot)$")  # weirflow.served_tables: one file per batch
-_STATE_VERSION = re.compile(r"^state/.+/(\d+)(?:_[^/]*)?\.(?:delta|snapshot|zip|changelog)$")
-
-
-def committed_files(local: Path, batch: int) -> dict[str, int]:
-    """Relative path -> size of every file of ``local`` that belongs to its state as of committed ``batch``:
-    metadata and source files, the offset and commit logs up to ``batch``, state files up to version
-    ``batch + 1``, served-table files (`weirflow.served_tables`) up to ``batch``. Spark's hidden checksum and
-    temporary files (``.*.crc``, ``.*.tmp``) are left out."""
-    found: dict[str, int] = {}
-    for path in local.rglob("*"):
-        if not path.is_file() or path.name.startswith("."):
-            continue
-        rel = path.relative_to(local).as_posix()
-        log = _LOG.match(rel)
-        if log and int(log.group(2)) > batch:
-            continue
-        state = _STATE_VERSION.match(rel)
-        if state and int(state.group(1)) > batch + 1:
-            continue
-        served = _SERVED.match(rel)
-        if served and int(served.group(1)) > batch:
-            continue
-        try:
-            found[rel] = path.stat().st_size
-        except FileNotFoundError:  # Spark purged it meanwhile
-            continue
-    return found
-
-
-def last_committed_batch(local: Path) -> int | None:
-    """The last batch in ``local``'s commit log, or None."""
-    commits = local / "commits"
-    batches = [int(p.name) for p in commits.glob("[0-9]*") if p.name.isdigit()] if commits.exists() else []
-    return max(batches) if batches else None

@@ -233,6 +233,13 @@ class SystemAdmin(ABC):
         them without reading. The default subtracts dense offsets."""
         return max(0, int(end) - int(start))
 
+    def records_read(self, stream: str, partition: int, start: str, end: str) -> int | None:
+        """Records a task has just read from offset ``start`` up to ``end`` (one micro-batch's range: the
+        task's ``records_in``). Unlike `records_between`, which answers lag over a whole backlog and so must not
+        read, this range was read a moment ago, and a system of positions may count it from what it kept of
+        that read (the Kinesis spool does). None when it cannot count. The default is `records_between`."""
+        return self.records_between(stream, partition, start, end)
+
     def plan_read(self, stream: str, partition: int, start: str, max_records: int) -> ReadPlan:
         """Where a read of at most ``max_records`` records from ``start`` ends, given what the partition holds
         now. The Spark source plans each micro-batch with it (the range must then read back exactly the same

@@ -20,6 +20,7 @@ import queue
 from typing import Any
 
 from weirflow.control import MAX_TIMESTAMP_MS
+from weirflow.interfaces.spark_checkpoint import SourceOffset
 
 log = logging.getLogger("weirflow.spark")
 
@@ -43,22 +44,29 @@ class ProgressView:
         self.batchId = int(data["batchId"])
         self.eventTime = data.get("eventTime") or {}
         self.stateOperators = data.get("stateOperators") or []
-        self.observedMetrics = data.get("observedMetrics") or {}
+        # the feed's JSON gives dicts; ``query.recentProgress`` (read when a query stops) gives PySpark Rows
+        self.observedMetrics = {name: _plain(row) for name, row in (data.get("observedMetrics") or {}).items()}
         self.sources = [SourceView(s) for s in data.get("sources") or []]
         self.started_ms = parse_spark_time(data.get("timestamp"))  # when the batch's trigger fired
         self.duration_ms = int((data.get("durationMs") or {}).get("triggerExecution") or 0)
 
 
+def _plain(row: Any) -> Any:
+    """An observed-metrics row as plain dicts and lists (a PySpark ``Row`` has no ``get``)."""
+    return row.asDict(recursive=True) if hasattr(row, "asDict") else row
+
+
 class SourceView:
+    """One source of a report; `end` is its end offset when it is a weirflow source (`SourceOffset`)."""
+
     def __init__(self, data: dict[str, Any]) -> None:
         end = data.get("endOffset")
-        self.end: dict[str, Any] | None = json.loads(end) if isinstance(end, str) else end
-        start = data.get("startOffset")
-        self.start: dict[str, Any] | None = json.loads(start) if isinstance(start, str) else start
+        end = json.loads(end) if isinstance(end, str) else end
+        self.end: SourceOffset | None = SourceOffset.from_json(end) if SourceOffset.is_one(end) else None
 
     def watermark(self) -> int:
-        """The watermark the source injected up to this batch (``w`` of its offset; -1 when none)."""
-        return int(self.end.get("w", -1)) if isinstance(self.end, dict) else -1
+        """The watermark the source injected up to this batch (-1 when none)."""
+        return self.end.watermark if self.end is not None else -1
 
 
 class ProgressFeed:

@@ -64,8 +64,16 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from weirflow.control import MAX_TIMESTAMP_MS, ControlMessage, MalformedMessageError, MessageType, decode
+from weirflow.control import (
+    CONTROL_KIND_NAMES,
+    MAX_TIMESTAMP_MS,
+    ControlMessage,
+    MalformedMessageError,
+    MessageType,
+    decode,
+)
 from weirflow.errors import UnreadableRangeError
+from weirflow.interfaces.spark_checkpoint import PartitionOffset, SourceOffset
 from weirflow.interfaces.system import RecordColumns
 from weirflow.spark import workergc
 from weirflow.spark.packing import unpack
@@ -87,7 +95,6 @@ INTERNAL_FIELDS = [
     T.StructField("__ctl", CONTROL_TYPE, True),
 ]
 INTERNAL_COLUMNS = [f.name for f in INTERNAL_FIELDS]
-_CONTROL_KINDS = {MessageType.WATERMARK: "watermark", MessageType.END_OF_STREAM: "eos", MessageType.DRAIN: "drain"}
 _READ_CHUNK = 10_000
 
 # Clients per worker process, reused across micro-batches (Spark reuses Python workers).
@@ -183,7 +190,8 @@ class WeirflowStreamReader(DataSourceStreamReader):
 
     # --- driver side (Spark's data-source process) ------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
-        return {"s": self.spec.stream_id, "p": self.spec.start, "w": -1}
+        starts = {key: PartitionOffset.from_json(p) for key, p in self.spec.start.items()}
+        return SourceOffset(self.spec.stream_id, starts, -1).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.spec.max_records)
@@ -202,26 +210,27 @@ class WeirflowStreamReader(DataSourceStreamReader):
         value = dict(checkpoint.control).get("injected", {}).get(self.spec.stream_id)
         return int(value) if value is not None else None
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The offsets up to which the next batch reads: everything available, but at most the read limit
         per task (a stateless stage's query reads for several tasks, each with its own budget)."""
+        start = SourceOffset.from_json(start_json)
         per_task = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not self.spec.dense:
-            return self._latest_positions(start, per_task)
+            return self._latest_positions(start, per_task).to_json()
         budgets: dict[str, int] = {}
-        ends: dict[str, Any] = {}
-        open_keys = [key for key in self.spec.ssps if not start["p"][key]["e"]]
+        ends: dict[str, PartitionOffset] = {}
+        open_keys = [key for key in self.spec.ssps if not start.partitions[key].ended]
         if self._draining() and self._cut is None:  # first batch planned since the drain: no new input from here
-            self._cut = {key: int(start["p"][key]["o"]) for key in open_keys}
+            self._cut = {key: int(start.partitions[key].offset) for key in open_keys}
         cut = self._cut
         metadata = self._refresh(start, open_keys if cut is None else [], per_task)
         for key in self.spec.ssps:
-            current = start["p"][key]
-            if current["e"]:
+            current = start.partitions[key]
+            if current.ended:
                 ends[key] = current
                 continue
             partition = _partition(key)
-            position = int(current["o"])
+            position = int(current.offset)
             upto = self._known.get(key, position) if cut is None or key not in cut else cut[key]
             available = max(0, upto - position)
             take = available
@@ -232,60 +241,58 @@ class WeirflowStreamReader(DataSourceStreamReader):
             fresh = partition in metadata
             drained = cut is not None and key in cut and position + take >= cut[key]
             ended = drained or (self.spec.bounded and fresh and take == available)
-            if take == 0 and ended == current["e"]:
+            if take == 0 and ended == current.ended:
                 ends[key] = current  # unchanged: the same offset, so Spark plans no batch
                 continue
-            ends[key] = {"o": str(position + take), "e": ended}
-            if drained:
-                ends[key]["d"] = True
             newest = metadata[partition].newest_position if fresh else None
-            if newest and take == available:  # reading up to the newest record: its native position is known
-                ends[key]["x"] = dict(newest)
-        return {"s": self.spec.stream_id, "p": ends, "w": self._watermark(start, ends)}
+            # reading up to the newest record: its native position is known
+            known = dict(newest) if newest and take == available else None
+            ends[key] = PartitionOffset(str(position + take), ended, drained=drained, position=known)
+        return SourceOffset(self.spec.stream_id, ends, self._watermark(start, ends)).to_json()
 
-    def _watermark(self, start: dict[str, Any], ends: dict[str, Any]) -> int:
+    def _watermark(self, start: SourceOffset, ends: dict[str, PartitionOffset]) -> int:
         """The watermark the next batch injects: the one the task's reconciliation asked for, or +infinity when
         the batch reads a bounded input to its end (or its drain cut), so the windows flush in the next batch
         instead of two batches later."""
-        watermark = int(start.get("w", -1))
+        watermark = start.watermark
         if self.spec.inject:
             injected = self._injected()
             if injected is not None and injected > watermark:
                 watermark = injected
             finite = self.spec.bounded or self._cut is not None
-            if finite and not self.spec.intermediate and ends and all(e["e"] for e in ends.values()):
+            if finite and not self.spec.intermediate and ends and all(e.ended for e in ends.values()):
                 watermark = MAX_TIMESTAMP_MS
         return watermark
 
-    def _latest_positions(self, start: dict[str, Any], per_task: int | None) -> dict[str, Any]:
+    def _latest_positions(self, start: SourceOffset, per_task: int | None) -> SourceOffset:
         """`latestOffset` for a system of positions (`SystemAdmin.dense_offsets` False): each open SSP asks the
         admin where a read of its task's remaining budget ends (`SystemAdmin.plan_read`). A drain cut is the
         position the query has read to."""
         admin = systems_for(self.spec.snapshot).admin(self.spec.system)
         budgets: dict[str, int] = {}
-        ends: dict[str, Any] = {}
+        ends: dict[str, PartitionOffset] = {}
         if self._draining() and self._cut is None:
-            self._cut = {key: 0 for key in self.spec.ssps if not start["p"][key]["e"]}
+            self._cut = {key: 0 for key in self.spec.ssps if not start.partitions[key].ended}
         for key in self.spec.ssps:
-            current = start["p"][key]
-            if current["e"]:
+            current = start.partitions[key]
+            if current.ended:
                 ends[key] = current
                 continue
             if self._cut is not None and key in self._cut:  # drained: no new input, the partition ends here
-                ends[key] = {"o": current["o"], "e": True, "d": True}
+                ends[key] = PartitionOffset(current.offset, ended=True, drained=True)
                 continue
             owner = self.spec.tasks.get(key, "")
             budget = budgets.setdefault(owner, per_task if per_task is not None else 1 << 62)
-            plan = admin.plan_read(self.spec.physical, _partition(key), current["o"], budget) if budget else None
-            if plan is None or plan.end == current["o"]:
+            plan = admin.plan_read(self.spec.physical, _partition(key), current.offset, budget) if budget else None
+            if plan is None or plan.end == current.offset:
                 ended = self.spec.bounded and plan is not None and plan.at_end
-                ends[key] = current if ended == current["e"] else {"o": current["o"], "e": ended}
+                ends[key] = current if ended == current.ended else PartitionOffset(current.offset, ended)
                 continue
             budgets[owner] -= plan.records
-            ends[key] = {"o": plan.end, "e": self.spec.bounded and plan.at_end}
-        return {"s": self.spec.stream_id, "p": ends, "w": self._watermark(start, ends)}
+            ends[key] = PartitionOffset(plan.end, self.spec.bounded and plan.at_end)
+        return SourceOffset(self.spec.stream_id, ends, self._watermark(start, ends))
 
-    def _refresh(self, start: dict[str, Any], open_keys: list[str], per_task: int | None) -> dict[int, Any]:
+    def _refresh(self, start: SourceOffset, open_keys: list[str], per_task: int | None) -> dict[int, Any]:
         """Ask the system for the ends of those of ``open_keys`` whose tasks' budget the last known ends may not
         fill; returns its metadata by partition. A task known to have more waiting than it may read now needs
         no round trip (one Event Hubs management call costs ~0.35 s). A partition read from a known end is never
@@ -293,7 +300,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         known_backlog: dict[str, int] = {}
         for key in open_keys:
             owner = self.spec.tasks.get(key, "")
-            backlog = self._known.get(key, -1) - int(start["p"][key]["o"])
+            backlog = self._known.get(key, -1) - int(start.partitions[key].offset)
             known_backlog[owner] = known_backlog.get(owner, 0) + backlog if backlog >= 0 else -(1 << 62)
         stale = [
             key for key in open_keys if per_task is None or known_backlog[self.spec.tasks.get(key, "")] < per_task
@@ -306,21 +313,22 @@ class WeirflowStreamReader(DataSourceStreamReader):
             self._known[key] = int(metadata[_partition(key)].upcoming)
         return dict(metadata)
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+    def partitions(self, start_json: dict[str, Any], end_json: dict[str, Any]) -> list[InputPartition]:
+        start, end = SourceOffset.from_json(start_json), SourceOffset.from_json(end_json)
         ranges = []
         for key in self.spec.ssps:
-            a, b = start["p"][key], end["p"][key]
-            marker = ("drain" if b.get("d") else "eos") if b["e"] and not a["e"] else ""
-            moved = int(b["o"]) > int(a["o"]) if self.spec.dense else b["o"] != a["o"]
+            a, b = start.partitions[key], end.partitions[key]
+            marker = ("drain" if b.drained else "eos") if b.ended and not a.ended else ""
+            moved = int(b.offset) > int(a.offset) if self.spec.dense else b.offset != a.offset
             if moved or marker:
-                ranges.append(("ssp", key, a["o"], b["o"], marker))
+                ranges.append(("ssp", key, a.offset, b.offset, marker))
         groups = self.spec.read_groups
         if groups and len(ranges) > groups:  # see `SystemConsumer.warm`
             parts = [InputPartition(("group", tuple(ranges[i::groups]))) for i in range(groups)]
         else:
             parts = [InputPartition(r) for r in ranges]
-        if int(end.get("w", -1)) > int(start.get("w", -1)):
-            parts.append(InputPartition(("inject", int(end["w"]))))
+        if end.watermark > start.watermark:
+            parts.append(InputPartition(("inject", end.watermark)))
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -474,7 +482,7 @@ class _BatchReader:
                     (
                         0,
                         self._ctl(
-                            _CONTROL_KINDS[message.type],
+                            CONTROL_KIND_NAMES[message.type],
                             key,
                             message.task_name,
                             message.task_count,

@@ -250,6 +250,20 @@ class SystemContract(Contract):
         assert position == end
         assert values == [f"v{i}".encode() for i in range(10)]
 
+    def test_records_read_counts_the_records_of_a_range_just_read(self, system) -> None:
+        """A task's ``records_in`` after each micro-batch (`SystemAdmin.records_read`): every system counts
+        the records of a range it has just read, positions included."""
+        system.declare("counted", 2)
+        system.producer.send([OutgoingRecord("counted", f"v{i}".encode(), partition=1) for i in range(10)])
+        ssp = SystemStreamPartition(system.name, "counted", 1)
+        start = system.admin.partition_metadata("counted")[1].oldest
+        first = system.consumer.read(ssp, start, 4)
+        rest = system.consumer.read(ssp, first[-1].next_offset, 100)
+        assert system.admin.records_read("counted", 1, start, first[-1].next_offset) == 4
+        assert system.admin.records_read("counted", 1, first[-1].next_offset, rest[-1].next_offset) == 6
+        assert system.admin.records_read("counted", 1, start, rest[-1].next_offset) == 10
+        assert system.admin.records_read("counted", 1, start, start) == 0
+
     def test_read_columns_of_an_empty_range_are_empty(self, system) -> None:
         system.declare("columns", 2)
         system.producer.send([OutgoingRecord("columns", f"v{i}".encode(), partition=1) for i in range(3)])

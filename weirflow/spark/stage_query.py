@@ -1,0 +1,233 @@
+"""`StageQuery`: one Spark streaming query of a stage, its start and its stop.
+
+A task of a *stateful* stage runs as a query of its own with its own Spark checkpoint directory, which may be
+restored from the Spark state store, discarded when it is behind the checkpoint store, or caught up with when
+it is ahead (`StageQuery._stale`, `TaskProgress._catch_up`). The tasks a processor holds of a *stateless* stage
+run as one query (``merged``) that always starts from the checkpoint store with a fresh Spark checkpoint,
+removed when it stops. What the query does with each finished batch is `weirflow.spark.task_progress`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weirflow.interfaces.spark_checkpoint import PartitionOffset, has_offsets, last_committed
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.spark import fence
+from weirflow.spark.progress import ProgressView
+from weirflow.spark.query import QueryScope
+from weirflow.spark.task_progress import TaskProgress, TaskState
+from weirflow.start_position import start_offset
+
+if TYPE_CHECKING:
+    from weirflow.pipeline.plan import Stage
+    from weirflow.spark.runner import SparkTaskRunner
+
+log = logging.getLogger("weirflow.spark")
+
+_ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond its termination event
+_STATELESS_DIR = "_stateless"
+_COUNTS_DIR = "_written"  # per query: records written per output and batch, from the sink (records out)
+
+
+class StageQuery(TaskProgress):
+    """One Spark streaming query and the tasks it runs: a stateful stage's task alone (``merged`` False), or
+    every task of a stateless stage this processor holds."""
+
+    def __init__(self, runner: SparkTaskRunner, stage: Stage, tasks: list[TaskState], merged: bool) -> None:
+        self.runner = runner
+        self.stage = stage
+        self.tasks = tasks
+        self.merged = merged
+        self.by_ssp = {key: t for t in tasks for key in t.keys}
+        self.guard = threading.RLock()
+        self.query: Any = None
+        self.id = ""
+        self.inputs: list[str] = []
+        self.last_batch = -1
+        self.stopped = False
+        self.terminated: str | None = None  # set when Spark reports the query ended ("" without an error)
+        self.location: Path | None = None
+        self.counts_dir: Path | None = None
+        self.records_out: dict[str, int] = {}  # output stream -> records written by this query
+        self._alive_checked = time.monotonic()
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage.name}[{len(self.tasks)} tasks]" if self.merged else self.tasks[0].name
+
+    # --- start ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        runner = self.runner
+        starts = {
+            ssp.key(): PartitionOffset(self._start_offset(t, ssp), self._ended(t, ssp))
+            for t in self.tasks
+            for ssp in t.task.ssps
+        }
+        scope = QueryScope(
+            ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
+            task_of={key: t.name for key, t in self.by_ssp.items()},
+            inject="" if self.merged else self.tasks[0].name,
+        )
+        for t in self.tasks:
+            t.read_to = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
+        self.inputs, frames = runner.builder.build(self.stage, scope, {k: p.to_json() for k, p in starts.items()})
+        sink, sinks = runner.builder.sink_frame(self.stage, frames)
+        if self.merged:
+            location = runner.checkpoint_root / _STATELESS_DIR / f"{self.stage.name}-{uuid.uuid4().hex[:12]}"
+            fresh = True
+        else:
+            location = runner.spark_checkpoint_dir(self.tasks[0].name)
+            if runner.state_store is not None:  # another machine ran it further: its copy of the state
+                runner.state_store.restore(self.tasks[0].name, location)
+            fresh = not has_offsets(location) or self._stale(self.tasks[0], location)
+            if fresh and location.exists():
+                shutil.rmtree(location)
+            if not fresh:
+                self._catch_up(self.tasks[0], location)
+                if self.tasks[0].done:
+                    return
+        self.location = location
+        self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
+        self.query = (
+            sink.writeStream.format("weirflow-sink")
+            .option("config", runner.builder.snapshot)
+            .option("sinks", json.dumps(sinks))
+            .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
+            .option("served_dir", str(location) if self.stage.serves else "")
+            .option("counts_dir", str(self.counts_dir))
+            .option("checkpointLocation", str(location))
+            .outputMode(runner.output_mode)
+            .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
+            .queryName(f"{runner.job}-{self.name}")
+            .start()
+        )
+        self.id = str(self.query.id)
+        log.info(
+            "%s: query %s started (%s Spark checkpoint) at %s",
+            ", ".join(t.name for t in self.tasks) if self.merged else self.name,
+            self.id,
+            "new" if fresh else "existing",
+            {k: p.offset for k, p in starts.items()},
+        )
+
+    def _stale(self, t: TaskState, location: Path) -> bool:
+        """Whether the task's Spark checkpoint is *behind* the checkpoint store (another processor ran the task
+        further meanwhile, from a Spark checkpoint of its own): the store wins, since resuming from Spark's
+        position would read again what was already processed and then move the store's offsets backwards.
+        Spark's checkpoint *ahead* of the store is normal (a processor killed between Spark's commit and its
+        own checkpoint) and is caught up with instead (`_catch_up`).
+
+        A Spark checkpoint with no committed batch (its query stopped or died during its first batch) is
+        discarded too: it holds no operator state (state is committed with a batch) and Spark refuses to run
+        batch 0 again over its leftovers (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, Spark 4.x), which
+        failed the task on every retry."""
+        committed = last_committed(location)
+        if committed is None:
+            log.info("task %s: Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
+            return True
+        spark_at: dict[str, str] = {}
+        for source in committed.sources:
+            for key, end in source.partitions.items():
+                spark_at[key] = end.offset
+        behind = [
+            ssp.key() for ssp, offset in t.offsets.items() if self._ahead(ssp, offset, spark_at.get(ssp.key()))
+        ]
+        if behind:
+            log.warning(
+                "task %s: its Spark checkpoint %s is behind the checkpoint store for %s (store %s, Spark %s); "
+                "discarding it and starting from the store's offsets (operator state in it is lost)",
+                t.name,
+                location,
+                ", ".join(behind[:4]),
+                {k: str(t.offsets[SystemStreamPartition.parse(k)]) for k in behind[:4]},
+                {k: spark_at.get(k) for k in behind[:4]},
+            )
+        return bool(behind)
+
+    def _ahead(self, ssp: SystemStreamPartition, offset: str, spark: str | None) -> bool:
+        """Whether the checkpoint store's ``offset`` is past Spark's (or Spark has none); offsets are compared by
+        their system (`SystemAdmin.compare_offsets`), and incomparable ones count as ahead (the store wins)."""
+        if spark is None:
+            return True
+        order = self.runner.plan.systems.admin(ssp.system).compare_offsets(offset, spark)
+        return order is None or order > 0
+
+    def _start_offset(self, t: TaskState, ssp: SystemStreamPartition) -> str:
+        if ssp in t.offsets:
+            return t.offsets[ssp]
+        stream_id = self.runner.stream_id_of(ssp)
+        admin = self.runner.plan.systems.admin(ssp.system)
+        if self.runner.plan.is_intermediate(stream_id):
+            return admin.partition_metadata_of(ssp.stream, [ssp.partition])[ssp.partition].oldest
+        return start_offset(self.runner.plan.config, stream_id, admin, ssp)
+
+    def _ended(self, t: TaskState, ssp: SystemStreamPartition) -> bool:
+        stream_id = self.runner.stream_id_of(ssp)
+        part = t.control.streams.get(stream_id, None)
+        return bool(part and part.ended([ssp.key()])) and not self.runner.plan.is_intermediate(stream_id)
+
+    # --- progress ---------------------------------------------------------------------------------------
+    def on_progress(self, report: ProgressView) -> None:
+        with self.guard:
+            if self.stopped or report.batchId <= self.last_batch:
+                return
+            self.last_batch = report.batchId
+            self._apply(report)
+
+    def poll_progress(self) -> None:
+        """Apply every batch Spark completed that no progress event brought yet (``recentProgress`` keeps
+        the last 100), in order; used when the query stops, whose last event may still be on its way."""
+        if self.query is None:
+            return
+        with self.guard:
+            try:
+                reports = [ProgressView(p) for p in self.query.recentProgress]
+            except Exception as exc:
+                log.warning("%s: could not read its last progress: %s", self.name, exc)
+                return
+            for report in sorted(reports, key=lambda r: r.batchId):
+                self.on_progress(report)
+
+    # --- stop -------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the query, then checkpoint its tasks' last completed batches (their events may not have
+        arrived yet). A stateless stage's Spark checkpoint is removed: it is never used again."""
+        if self.query is not None:
+            try:
+                self.query.stop()
+            except Exception as exc:
+                log.warning("%s: stopping its query raised %s", self.name, exc)
+            self.poll_progress()
+        with self.guard:
+            self.stopped = True
+        if self.merged and self.location is not None:
+            shutil.rmtree(self.location, ignore_errors=True)
+        if self.counts_dir is not None:
+            shutil.rmtree(self.counts_dir, ignore_errors=True)
+
+    def failure(self) -> str | None:
+        """Why the query died, or None while it runs (or after it was stopped on purpose)."""
+        if self.query is None or self.stopped:
+            return None
+        if self.terminated is None and time.monotonic() - self._alive_checked >= _ALIVE_CHECK_S:
+            self._alive_checked = time.monotonic()
+            if not self.query.isActive:
+                exc = self.query.exception()
+                self.terminated = str(exc) if exc else ""
+        if self.terminated is None:
+            return None
+        if not self.terminated:  # the termination event carried no error: ask the query itself once
+            try:
+                exc = self.query.exception()
+            except Exception:  # a Py4J failure here must not hide the termination
+                exc = None
+            self.terminated = str(exc) if exc else "stopped without an error from Spark"
+        return f"query stopped: {self.terminated}"

@@ -1,0 +1,434 @@
+"""What a task's query does with each micro-batch Spark finished: the task's side of the progress protocol.
+
+The source's driver-side methods run in another process and Spark never calls ``commit(end)`` for a query's
+last batch, so the processor writes each task's checkpoint itself, from the end offsets of every batch Spark
+reports as done (`weirflow.spark.progress`), in this process, where the task's lock is held: every write goes
+through the fence. On each report, per task of the query (`TaskProgress._apply`):
+
+1. the batch's control rows (collected by ``observe``) update the task's `TaskControl`; the reconciled
+   watermark of each intermediate input, when it advanced, is stored as ``injected`` so the source feeds it
+   into Spark on its next batch;
+2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (at once for
+   a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops; when an
+   input ended by a **drain** (docs/drain.md) the task sends drain instead and checkpoints ``drained`` with
+   the deployment's run id;
+3. the task's Spark state is mirrored (`weirflow.interfaces.spark_state`), then the checkpoint (end offsets +
+   control state) is written through the fence;
+4. a watermark message goes to every partition of each intermediate output when the task's watermark moved.
+
+A task whose Spark checkpoint is ahead of the checkpoint store (its processor was killed between Spark's
+commit and its own) is caught up with before its query restarts (`TaskProgress._catch_up`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from weirflow import clock
+from weirflow.control import (
+    CONTROL_KIND_TYPES,
+    FLUSHED_WATERMARK_MS,
+    MAX_TIMESTAMP_MS,
+    ControlMessage,
+    MalformedMessageError,
+    MessageType,
+    TaskControl,
+    decode,
+    is_control,
+)
+from weirflow.errors import FencedOffError, LockLostError
+from weirflow.fencing import FencedCheckpointWriter
+from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.coordination import Lock
+from weirflow.interfaces.spark_checkpoint import has_state, last_committed
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job_model import TaskModel
+from weirflow.spark.progress import ProgressView, parse_spark_time
+from weirflow.spark.query import observation_name
+from weirflow.systems import Systems
+
+if TYPE_CHECKING:
+    from weirflow.pipeline.plan import Stage
+    from weirflow.spark.runner import SparkTaskRunner
+
+log = logging.getLogger("weirflow.spark")
+
+# Per SSP of one task after a batch: its next offset, and the system's native position of its last record.
+Offsets = dict[SystemStreamPartition, str]
+Positions = dict[SystemStreamPartition, dict[str, str]]
+
+
+@dataclass
+class TaskStats:
+    """What a task did here, for ``GET /metrics`` and the status page (docs/endpoints.md)."""
+
+    batches: int = 0
+    records_in: int = 0  # records read from its input partitions (a packed intermediate record counts once)
+    last_batch_ms: int = 0  # duration of its query's last micro-batch
+    last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "batches": self.batches,
+            "records_in": self.records_in,
+            "last_batch_ms": self.last_batch_ms,
+            "last_checkpoint_ms": self.last_checkpoint_ms,
+        }
+
+
+def records_between(systems: Systems, before: Offsets, after: Offsets) -> int:
+    """Records read between two checkpoints' offsets, counted by each SSP's system
+    (`SystemAdmin.records_read`: offsets are compared and counted only through the admin); an SSP its system
+    cannot count adds nothing."""
+    total = 0
+    for ssp, end in after.items():
+        start = before.get(ssp, end)
+        if start == end:
+            continue
+        try:
+            counted = systems.admin(ssp.system).records_read(ssp.stream, ssp.partition, start, end)
+        except ValueError:
+            continue
+        total += counted or 0
+    return total
+
+
+class TaskState:
+    """One task this processor runs: its lock and fence, control state, last offsets and progress."""
+
+    def __init__(
+        self, runner: SparkTaskRunner, task: TaskModel, lock: Lock, checkpoint: Checkpoint | None
+    ) -> None:
+        self.task = task
+        self.lock = lock
+        self.stage = runner.plan.stage(task.stage)
+        self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
+        self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        self.offsets: dict[SystemStreamPartition, str] = dict(checkpoint.offsets) if checkpoint else {}
+        self.keys = {ssp.key() for ssp in task.ssps}
+        self.seen: dict[str, int] = {}  # SSP key -> latest event time read (ms): stateless output watermark
+        self.done = False  # finished: its inputs ended and end-of-stream went downstream
+        self.error: str | None = None
+        self.stats = TaskStats()
+        self.read_to: dict[SystemStreamPartition, str] = {}  # where its query's last batch ended (records in)
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+class TaskProgress:
+    """The per-batch work of one Spark query for the tasks it runs (see the module docstring). `StageQuery`
+    is the one such query: it supplies the attributes declared here, and adds starting and stopping."""
+
+    runner: SparkTaskRunner
+    stage: Stage
+    tasks: list[TaskState]
+    merged: bool
+    by_ssp: dict[str, TaskState]
+    inputs: list[str]
+    location: Path | None
+    counts_dir: Path | None
+    records_out: dict[str, int]
+
+    def _apply(self, report: ProgressView) -> None:
+        """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
+        self._count_written(report.batchId)
+        offsets, positions = self._batch_ends(report)
+        dead = self._apply_control_rows(report)
+        spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
+        injected_all = all(s.watermark() >= MAX_TIMESTAMP_MS for s in report.sources)
+        for t in self.tasks:
+            if t.done or t.error:
+                continue
+            if dead.get(t.name):
+                t.control.dead_letters += dead[t.name]
+                log.warning("task %s: %d undecodable records sent to its dead-letter stream", t.name, dead[t.name])
+            self._reconcile(t)
+            if self.merged:
+                finishing = self._all_inputs_ended(t)
+                out = self._stateless_watermark(t)
+            else:
+                finishing = (
+                    self._all_inputs_ended(t)
+                    and injected_all
+                    and (not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS)
+                )
+                out = self._output_watermark(t, report, spark_watermark)
+            if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
+                continue
+            t.stats.batches += 1
+            t.stats.records_in += records_between(self.runner.plan.systems, t.read_to, offsets[t.name])
+            t.read_to.update(offsets[t.name])
+            t.stats.last_batch_ms = report.duration_ms
+            t.stats.last_checkpoint_ms = clock.now_ms()
+            if finishing:
+                t.done = True
+                if t.control.drained:
+                    log.info("task %s drained: inputs cut or drained, windows flushed, drain sent", t.name)
+                else:
+                    log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
+                self.runner.wake()
+
+    def _count_written(self, batch: int) -> None:
+        """Add the sink's counts of ``batch`` (written by its ``commit``) to ``records_out``."""
+        if self.counts_dir is None:
+            return
+        path = self.counts_dir / f"{batch}.json"
+        try:
+            counts = json.loads(path.read_text())
+            path.unlink()
+        except (FileNotFoundError, ValueError):
+            return
+        for stream, n in counts.items():
+            self.records_out[stream] = self.records_out.get(stream, 0) + int(n)
+
+    def _batch_ends(self, report: ProgressView) -> tuple[dict[str, Offsets], dict[str, Positions]]:
+        """Per task, the next offset of each of its SSPs after the batch, and the systems' native positions."""
+        offsets: dict[str, Offsets] = {t.name: {} for t in self.tasks}
+        positions: dict[str, Positions] = {t.name: {} for t in self.tasks}
+        for source in report.sources:
+            if source.end is None:
+                continue
+            for key, position in source.end.partitions.items():
+                owner = self.by_ssp.get(key)
+                if owner is None:
+                    continue
+                ssp = SystemStreamPartition.parse(key)
+                offsets[owner.name][ssp] = position.offset
+                if position.position:
+                    positions[owner.name][ssp] = position.position
+        return offsets, positions
+
+    def _apply_control_rows(self, report: ProgressView) -> dict[str, int]:
+        """The batch's observed control rows applied to their tasks; returns dead letters per task."""
+        dead: dict[str, int] = {}
+        for index, stream_id in enumerate(self.inputs):
+            row = report.observedMetrics.get(observation_name(index))
+            for ctl in (row or {}).get("control") or []:
+                owner = self.by_ssp.get(str(ctl["ssp"]))
+                if owner is None:  # inject rows name no partition
+                    continue
+                if ctl["kind"] == "dlq":
+                    dead[owner.name] = dead.get(owner.name, 0) + int(ctl["task_count"] or 0)
+                elif ctl["kind"] == "seen":
+                    owner.seen[ctl["ssp"]] = max(owner.seen.get(ctl["ssp"], 0), int(ctl["ctl_ms"]))
+                elif ctl["kind"] in CONTROL_KIND_TYPES:
+                    message = ControlMessage(
+                        type=CONTROL_KIND_TYPES[ctl["kind"]],
+                        task_name=str(ctl["producer"]),
+                        task_count=int(ctl["task_count"] or 1),
+                        timestamp=int(ctl["ctl_ms"] or 0),
+                    )
+                    owner.control.stream(stream_id).apply(str(ctl["ssp"]), message)
+        return dead
+
+    def _checkpoint(
+        self,
+        t: TaskState,
+        report: ProgressView,
+        finishing: bool,
+        out: int | None,
+        offsets: Offsets,
+        positions: Positions,
+    ) -> bool:
+        """Send the task's control messages, then write its checkpoint; False (task failed) when that fails."""
+        valid = self.runner.lease_valid
+        if valid is not None and not valid(t.name):  # paused past the lease: nothing more for this task
+            t.error = "its lock was not confirmed in time (the processor was paused or cut off)"
+            log.error("task %s: %s; writing nothing more", t.name, t.error)
+            self.runner.wake()
+            return False
+        try:
+            if finishing:
+                self._finish(t)
+            elif out is not None and out > t.control.sent_watermark:
+                self._send_control(t, MessageType.WATERMARK, out)
+                t.control.sent_watermark = out
+            self._mirror_state(t, report.batchId)
+            t.offsets.update(offsets)
+            t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
+            # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
+            log.info(
+                "wrote task=%s batch=%d epoch=%d processor=%s start_ms=%d end_ms=%d",
+                t.name,
+                report.batchId,
+                t.writer.epoch,
+                t.lock.owner,
+                report.started_ms or 0,
+                clock.now_ms(),
+            )
+            return True
+        except (LockLostError, FencedOffError) as exc:
+            t.error = str(exc)
+            log.error("task %s: %s", t.name, exc)
+        except Exception as exc:
+            t.error = f"{type(exc).__name__}: {exc}"
+            log.exception("task %s: could not checkpoint batch %s", t.name, report.batchId)
+        self.runner.wake()
+        return False
+
+    def _mirror_state(self, t: TaskState, batch: int) -> None:
+        """Copy the task's Spark checkpoint directory as of ``batch`` to the state store, before the store's
+        checkpoint names the batch's offsets: a copy at least as far on as the store, so that the next holder
+        restores state matching the offsets it resumes from (a copy ahead of them is caught up with)."""
+        store = self.runner.state_store
+        if store is None or self.merged or self.location is None:
+            return
+        if not self.stage.serves and not has_state(self.location):
+            return  # no operator state: the checkpoint store's offsets are all the task needs elsewhere
+        report = store.mirror(t.name, self.location, batch, t.writer.epoch)
+        if report.uploaded or report.deleted:
+            log.debug(
+                "task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
+                t.name,
+                batch,
+                report.uploaded,
+                report.uploaded_bytes,
+                report.deleted,
+                report.seconds,
+            )
+
+    def _ssps_of(self, t: TaskState, stream_id: str) -> list[str]:
+        ref = self.runner.plan.ref(stream_id)
+        return [s.key() for s in t.task.ssps if (s.system, s.stream) == (ref.system, ref.physical)]
+
+    def _all_inputs_ended(self, t: TaskState) -> bool:
+        return all(t.control.injected.get(s, -1) >= MAX_TIMESTAMP_MS for s in self.inputs if self._ssps_of(t, s))
+
+    def _reconcile(self, t: TaskState) -> None:
+        all_ended = True
+        for stream_id in self.inputs:
+            keys = self._ssps_of(t, stream_id)
+            state = t.control.stream(stream_id)
+            if not keys:
+                continue
+            if not state.ended(keys):
+                all_ended = False
+            if self.runner.plan.is_intermediate(stream_id):
+                watermark = state.watermark(keys)
+                if watermark is not None and watermark > t.control.injected.get(stream_id, -1):
+                    t.control.injected[stream_id] = watermark
+        if all_ended:
+            for stream_id in self.inputs:
+                t.control.injected[stream_id] = MAX_TIMESTAMP_MS
+
+    def _output_watermark(self, t: TaskState, report: ProgressView, spark_watermark: int) -> int | None:
+        """A task query's event-time watermark after this batch: Spark's watermark of the next batch, which
+        is known now for a one-input stage (max event time seen minus the lateness)."""
+        out = spark_watermark or None
+        if len(self.inputs) == 1:
+            seen = parse_spark_time(report.eventTime.get("max"))
+            if seen is not None:
+                delay = self.runner.builder.settings(self.inputs[0]).delay_ms
+                out = max(out or 0, seen - delay)
+        return out
+
+    def _stateless_watermark(self, t: TaskState) -> int | None:
+        """A task's watermark in a stateless stage's query (Spark's watermark there spans every task): per
+        input, the latest event time the task read minus the lateness, or the reconciled watermark of an
+        intermediate input; the minimum over its inputs (Spark's own rule); None until every input has one."""
+        values = []
+        for stream_id in self.inputs:
+            keys = self._ssps_of(t, stream_id)
+            if not keys:
+                continue
+            if self.runner.plan.is_intermediate(stream_id):
+                value = t.control.injected.get(stream_id)
+            else:
+                seen = [t.seen[k] for k in keys if k in t.seen]
+                value = max(seen) - self.runner.builder.settings(stream_id).delay_ms if seen else None
+            if value is None:
+                return None
+            values.append(value)
+        return min(values) if values else None
+
+    def _finish(self, t: TaskState) -> None:
+        """Send the task's last control message downstream and mark its control state (checkpointed next):
+        drain and ``drained`` when one of its inputs ended by a drain, else end-of-stream and ``finished``."""
+        if t.control.draining():
+            self._send_control(t, MessageType.DRAIN, MAX_TIMESTAMP_MS)
+            t.control.drained = self.runner.run_id
+        else:
+            self._send_control(t, MessageType.END_OF_STREAM, MAX_TIMESTAMP_MS)
+            t.control.finished = True
+
+    def _send_control(self, t: TaskState, kind: MessageType, timestamp: int) -> None:
+        plan = self.runner.plan
+        message = ControlMessage(
+            type=kind,
+            task_name=t.name,
+            task_count=plan.task_count(self.stage),
+            timestamp=timestamp,
+            run_id=self.runner.run_id,
+        ).encode()
+        by_system: dict[str, list[OutgoingRecord]] = {}
+        for sink in self.stage.sinks:
+            if not sink.intermediate:
+                continue
+            ref = plan.ref(sink.stream_id)
+            for partition in range(plan.partition_count(sink.stream_id)):
+                by_system.setdefault(ref.system, []).append(
+                    OutgoingRecord(stream=ref.physical, value=message, partition=partition)
+                )
+        for system, records in by_system.items():
+            plan.systems.producer(system).send(records)
+
+    def _catch_up(self, t: TaskState, location: Path) -> None:
+        """Bring a task query's control state up to Spark's last committed batch before it restarts.
+
+        Spark commits a batch before the processor hears of it, so a processor killed in between leaves
+        Spark's checkpoint ahead of the checkpoint store; the control rows of those batches would be lost
+        (Spark will not read them again). They are re-read here from the streams themselves.
+        """
+        committed = last_committed(location)
+        if committed is None:
+            return
+        plan = self.runner.plan
+        offsets = t.offsets
+        for source in committed.sources:
+            stream_id = source.stream_id
+            if stream_id not in self.inputs:
+                continue
+            state = t.control.stream(stream_id)
+            for key, end in source.partitions.items():
+                ssp = SystemStreamPartition.parse(key)
+                start = offsets.get(ssp)
+                if (
+                    plan.is_intermediate(stream_id)
+                    and start is not None
+                    and (plan.systems.admin(ssp.system).compare_offsets(start, end.offset) or 0) < 0
+                ):
+                    consumer = plan.systems.consumer(ssp.system)
+                    position = start
+                    while records := consumer.read(ssp, position, 5000, end.offset):
+                        for record in records:
+                            if is_control(record.value):
+                                try:
+                                    _, body = decode(record.value)
+                                except MalformedMessageError:
+                                    continue
+                                assert isinstance(body, ControlMessage)
+                                state.apply(key, body)
+                        position = records[-1].next_offset
+                elif end.ended:
+                    kind = MessageType.DRAIN if end.drained else MessageType.END_OF_STREAM
+                    state.apply(key, ControlMessage(kind, f"{stream_id}:{key}", 1, 0))
+                offsets[ssp] = end.offset
+        self._reconcile(t)
+        flushed = not has_state(location) or committed.watermark_ms >= FLUSHED_WATERMARK_MS
+        injected = all(s.watermark >= MAX_TIMESTAMP_MS for s in committed.sources)
+        if self._all_inputs_ended(t) and injected and flushed:
+            self._finish(t)
+            t.done = True
+        t.writer.write(Checkpoint(offsets=dict(offsets), control=t.control.to_json()))
+        log.info(
+            "task %s: control state caught up with Spark's batch %s%s",
+            t.name,
+            committed.batch,
+            " (already finished)" if t.done else "",
+        )
