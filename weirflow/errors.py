@@ -22,6 +22,7 @@ before it was a `WeirflowError` and callers may still catch it so)::
     ├── DecodeError (ValueError)
     ├── UnreadableRangeError (RuntimeError)
     ├── StateError (RuntimeError)
+    ├── StartupError (RuntimeError)
     ├── EtagMismatchError
     ├── LockLostError
     │   └── FencedOffError
@@ -140,6 +141,11 @@ class UnreadableRangeError(WeirflowError, RuntimeError):
 class StateError(WeirflowError, RuntimeError):
     """A processor state change the protocol does not allow (docs/coordination.md). A `RuntimeError` too,
     which it was before it was a `WeirflowError`."""
+
+
+class StartupError(WeirflowError, RuntimeError):
+    """A part of a processor could not start (its Spark data plane, its endpoint server): the message says
+    which and why. A `RuntimeError` too, which it was before it was a `WeirflowError`."""
 
 
 class EtagMismatchError(WeirflowError):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from weirflow.config.loader import Config
 from weirflow.factories import (
     checkpoint_factory,
     coordinator_factory,
@@ -21,7 +21,7 @@ from weirflow.systems import Systems
 
 @dataclass
 class JobContext:
-    config: Any
+    config: Config
     owner: str
     coordination: CoordinationUtils
     metadata: MetadataStore
@@ -31,7 +31,7 @@ class JobContext:
 
     @classmethod
     def open(
-        cls, config: Any, owner: str, instance: str = "", timings: CoordinationTimings | None = None
+        cls, config: Config, owner: str, instance: str = "", timings: CoordinationTimings | None = None
     ) -> JobContext:
         """Resolve every factory first (a wrong value fails here, before anything is created), then open.
         ``timings`` (the processor's, read once from ``config``) go to the coordinator factory."""

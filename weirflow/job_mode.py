@@ -9,7 +9,8 @@ key itself, so the rule lives here only.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+
+from weirflow.interfaces.config import ConfigView
 
 
 class JobMode(Enum):
@@ -17,6 +18,6 @@ class JobMode(Enum):
     RECORD = "record"  # no pipeline: record tasks run the job's `task.function`
 
     @classmethod
-    def of(cls, config: Any) -> JobMode:
+    def of(cls, config: ConfigView) -> JobMode:
         """The mode of the job ``config`` describes: a pipeline when it names one in ``app.pipeline``."""
         return cls.PIPELINE if config.get("app.pipeline") else cls.RECORD

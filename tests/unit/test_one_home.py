@@ -393,9 +393,6 @@ INTERNAL_RAISES = {
     ("ValueError", "undecodable AMQP section at byte "),  # the emulator's decoder, caught by its server
     ("ValueError", "hub '"),  # the emulator's store, refused to its admin client
     ("TimeoutError", "timed out after "),  # `wait_until`, the helper of tests and contracts
-    # not yet converted: the Spark data plane and the endpoint server are being reorganised
-    ("RuntimeError", "the Spark data plane could not be prepared: "),
-    ("RuntimeError", "the endpoint server did not start on "),
 }
 
 

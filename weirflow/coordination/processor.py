@@ -37,9 +37,9 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
 from weirflow import clock
+from weirflow.config.loader import Config
 from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.identity import Announcement, default_processor_id, ensure_sole_instance
@@ -77,7 +77,7 @@ class StreamProcessor:
 
     def __init__(
         self,
-        config: Any,
+        config: Config,
         *,
         processor_id: str | None = None,
         runner_factory: Callable[[JobContext], TaskRunner] | None = None,

@@ -33,6 +33,7 @@ from weirflow.endpoints.conversations import Conversations, add_conversation_rou
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
 from weirflow.endpoints.taps import TapService, add_tap_routes
+from weirflow.errors import StartupError
 
 log = logging.getLogger("weirflow.endpoints")
 
@@ -141,7 +142,7 @@ class EndpointServer:
         pause = threading.Event()  # not time.sleep: under libfaketime (clock-skew tests) it fails with EINVAL
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the endpoint server did not start on {self.settings.host}:{port}")
+                raise StartupError(f"the endpoint server did not start on {self.settings.host}:{port}")
             pause.wait(0.02)
         self.url = self.settings.advertised_url or f"http://{self.settings.host}:{port}"
         log.info("endpoints at %s", self.url)

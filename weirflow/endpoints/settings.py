@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Any
+
+from weirflow.interfaces.config import ConfigView
 
 
 def _loopback(host: str) -> bool:
@@ -33,7 +34,7 @@ class EndpointSettings:
     rpc_timeout_ms: int = 10_000
 
     @classmethod
-    def from_config(cls, config: Any) -> EndpointSettings:
+    def from_config(cls, config: ConfigView) -> EndpointSettings:
         host = str(config.get("endpoints.host"))
         token = config.get("endpoints.auth.token") or None
         if not _loopback(host) and not token:

@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket
 
 from weirflow.control import MalformedMessageError, MessageType, decode
 from weirflow.errors import TapError
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import IncomingRecord, SystemStreamPartition
 from weirflow.systems import DEAD_LETTER_SUFFIX, StreamRef, dead_letter_stream, stream_ref
 
@@ -51,7 +52,7 @@ class TapService:
     """Resolves tap requests and reads their streams. ``intermediates``: the pipeline's intermediate stream
     ids (none for a record-task job)."""
 
-    def __init__(self, config: Any, systems: Any, intermediates: list[str], queue_size: int) -> None:
+    def __init__(self, config: ConfigView, systems: Any, intermediates: list[str], queue_size: int) -> None:
         self.config = config
         self.systems = systems
         self.intermediates = list(intermediates)

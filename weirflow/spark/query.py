@@ -27,6 +27,7 @@ from pyspark.sql import types as T
 
 from weirflow.drain_notice import drain_flag_path, run_id_of
 from weirflow.errors import PipelineError
+from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
@@ -59,7 +60,7 @@ class InputSettings:
     max_records: int | None = None  # `max-events-per-trigger`; None: the task's limit
 
 
-def system_fields(config: Any, stream_id: str, admin: Any, taken: list[str]) -> tuple[tuple[str, str], ...]:
+def system_fields(config: ConfigView, stream_id: str, admin: Any, taken: list[str]) -> tuple[tuple[str, str], ...]:
     """The record columns ``streams.<id>.system-columns`` selects from the system's `RecordField`s."""
     key = f"streams.{stream_id}.system-columns"
     text = str(config.get(key) or "none").strip()

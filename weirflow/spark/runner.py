@@ -33,6 +33,7 @@ from typing import Any
 
 from weirflow.control import TaskControl
 from weirflow.drain_notice import run_id_of
+from weirflow.errors import StartupError
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.spark_state import SparkStateStore
@@ -375,7 +376,7 @@ class SparkTaskRunner(TaskRunner):
                 if not members:
                     return
                 if self._prepare_error is not None:
-                    raise RuntimeError(f"the Spark data plane could not be prepared: {self._prepare_error}")
+                    raise StartupError(f"the Spark data plane could not be prepared: {self._prepare_error}")
                 query = StageQuery(self, stage, members, merged)
                 query.start()
         except Exception as exc:
