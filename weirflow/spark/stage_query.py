@@ -53,6 +53,7 @@ class StageQuery(TaskProgress):
         self.inputs: list[str] = []
         self.last_batch = -1
         self.stopped = False
+        self.stopping = False  # set when `stop` begins, before Spark's query has ended
         self.terminated: str | None = None  # set when Spark reports the query ended ("" without an error)
         self.location: Path | None = None
         self.counts_dir: Path | None = None
@@ -200,6 +201,10 @@ class StageQuery(TaskProgress):
     def stop(self) -> None:
         """Stop the query, then checkpoint its tasks' last completed batches (their events may not have
         arrived yet). A stateless stage's Spark checkpoint is removed: it is never used again."""
+        with self.guard:
+            # from here the query ends on purpose: the monitor must not take its end for a death (it asks
+            # `failure` from another thread while ``query.stop()`` may take seconds on a busy machine)
+            self.stopping = True
         if self.query is not None:
             try:
                 self.query.stop()
@@ -215,7 +220,7 @@ class StageQuery(TaskProgress):
 
     def failure(self) -> str | None:
         """Why the query died, or None while it runs (or after it was stopped on purpose)."""
-        if self.query is None or self.stopped:
+        if self.query is None or self.stopping or self.stopped:
             return None
         if self.terminated is None and time.monotonic() - self._alive_checked >= _ALIVE_CHECK_S:
             self._alive_checked = time.monotonic()
