@@ -27,7 +27,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError
+from weirflow.errors import ServiceUnavailableError, WeirflowError, raising_mapped
 
 
 class AzureStorageError(WeirflowError):
@@ -101,12 +101,8 @@ def storage_errors(
     """Raise the weirflow error ``table`` maps an exception of the block to, naming the operation, the resource
     and the endpoint, with the SDK's exception as its cause; anything unmapped, and weirflow's own errors,
     pass through. `Storage.call` wraps its retries in it (what they gave up on is reported by the call)."""
-    try:
+    with raising_mapped(
+        lambda exc: classify(exc, table),
+        lambda target, exc: f"{operation} {resource} on {endpoint} failed: {short(exc)}",
+    ):
         yield
-    except WeirflowError:
-        raise
-    except Exception as exc:
-        target = classify(exc, table)
-        if target is None:
-            raise
-        raise target(f"{operation} {resource} on {endpoint} failed: {short(exc)}") from exc

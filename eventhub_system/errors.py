@@ -31,7 +31,7 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError
+from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
 
 
 class EventHubsError(WeirflowError):
@@ -118,15 +118,8 @@ def map_exceptions(
 ) -> Iterator[None]:
     """Raise the weirflow error ``table`` maps an exception of the block to, with ``message(target, exc)``
     and the SDK's exception as its cause; anything unmapped, and weirflow's own errors, pass through."""
-    try:
+    with raising_mapped(lambda exc: classify(exc, table), message):
         yield
-    except WeirflowError:
-        raise
-    except Exception as exc:
-        target = classify(exc, table)
-        if target is None:
-            raise
-        raise target(message(target, exc)) from exc
 
 
 def _cause(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError
+from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
 
 
 class KinesisError(WeirflowError):
@@ -168,12 +168,7 @@ def message(target: type[WeirflowError], exc: BaseException, settings: Where, st
 def kinesis_errors(settings: Where, stream: str, table: ErrorTable = KINESIS_ERRORS) -> Iterator[None]:
     """Raise the weirflow error ``table`` maps an exception of the block to, with `message` and botocore's
     exception as its cause; anything unmapped, and weirflow's own errors, pass through."""
-    try:
+    with raising_mapped(
+        lambda exc: classify(exc, table), lambda target, exc: message(target, exc, settings, stream)
+    ):
         yield
-    except WeirflowError:
-        raise
-    except Exception as exc:
-        target = classify(exc, table)
-        if target is None:
-            raise
-        raise target(message(target, exc, settings, stream)) from exc

@@ -50,6 +50,8 @@ calls its parent's ``__init__`` (tests/unit/test_errors.py checks it).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -211,3 +213,22 @@ class TapError(WeirflowError, ValueError):
 
 class ServiceUnavailableError(WeirflowError):
     """A remote service stayed unreachable after bounded retries; the message names the endpoint."""
+
+
+@contextmanager
+def raising_mapped(
+    classify: Callable[[BaseException], type[WeirflowError] | None],
+    message: Callable[[type[WeirflowError], BaseException], str],
+) -> Iterator[None]:
+    """Raise the weirflow error ``classify`` maps an exception of the block to, with ``message(target, exc)``
+    and the SDK's exception as its cause; anything unmapped, and weirflow's own errors, pass through. Each
+    plugin's error table is applied through it (its ``classify``)."""
+    try:
+        yield
+    except WeirflowError:
+        raise
+    except Exception as exc:
+        target = classify(exc)
+        if target is None:
+            raise
+        raise target(message(target, exc)) from exc
