@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,16 +79,47 @@ def _kinesalite() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def kinesalite() -> Iterator[object]:
-    """A kinesalite for the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
-    credentials are put in the environment, where boto3's chain (and spawned processors) find them."""
-    yield from _kinesalite()
+def _session_kinesalite() -> Iterator[list[Any]]:
+    """The session's kinesalite, in a box a test's fixture can replace it in (see `kinesalite`)."""
+    from tests.kinesalite import Kinesalite, use_dummy_credentials
+
+    use_dummy_credentials()
+    box = [Kinesalite().start()]
+    try:
+        yield box
+    finally:
+        box[0].stop()
+
+
+@pytest.fixture
+def kinesalite(_session_kinesalite: list[Any]) -> Iterator[object]:
+    """A kinesalite shared by the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
+    credentials are put in the environment, where boto3's chain (and spawned processors) find them.
+
+    A kinesalite that died during a test fails that test's teardown with its stderr, and the next test gets a
+    new one: one crash is reported once instead of failing every later Kinesis test with "connection refused"."""
+    from tests.kinesalite import Kinesalite
+
+    if not _session_kinesalite[0].alive():
+        _session_kinesalite[0] = Kinesalite().start()
+    server = _session_kinesalite[0]
+    yield server
+    if not server.alive():
+        pytest.fail(f"kinesalite ({server.endpoint}) died during the test; its stderr: {server.stderr_tail()}")
 
 
 @pytest.fixture
 def own_kinesalite() -> Iterator[object]:
     """A kinesalite of this test alone (holding no streams)."""
     yield from _kinesalite()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
+    dumps their class archive once, before pytest-xdist starts its workers."""
+    from tests import spark_jvm
+
+    spark_jvm.prepare(build=not hasattr(config, "workerinput"))
 
 
 def unique_job_name(prefix: str = "t") -> str:

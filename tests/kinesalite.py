@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 from tests.faketime import libfaketime
@@ -46,6 +47,7 @@ class Kinesalite:
         self.port = 0
         self.clock_file = clock_file
         self._proc: subprocess.Popen[str] | None = None
+        self.log_path: Path | None = None  # its stderr: why it died, if it does
 
     @property
     def endpoint(self) -> str:
@@ -65,19 +67,22 @@ class Kinesalite:
                     "FAKETIME_DONT_FAKE_MONOTONIC": "1",
                 }
             )
-        self._proc = subprocess.Popen(
-            ["node", "-e", _LAUNCHER, str(module)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-            env=env,
-        )
+        handle, name = tempfile.mkstemp(prefix="kinesalite-", suffix=".log")
+        self.log_path = Path(name)
+        with os.fdopen(handle, "w") as stderr:
+            self._proc = subprocess.Popen(
+                ["node", "-e", _LAUNCHER, str(module)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+                env=env,
+            )
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()  # the port, once it listens
         if not line.strip().isdigit():
             self.stop()
-            raise RuntimeError(f"kinesalite did not start (printed {line!r})")
+            raise RuntimeError(f"kinesalite did not start (printed {line!r}): {self.stderr_tail()}")
         self.port = int(line)
         return self
 
@@ -89,10 +94,22 @@ class Kinesalite:
             f"systems.{system}.region": "us-east-1",
         }
 
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stderr_tail(self, chars: int = 3000) -> str:
+        """The end of what kinesalite wrote to stderr (a crash's stack, an out-of-memory report)."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no stderr)"
+        return self.log_path.read_text(errors="replace")[-chars:] or "(nothing on stderr)"
+
     def stop(self) -> None:
+        """Stop it; its stderr log goes too unless it had died (then it is kept to read)."""
         if self._proc is not None and self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
+            if self.log_path is not None:
+                self.log_path.unlink(missing_ok=True)
         self._proc = None
 
 

@@ -105,16 +105,38 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     manager.start()
 
-    def committed(task: str) -> int:
+    def committed(task: str) -> tuple[int, int]:
+        """(events committed, the epoch of the tenure that wrote them)."""
         checkpoint = manager.read_last_checkpoint(task)
-        return sum(int(o) for o in checkpoint.offsets.values()) if checkpoint else 0
+        return (sum(int(o) for o in checkpoint.offsets.values()), checkpoint.epoch) if checkpoint else (0, 0)
+
+    def running_views_0() -> str | None:
+        """The processor that reports task views-0 running, once each processor runs one task."""
+        running = {p["processor_id"]: p["tasks"] for p in status_document(config)["processors"]}
+        if sorted(len(tasks) for tasks in running.values()) != [1, 1]:
+            return None
+        return next(p for p, tasks in running.items() if "views-0" in tasks)
 
     procs = {name: start(name) for name in ("p1", "p2")}
     try:
-        wait_until(lambda: len(status_document(config)["assignment"]) == 2, 180, "both processors with a task")
-        owner = next(p for p, tasks in status_document(config)["assignment"].items() if "views-0" in tasks)
-        wait_until(lambda: committed("views-0") >= 180, 120, "views-0 to commit some batches", 0.2)
-        at_kill = committed("views-0")
+        owner = ""
+
+        def views_0_runs_somewhere() -> bool:
+            nonlocal owner
+            owner = running_views_0() or ""
+            return owner != ""
+
+        wait_until(views_0_runs_somewhere, 180, "each processor running one task")
+        # The owner's own tenure must commit batches: views-0 may have run on the other processor first, whose
+        # local state would then be as new as the store's and no restore would happen.
+        base, epoch = committed("views-0")
+
+        def owner_committed_two_batches() -> bool:
+            events, by = committed("views-0")
+            return running_views_0() == owner and by == epoch and events >= base + 120
+
+        wait_until(owner_committed_two_batches, 120, f"views-0 to commit two batches on {owner}", 0.2)
+        at_kill = committed("views-0")[0]
         assert at_kill < 720, "the task read all its input before the kill: nothing would be open"
         procs[owner].kill()  # SIGKILL
         survivor = procs["p2" if owner == "p1" else "p1"]
