@@ -67,24 +67,18 @@ def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
         emulator.stop()
 
 
-def _kinesalite() -> Iterator[object]:
+def _start_kinesalite() -> Any:
+    """A started kinesalite (`tests/kinesalite.py`), with the dummy AWS credentials it needs in the environment."""
     from tests.kinesalite import Kinesalite, use_dummy_credentials
 
     use_dummy_credentials()
-    server = Kinesalite().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return Kinesalite().start()
 
 
 @pytest.fixture(scope="session")
 def _session_kinesalite() -> Iterator[list[Any]]:
     """The session's kinesalite, in a box a test's fixture can replace it in (see `kinesalite`)."""
-    from tests.kinesalite import Kinesalite, use_dummy_credentials
-
-    use_dummy_credentials()
-    box = [Kinesalite().start()]
+    box = [_start_kinesalite()]
     try:
         yield box
     finally:
@@ -98,10 +92,8 @@ def kinesalite(_session_kinesalite: list[Any]) -> Iterator[object]:
 
     A kinesalite that died during a test fails that test's teardown with its stderr, and the next test gets a
     new one: one crash is reported once instead of failing every later Kinesis test with "connection refused"."""
-    from tests.kinesalite import Kinesalite
-
     if not _session_kinesalite[0].alive():
-        _session_kinesalite[0] = Kinesalite().start()
+        _session_kinesalite[0] = _start_kinesalite()
     server = _session_kinesalite[0]
     yield server
     if not server.alive():
@@ -111,7 +103,11 @@ def kinesalite(_session_kinesalite: list[Any]) -> Iterator[object]:
 @pytest.fixture
 def own_kinesalite() -> Iterator[object]:
     """A kinesalite of this test alone (holding no streams)."""
-    yield from _kinesalite()
+    server = _start_kinesalite()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -27,6 +27,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from weirflow.errors import JavaMissingError
+
 BASE_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 ENV = "PYSPARK_SUBMIT_ARGS"
 
@@ -46,7 +48,9 @@ def _archive_path() -> Path:
     """Where the archive of this Java runtime and PySpark install lives (another of either needs its own)."""
     import pyspark
 
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=True).stderr
+    from weirflow.spark.session import check_java
+
+    java = subprocess.run([check_java(), "-version"], capture_output=True, text=True, check=True).stderr
     key = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{Path(pyspark.__file__).parent}".encode()).hexdigest()
     return Path(sys.prefix) / "spark-cds" / f"{key[:16]}.jsa"
 
@@ -64,7 +68,7 @@ def prepare(build: bool) -> None:
     options = list(BASE_OPTIONS)
     try:
         archive = _archive_path()
-    except (OSError, subprocess.CalledProcessError) as exc:  # no java: the Spark tests report that themselves
+    except (JavaMissingError, OSError, subprocess.CalledProcessError) as exc:  # the Spark tests report it too
         warnings.warn(f"no class-data-sharing archive for the suite's Spark JVMs: {exc}", stacklevel=1)
         archive = None
     if archive is not None and not archive.exists() and build:

@@ -61,15 +61,14 @@ class _Connection(asyncio.Protocol):
 
     async def request(self, raw: bytes, timeout_s: float) -> tuple[int, bytes]:
         assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        if self.transport.is_closing():  # closed by the peer, its `connection_lost` not delivered yet
-            self.closed = True
-            raise PeerError("peer closed the connection")
         try:
+            if self.transport.is_closing():  # closed by the peer, its `connection_lost` not delivered yet
+                raise OSError("the transport is closing")
             self.transport.write(raw)
         except (RuntimeError, OSError) as exc:  # uvloop refuses a write on a handle closed under it
             self.close()
             raise PeerError(f"peer closed the connection: {exc}") from exc
+        self.waiter = asyncio.get_running_loop().create_future()
         try:
             return await asyncio.wait_for(self.waiter, timeout_s)
         except TimeoutError as exc:
