@@ -10,7 +10,7 @@ EXTRAS ?= dev,azure,emulator,kinesis
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java node faketime chromium lint docs clean
+.PHONY: run test install java node faketime chromium spark-archive lint docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,10 +48,16 @@ $(NODE_STAMP): package.json package-lock.json | node
 
 install: $(STAMP) java
 
+spark-archive: install
+	@$(PY) -m tests.spark_jvm
+
 run: install
 	$(PY) examples/pageviews/demo.py
 
-test: install $(NODE_STAMP) faketime chromium
+# The suite's Spark class archive (tests/spark_jvm.py, once per venv) is dumped while npm installs Azurite: one
+# waits on a core, the other mostly on the network.
+test: install faketime chromium
+	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) spark-archive
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's

@@ -29,7 +29,8 @@ The output is compared with pandas over every event sent. One JSON line last::
 * ``exact_windows`` / ``windows`` — windows whose final count equals pandas', of all pandas windows.
 
 ``baseline`` is the reference itself (pandas over the same events, computed in this run).
-Usage: ``python benchmarks/chaos.py [--duration 180] [--rate 150] [--kill-every 20] [--processors 3]``.
+Usage: ``python benchmarks/chaos.py [--duration 180] [--rate 150] [--kill-every 20] [--processors 3]
+[--set KEY=VALUE ...]`` (``--set``: config overrides for every processor, as ``weirflow run --set``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -123,28 +126,34 @@ def send_closing_events(config: Any, physical: str, after: str) -> None:
         systems.close()
 
 
-def read_outputs(config: Any) -> tuple[dict[tuple[str, str], int], int]:
-    """(the latest count per window, how many output records there were), the closing window left out."""
-    systems = Systems(config)
-    try:
-        ref = systems.resolve("page-counts")
-        consumer = systems.consumer(ref.system)
-        latest: dict[tuple[str, str], int] = {}
-        records = 0
+class OutputReader:
+    """Reads ``page-counts`` as it grows: one consumer for the whole run, each partition read on from where
+    the last read stopped (a new Event Hubs receiver costs a second or two to attach)."""
+
+    def __init__(self, config: Any) -> None:
+        self.systems = Systems(config)
+        self.ref = self.systems.resolve("page-counts")
+        self.consumer = self.systems.consumer(self.ref.system)
+        self.offsets = dict.fromkeys(range(PARTITIONS), "0")
+        self.latest: dict[tuple[str, str], int] = {}
+        self.records = 0
+
+    def read(self) -> tuple[dict[tuple[str, str], int], int]:
+        """(the latest count per window, how many output records there were), the closing window left out."""
         for partition in range(PARTITIONS):
-            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
-            offset = "0"
-            while batch := consumer.read(ssp, offset, 10_000):
+            ssp = SystemStreamPartition(self.ref.system, self.ref.physical, partition)
+            while batch := self.consumer.read(ssp, self.offsets[partition], 10_000):
                 for record in batch:
                     row = json.loads(record.value)
                     if row["page"] == CLOSING_PAGE:
                         continue
-                    latest[(row["page"], row["window_start"][:16])] = int(row["views"])
-                    records += 1
-                offset = batch[-1].next_offset
-        return latest, records
-    finally:
-        systems.close()
+                    self.latest[(row["page"], row["window_start"][:16])] = int(row["views"])
+                    self.records += 1
+                self.offsets[partition] = batch[-1].next_offset
+        return dict(self.latest), self.records
+
+    def close(self) -> None:
+        self.systems.close()
 
 
 def overlap_ms(logs: list[Path]) -> tuple[int | None, int]:
@@ -196,8 +205,16 @@ class Fleet:
         return victim.processor_id
 
     def stop(self) -> None:
+        """SIGTERM every processor at once, then wait for each (SIGKILL after 90 s)."""
         for proc in self.procs:
-            proc.terminate(timeout_s=90)
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            proc.terminate()
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -222,6 +239,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"streams.page-views.partitions={PARTITIONS}",
         f"streams.page-counts.partitions={PARTITIONS}",
         f"spark.master=local[{args.cores}]",
+        *args.overrides,
     ]
     config = load_config(CONFIG, overrides)
     physical = config.get("streams.page-views.physical.name") or "page-views"
@@ -284,19 +302,25 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, int]:
     """Wait until every expected window is written and the output has not changed for ``--settle`` s."""
     deadline = time.monotonic() + args.drain_timeout
-    last, stable_since = None, time.monotonic()
-    while True:
-        got, records = read_outputs(config)
-        if (got, records) != last:
-            last, stable_since = (got, records), time.monotonic()
-        complete = all(w in got for w in expected)
-        if complete and time.monotonic() - stable_since >= args.settle:
-            return got, records
-        if time.monotonic() >= deadline:
-            say(f"drain timed out: {sum(w not in got for w in expected)} windows not written")
-            return got, records
-        say(f"{len(got):,}/{len(expected):,} windows written, {records:,} records")
-        time.sleep(5)
+    last, stable_since, said = None, time.monotonic(), 0.0
+    reader = OutputReader(config)
+    try:
+        while True:
+            got, records = reader.read()
+            if (got, records) != last:
+                last, stable_since = (got, records), time.monotonic()
+            complete = all(w in got for w in expected)
+            if complete and time.monotonic() - stable_since >= args.settle:
+                return got, records
+            if time.monotonic() >= deadline:
+                say(f"drain timed out: {sum(w not in got for w in expected)} windows not written")
+                return got, records
+            if time.monotonic() - said >= 5:
+                say(f"{len(got):,}/{len(expected):,} windows written, {records:,} records")
+                said = time.monotonic()
+            time.sleep(1)
+    finally:
+        reader.close()
 
 
 def main() -> None:
@@ -309,6 +333,14 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20, help="seconds the output must stay unchanged")
     parser.add_argument("--drain-timeout", type=float, default=420)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every processor (repeatable), e.g. job.coordinator.liveness.timeout.ms=6000",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weirflow-chaos-") as tmp:
         line = run(args, Path(tmp))

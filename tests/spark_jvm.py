@@ -40,7 +40,11 @@ from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "1").getOrCreate())
 spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
+gateway = spark.sparkContext._gateway
 spark.stop()
+gateway.shutdown()
+gateway.proc.stdin.close()  # the JVM exits on EOF, writing the archive on its way out: wait for it
+gateway.proc.wait()
 """
 
 
@@ -72,6 +76,7 @@ def prepare(build: bool) -> None:
         warnings.warn(f"no class-data-sharing archive for the suite's Spark JVMs: {exc}", stacklevel=1)
         archive = None
     if archive is not None and not archive.exists() and build:
+        print(f"dumping the Spark class archive for the suite's JVMs into {archive.parent} (once)", flush=True)
         archive.parent.mkdir(parents=True, exist_ok=True)
         partial = archive.with_suffix(f".{os.getpid()}.partial")
         env = {**os.environ, ENV: _submit_args([*options, f"-XX:ArchiveClassesAtExit={partial}"])}
@@ -89,3 +94,7 @@ def prepare(build: bool) -> None:
     if archive is not None and archive.exists():
         options.append(f"-XX:SharedArchiveFile={archive}")
     os.environ[ENV] = _submit_args(options)
+
+
+if __name__ == "__main__":  # `make test` dumps the archive while npm installs Azurite
+    prepare(build=True)

@@ -37,7 +37,9 @@ class Feeder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="feeder", daemon=True)
 
-    def start(self) -> Feeder:
+    def create_stream(self) -> Feeder:
+        """Create `page-views` if it does not exist yet (`start` does it too): a test can create the input before
+        its processors start and begin the feed only once they run."""
         systems = Systems(self.config)
         try:
             ref = systems.resolve("page-views")
@@ -45,6 +47,10 @@ class Feeder:
             systems.admin(ref.system).create_stream(StreamSpec(ref.physical, partitions))
         finally:
             systems.close()
+        return self
+
+    def start(self) -> Feeder:
+        self.create_stream()
         self._thread.start()
         return self
 

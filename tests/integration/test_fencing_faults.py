@@ -5,9 +5,11 @@ of one task that overlap in time are two processors writing for one task at once
 
 * SIGTERM (SQLite): a processor with 4 busy tasks and a slow task function stops them in parallel while its
   keeper still renews their locks, writes every final checkpoint, releases every lock; nothing overlaps.
-* Blackhole (Azure, Azurite behind `tests/tcp_proxy.py`): one processor loses storage for 30 s while another
-  reaches it directly; the cut-off one fences itself (stops its tasks before its leases can expire), the
-  other takes the tasks over, and no time exists when both wrote for one task.
+* Blackhole (Azure, Azurite behind `tests/tcp_proxy.py`): one processor loses storage while another reaches it
+  directly, until that other one has taken over and written for every task of the cut-off one (the outage
+  outlasts the 15 s leases: a lock is taken only once it expired); the cut-off one fences itself (stops its
+  tasks before its leases can expire), the other takes the tasks over, and no time exists when both wrote for
+  one task.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.integration
 
 TAGGED_RELAY = """
 import json
+import os
 import threading
 import time
 import uuid
@@ -44,22 +47,32 @@ import uuid
 from weirflow.tasks.record_task import current_task
 
 DELAY_S = {delay}
+MARKS = {marks!r}
 _thread = threading.local()  # each start of a task is a new thread: a run id per tenure, whatever the epoch
 
 
 def relay(record):
-    if DELAY_S:
-        time.sleep(DELAY_S)
     task = current_task()
     if not hasattr(_thread, "run"):
         _thread.run = uuid.uuid4().hex
+        open(os.path.join(MARKS, task.processor_id + "." + task.name), "w").close()  # the task began a poll
+    if DELAY_S:
+        time.sleep(DELAY_S)
     tag = {{"task": task.name, "processor": task.processor_id, "epoch": task.epoch, "run": _thread.run}}
     return [{{"stream": "relayed", "value": {{"id": json.loads(record["value"])["id"], **tag}}}}]
 """
 
 
 def tag_outputs(job: Job, delay_s: float = 0.0) -> None:
-    (job.root / "relay_task.py").write_text(TAGGED_RELAY.format(delay=delay_s))
+    marks = job.root / "marks"
+    marks.mkdir(exist_ok=True)
+    (job.root / "relay_task.py").write_text(TAGGED_RELAY.format(delay=delay_s, marks=str(marks)))
+
+
+def begun(job: Job, processor: str) -> set[str]:
+    """The tasks ``processor`` has begun relaying records for (the relay marks a task's first record)."""
+    names = [m.name.split(".", 1) for m in (job.root / "marks").iterdir()]
+    return {task for owner, task in names if owner == processor}
 
 
 @dataclass
@@ -142,7 +155,8 @@ def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over
     tmp_path: Path, measure
 ) -> None:
     # 60 records per poll at 200 ms each: a task is busy for 12 s between two checks of its stop flag, twice
-    # the 6 s lease, so its locks must be renewed while it stops.
+    # the 6 s lease, so its locks must be renewed while it stops. One poll's worth per task: p3 is stopped as
+    # soon as each of its tasks began relaying it, and stops once they sent it.
     job = Job(tmp_path, {**SHORT_TIMINGS, "task.poll.max.records": 60})
     tag_outputs(job, delay_s=0.2)
     try:
@@ -152,12 +166,8 @@ def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over
         wait_until(lambda: job.all_tasks_running_once(ids), 60, "12 tasks running once on 3 processors")
         leaving = sorted(job.status()["assignment"]["p3"])
         assert len(leaving) == PARTITIONS // 3
-        job.produce(PARTITIONS * 120)
-        wait_until(
-            lambda: {t.task for t in tenures(job) if t.processor == "p3"} == set(leaving),
-            60,
-            "every task of p3 writing",
-        )
+        job.produce(PARTITIONS * 60)
+        wait_until(lambda: begun(job, "p3") == set(leaving), 60, "every task of p3 busy with its poll")
 
         terminated_at = time.monotonic()
         assert job.processes["p3"].terminate(timeout_s=90) == 0
@@ -230,12 +240,23 @@ def test_a_processor_cut_off_from_storage_stops_its_tasks_before_another_takes_t
                 60,
                 "every task of p2 writing",
             )
+            blackholed_ms = int(time.time() * 1000)
             proxy.blackhole()
             blackholed_at = time.monotonic()
             took = wait_until(lambda: job.all_tasks_running_once({"p1"}), 90, "p1 running every task")
             measure(f"[azure] p2 cut off from storage: p1 runs all tasks after {took:.1f} s")
-            time.sleep(max(0.0, 30 - (time.monotonic() - blackholed_at)))  # the outage itself lasts 30 s
+            # the outage lasts until p1 wrote for every task of p2: the time both could have written
+            wait_until(
+                lambda: (
+                    {t.task for t in tenures(job) if t.processor == "p1" and t.first_ms >= blackholed_ms}
+                    >= set(cut_off)
+                ),
+                60,
+                "p1 writing for every task of p2",
+                interval_s=0.25,
+            )
             proxy.heal()
+            measure(f"[azure] p2 cut off from storage for {time.monotonic() - blackholed_at:.1f} s")
             took = wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 120, "p2 back, tasks on both")
             measure(f"[azure] storage back for p2: tasks on both processors again after {took:.1f} s")
         wait_until(lambda: len(job.relayed_ids()) >= job.sent, 90, "every event relayed")

@@ -8,10 +8,11 @@ output for a task after another processor acquired that task's lock.**
 
 One test, two faults on the same job (one Spark start-up for both):
 
-* SIGSTOP: a processor running 4 Spark tasks is paused mid-batch for four leases. Its Python process stops;
-  its Spark JVM and Python workers do not, and finish the batch's transform. The other processor takes the
-  tasks over; the paused one's workers must write none of it (the sink's fence, `weirflow.spark.fence`), and
-  once resumed the processor abandons those tasks itself.
+* SIGSTOP: a processor running 4 Spark tasks is paused mid-batch until the other processor holds the locks of
+  its tasks and the paused one's Spark has had a write refused. Its Python process stops; its Spark JVM and
+  Python workers do not, and go on with the batch's transform. The other processor takes the tasks over; the
+  paused one's workers must write none of it (the sink's fence, `weirflow.spark.fence`), and once resumed the
+  processor abandons those tasks itself.
 * SIGTERM: back with 4 busy Spark tasks (a transform of 20 ms per event ahead of the sink), the same
   processor is stopped: its queries stop in parallel, every final checkpoint is written and every lock
   released; nothing written outside a tenure, no refused checkpoint, nothing lost.
@@ -143,6 +144,11 @@ class CopyJob:
         """Whether the transform has begun on any of ``ids`` (it marks a few of every 40 events it sees)."""
         return any(int(mark.name) in ids for mark in self.marks.iterdir())
 
+    def acquired_since(self, owner: str, tasks: list[str], since_ms: int) -> bool:
+        """Whether ``owner`` acquired the lock of every task of ``tasks`` at or after ``since_ms``."""
+        taken = {r["name"] for r in self.tenures() if r["owner"] == owner and r["acquired_ms"] >= since_ms}
+        return {f"task-{t}" for t in tasks} <= taken
+
     def written_by(self, proc: ProcessorProcess) -> set[int]:
         return {i for i, writer, _ in self.outputs() if writer == proc.pid}
 
@@ -242,24 +248,31 @@ def test_a_paused_processor_writes_nothing_for_lost_tasks_and_a_stopped_one_hand
     job.start("p0")
     p1 = job.start("p1")
     wait_until(lambda: sorted(job.assignment()) == ["p0", "p1"], 120, "tasks on p0 and p1")
-    lost = sorted(job.assignment()["p1"])
-    assert len(lost) == 4
     job.produce(40)
     wait_until(lambda: job.written_by(p1), 120, "p1's Spark writing outputs", interval_s=0.5)
+    lost = sorted(job.assignment()["p1"])  # read once p1 ran a batch: a rebalance during start-up is over
+    assert len(lost) == 4
 
-    # --- SIGSTOP mid-batch for four leases -------------------------------------------------------------------
-    # A burst for p1's tasks: its micro-batch transforms for ~15 s, so p1's Spark workers are mid-batch when
-    # p1 is paused, and reach their writes only after p0 took the tasks over.
-    burst = job.produce(1500, _partitions_of(lost))
+    # --- SIGSTOP mid-batch until the fence refused p1's Spark ------------------------------------------------
+    # A burst for p1's tasks: its micro-batch transforms for ~10 s (1000 events at 20 ms, two at a time), so
+    # p1's Spark workers are mid-batch when p1 is paused and still transforming when its leases run out (at
+    # most one lease later); every send after that must be refused. p1 stays paused until p0 acquired every
+    # lock p1 lost and p1's Spark has had a write refused by the fence (its LockLostError in p1's log).
+    burst = job.produce(1000, _partitions_of(lost))
     wait_until(lambda: job.transforming(burst), 60, "p1's Spark transforming the burst", interval_s=0.1)
     assert not job.written_by(p1) & burst
+    log_at_pause = len(p1.log_text())
+    stopped_ms = int(time.time() * 1000)
     job.pause(p1)
     stopped_at = time.monotonic()
     try:
+        wait_until(lambda: job.acquired_since("p0", lost, stopped_ms), 60, "p0 taking p1's locks", interval_s=0.25)
         wait_until(
-            lambda: set(lost) <= set(job.assignment().get("p0", [])), 60, "p0 assigned p1's tasks", interval_s=0.25
+            lambda: "LockLostError" in p1.log_text()[log_at_pause:],
+            60,
+            "the fence refusing a write of p1's paused Spark",
+            interval_s=0.25,
         )
-        time.sleep(max(0.0, 4 * LEASE_MS / 1000 - (time.monotonic() - stopped_at)))  # its Spark runs on
     finally:
         os.kill(p1.pid, signal.SIGCONT)
     resumed_ms = int(time.time() * 1000)
@@ -271,7 +284,7 @@ def test_a_paused_processor_writes_nothing_for_lost_tasks_and_a_stopped_one_hand
     handed = sorted(job.assignment()["p1"])
     fresh = job.produce(80, _partitions_of(handed))
     wait_until(lambda: job.written_by(p1) & fresh, 120, "p1 writing again", interval_s=0.5)
-    burst = job.produce(1500, _partitions_of(handed))
+    burst = job.produce(600, _partitions_of(handed))
     wait_until(lambda: job.transforming(burst), 60, "p1's Spark transforming the second burst", interval_s=0.1)
     log_before = len(p1.log_text())
     terminated_at = time.monotonic()

@@ -4,11 +4,11 @@ azure``, the default on the Azure coordinator; `weirflow_azure.coordinator.spark
 Two processors on Azurite (coordination and checkpoints in Azure Storage) with **separate local state
 directories**, as on two machines; their streams are one embedded log both can reach. The job counts views per
 page and minute over windows that all stay open until the bounded input ends (lateness 1 h), read 60 events
-per trigger. The processor running task ``views-0`` is SIGKILLed once that task has committed part of its
-input: every window is open at that moment. The survivor takes the task over; its windows must hold the
-killed processor's counts, restored from Blob Storage, so that every window count equals pandas over the
-whole input. Without the store the survivor starts the task with empty state from the checkpoint store's
-offsets, and the windows lose the events counted before the kill.
+per trigger (``views-0`` has 720 events: twelve batches). The processor running task ``views-0`` is SIGKILLed once
+that task has committed two batches of its own: every window is open at that moment. The survivor takes the
+task over; its windows must hold the killed processor's counts, restored from Blob Storage, so that every
+window count equals pandas over the whole input. Without the store the survivor starts the task with empty
+state from the checkpoint store's offsets, and the windows lose the events counted before the kill.
 """
 
 from __future__ import annotations
@@ -31,10 +31,16 @@ from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 
-EVENTS = 1200  # 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger
-BASE_S = 1_795_000_000 - 1_795_000_000 % 60  # a minute boundary
 PAGES = 5
+# 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger: views-0 may have run batches on the other
+# processor before the job model settled, and still has batches left after its owner's two
+EVENTS = 1200
+VIEWS_0 = EVENTS * 3 // PAGES  # the events of task views-0 (partition 0)
+BASE_S = 1_795_000_000 - 1_795_000_000 % 60  # a minute boundary
 
+# Lease: the shortest blob lease. Liveness 8 s: a processor starting Spark on a busy 2-core machine must not be
+# declared dead for a slow heartbeat (at 4 s one was, under load: a needless rebalance), and it delays nothing
+# after the kill, where the killed owner's task lock (renewed every 5 s) frees only 10 to 15 s after it.
 JOB = """
 job: {{name: {name}, coordinator.factory: azure}}
 app: {{pipeline: "pipeline:pipeline"}}
@@ -42,7 +48,7 @@ task: {{checkpoint.factory: azure-table}}
 azure: {{storage.connection.string: "{storage}"}}
 job.coordinator.lease.duration.ms: 15000
 job.coordinator.heartbeat.interval.ms: 1000
-job.coordinator.liveness.timeout.ms: 4000
+job.coordinator.liveness.timeout.ms: 8000
 job.debounce.time.ms: 1000
 systems: {{local: {{path: "{log}"}}}}
 streams:
@@ -126,21 +132,23 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
             owner = running_views_0() or ""
             return owner != ""
 
-        wait_until(views_0_runs_somewhere, 180, "each processor running one task")
+        # the job's status reads every coordination store: polled twice a second, not ten times, beside the two
+        # processors starting Spark
+        wait_until(views_0_runs_somewhere, 180, "each processor running one task", 0.5)
         # The owner's own tenure must commit batches: views-0 may have run on the other processor first, whose
         # local state would then be as new as the store's and no restore would happen.
         base, epoch = committed("views-0")
 
-        def owner_committed_two_batches() -> bool:
+        def owner_committed_two_batches() -> bool:  # the checkpoint (one read) first, the status once it is there
             events, by = committed("views-0")
-            return running_views_0() == owner and by == epoch and events >= base + 120
+            return by == epoch and events >= base + 120 and running_views_0() == owner
 
         wait_until(owner_committed_two_batches, 120, f"views-0 to commit two batches on {owner}", 0.2)
         at_kill = committed("views-0")[0]
-        assert at_kill < 720, "the task read all its input before the kill: nothing would be open"
+        assert at_kill < VIEWS_0, "the task read all its input before the kill: nothing would be open"
         procs[owner].kill()  # SIGKILL
         survivor = procs["p2" if owner == "p1" else "p1"]
-        wait_until(lambda: not survivor.alive(), 240, "the survivor to finish the job", 0.5)
+        wait_until(lambda: not survivor.alive(), 240, "the survivor to finish the job")
         assert survivor.popen.wait() == 0, survivor.log_text()[-4000:]
     except Exception:
         for proc in procs.values():
@@ -164,6 +172,6 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
     got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
     assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
     measure(
-        f"views-0 moved by SIGKILL after committing {at_kill} of its 720 events, every window open: "
+        f"views-0 moved by SIGKILL after committing {at_kill} of its {VIEWS_0} events, every window open: "
         f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
     )
