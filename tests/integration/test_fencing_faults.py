@@ -229,9 +229,11 @@ def test_a_processor_cut_off_from_storage_stops_its_tasks_before_another_takes_t
             [f"azure.storage.connection.string={proxy.connection_string}"],
             log_dir=job.root / "logs",
         )
-        wait_until(lambda: job.status()["leader"] == "p2", 60, "p2 leading")
+        # a status read opens the job's storage and reads leader, model, registry and checkpoints: polled every
+        # 0.25-0.5 s
+        wait_until(lambda: job.status()["leader"] == "p2", 60, "p2 leading", interval_s=0.5)
         job.start("p1")
-        wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 90, "tasks running on p1 and p2")
+        wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 90, "tasks running on p1 and p2", 0.5)
         cut_off = sorted(job.status()["assignment"]["p2"])
 
         with Producer(job):
@@ -239,11 +241,12 @@ def test_a_processor_cut_off_from_storage_stops_its_tasks_before_another_takes_t
                 lambda: {t.task for t in tenures(job) if t.processor == "p2"} >= set(cut_off),
                 60,
                 "every task of p2 writing",
+                interval_s=0.5,
             )
             blackholed_ms = int(time.time() * 1000)
             proxy.blackhole()
             blackholed_at = time.monotonic()
-            took = wait_until(lambda: job.all_tasks_running_once({"p1"}), 90, "p1 running every task")
+            took = wait_until(lambda: job.all_tasks_running_once({"p1"}), 90, "p1 running every task", 0.25)
             measure(f"[azure] p2 cut off from storage: p1 runs all tasks after {took:.1f} s")
             # the outage lasts until p1 wrote for every task of p2: the time both could have written
             wait_until(
@@ -257,9 +260,11 @@ def test_a_processor_cut_off_from_storage_stops_its_tasks_before_another_takes_t
             )
             proxy.heal()
             measure(f"[azure] p2 cut off from storage for {time.monotonic() - blackholed_at:.1f} s")
-            took = wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 120, "p2 back, tasks on both")
+            took = wait_until(
+                lambda: job.all_tasks_running_once({"p1", "p2"}), 120, "p2 back, tasks on both", interval_s=0.25
+            )
             measure(f"[azure] storage back for p2: tasks on both processors again after {took:.1f} s")
-        wait_until(lambda: len(job.relayed_ids()) >= job.sent, 90, "every event relayed")
+        wait_until(lambda: len(job.relayed_ids()) >= job.sent, 90, "every event relayed", interval_s=0.5)
         assert job.relayed_ids() == set(range(job.sent)), "an event was lost"
 
         found = tenures(job)
