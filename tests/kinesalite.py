@@ -29,6 +29,16 @@ CREDENTIALS = {
 }
 
 _LAUNCHER = """
+// kinesalite rethrows a request's 'error' event, so a client hanging up mid-request (a SIGKILLed processor, a read
+// time-out) killed the whole server: that request is gone, the server is not, and it goes on serving the others.
+process.on('uncaughtException', (err) => {
+  if (err && (err.code === 'ECONNRESET' || err.message === 'aborted')) {
+    console.error('a client hung up mid-request:', err.message);
+    return;
+  }
+  console.error(err);
+  process.exit(1);
+});
 const kinesalite = require(process.argv[1]);
 const server = kinesalite({createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0, shardLimit: 10000});
 server.listen(0, '127.0.0.1', (err) => {
