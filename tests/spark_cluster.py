@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,36 +74,48 @@ class StandaloneCluster:
             "--webui-port",
             str(self.ui_port),
         )
-        self._start(
-            "worker",
-            "org.apache.spark.deploy.worker.Worker",
-            self.master_url,
-            "--host",
-            "127.0.0.1",
-            "--cores",
-            str(self.cores),
-            "--memory",
-            self.memory,
-            "--webui-port",
-            str(free_port()),
-            "--work-dir",
-            str(self.work_dir / "work"),
-        )
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if any(w.get("state") == "ALIVE" for w in self.status().get("workers", [])):
-                    return self
-            except OSError:
-                pass
-            if any(p.poll() is not None for p in self._procs):
-                break
-            time.sleep(0.3)
+        # the worker only once the master leads: one that registers while the master is still in standby (its web
+        # UI starting) is ignored, and tries again only 5 to 15 s later (Spark's initial registration interval)
+        if self._until(lambda status: status.get("status") == "ALIVE", deadline):
+            self._start(
+                "worker",
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(self.work_dir / "work"),
+            )
+            worker_alive = lambda status: any(w.get("state") == "ALIVE" for w in status.get("workers", []))  # noqa: E731
+            if self._until(worker_alive, deadline):
+                return self
         logs = "\n".join(
-            (self.work_dir / f"{n}.log").read_text(errors="replace")[-2000:] for n in ("master", "worker")
+            (self.work_dir / f"{n}.log").read_text(errors="replace")[-2000:]
+            for n in ("master", "worker")
+            if (self.work_dir / f"{n}.log").exists()
         )
         self.stop()
         raise RuntimeError(f"the Spark standalone cluster did not come up in {timeout_s:.0f} s:\n{logs}")
+
+    def _until(self, condition: Callable[[dict[str, Any]], bool], deadline: float) -> bool:
+        """Poll the master's status until ``condition`` holds (True), a process died or ``deadline`` passed."""
+        while time.monotonic() < deadline:
+            try:
+                if condition(self.status()):
+                    return True
+            except OSError:
+                pass
+            if any(p.poll() is not None for p in self._procs):
+                return False
+            time.sleep(0.2)
+        return False
 
     def stop(self) -> None:
         for proc in self._procs:

@@ -63,6 +63,13 @@ def _submit_args(options: list[str]) -> str:
     return f"--driver-java-options {shlex.quote(' '.join(options))} pyspark-shell"
 
 
+def driver_options() -> str:
+    """The driver JVM options of this run's ``PYSPARK_SUBMIT_ARGS`` (the suite's, or the caller's own), for other
+    Spark JVMs a test starts (a standalone cluster's master, worker and executors); "" when none are set."""
+    args = shlex.split(os.environ.get(ENV, ""))
+    return args[args.index("--driver-java-options") + 1] if "--driver-java-options" in args[:-1] else ""
+
+
 def prepare(build: bool) -> None:
     """Put the suite's driver options in the environment, unless the caller set ``PYSPARK_SUBMIT_ARGS``
     themselves. With ``build``, dump the class archive first if it is missing (the controlling pytest process

@@ -83,10 +83,14 @@ class Feeder:
         return self.sent
 
 
-def records(config: Any, stream_id: str, *, dead_letters: bool = False) -> dict[int, list[bytes]]:
+def records(
+    config: Any, stream_id: str, *, dead_letters: bool = False, to_upcoming: bool = True
+) -> dict[int, list[bytes]]:
     """Every record value of ``stream_id`` (or of its dead-letter stream), per partition, in offset order
     (offsets are dense from 0 on the embedded log; on Event Hubs the adapter's offsets are dense sequence
-    numbers too)."""
+    numbers too). Each partition is read up to its ``upcoming`` position as the read began; with
+    ``to_upcoming=False``, until a read finds nothing more, for a job that has stopped writing on a system whose
+    ``upcoming`` costs a probe per partition (Kinesis: a time mark)."""
     systems = Systems(config)
     try:
         ref = systems.resolve(stream_id)
@@ -98,7 +102,8 @@ def records(config: Any, stream_id: str, *, dead_letters: bool = False) -> dict[
             ssp = SystemStreamPartition(ref.system, physical, partition)
             values: list[bytes] = []
             offset = meta[partition].oldest
-            while batch := consumer.read(ssp, offset, 10_000, meta[partition].upcoming):
+            end = meta[partition].upcoming if to_upcoming else None
+            while batch := consumer.read(ssp, offset, 10_000, end):
                 values += [r.value for r in batch]
                 offset = batch[-1].next_offset
             found[partition] = values
@@ -107,9 +112,10 @@ def records(config: Any, stream_id: str, *, dead_letters: bool = False) -> dict[
         systems.close()
 
 
-def dead_letters(config: Any, stream_id: str = "page-views") -> list[dict[str, Any]]:
+def dead_letters(config: Any, stream_id: str = "page-views", *, to_upcoming: bool = True) -> list[dict[str, Any]]:
     """The dead letters of input ``stream_id`` (its ``.dlq`` stream), every partition, decoded."""
-    return [json.loads(v) for values in records(config, stream_id, dead_letters=True).values() for v in values]
+    letters = records(config, stream_id, dead_letters=True, to_upcoming=to_upcoming)
+    return [json.loads(v) for values in letters.values() for v in values]
 
 
 def drain_notices(config: Any) -> list[Any]:
@@ -169,13 +175,16 @@ def _event(value: bytes) -> dict[str, Any] | None:
     return event
 
 
-def output_rows(config: Any, stream_id: str) -> list[dict[str, Any]]:
-    return [json.loads(v) for values in records(config, stream_id).values() for v in values]
+def output_rows(config: Any, stream_id: str, *, to_upcoming: bool = True) -> list[dict[str, Any]]:
+    found = records(config, stream_id, to_upcoming=to_upcoming)
+    return [json.loads(v) for values in found.values() for v in values]
 
 
-def window_counts_once(config: Any, stream_id: str = "page-counts") -> tuple[dict[results.Window, int], list[Any]]:
+def window_counts_once(
+    config: Any, stream_id: str = "page-counts", *, to_upcoming: bool = True
+) -> tuple[dict[results.Window, int], list[Any]]:
     """(window -> views) from ``stream_id``, and the windows written more than once."""
-    rows = output_rows(config, stream_id)
+    rows = output_rows(config, stream_id, to_upcoming=to_upcoming)
     keys = Counter((r["page"], r["window_start"][:16]) for r in rows)
     counts = {(r["page"], r["window_start"][:16]): int(r["views"]) for r in rows}
     return counts, [k for k, n in keys.items() if n > 1]

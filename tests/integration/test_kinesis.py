@@ -13,7 +13,6 @@ import json
 import os
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,7 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
-from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems, dead_letter_stream
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 
@@ -134,27 +131,6 @@ class KinesisPageViews(ExampleJob):
                 return False
         return True
 
-    def records(self, stream_id: str, dead_letters: bool = False) -> list[dict[str, Any]]:
-        """Every record of one of the job's streams (or of its dead-letter stream), decoded: read through
-        weirflow's consumer one virtual task at a time until a read finds nothing more, once the job has
-        exited. Not `drain_job.records`, which reads each partition up to its `upcoming` position: on Kinesis a
-        time mark, resolved by probes kinesalite leaves unanswered until the probe client's 2 s read time-out
-        (about 4 s a virtual task, 30 s for this file's two reads)."""
-        systems = Systems(self.config)
-        try:
-            ref = systems.resolve(stream_id)
-            physical = dead_letter_stream(ref.physical) if dead_letters else ref.physical
-            consumer = systems.consumer(ref.system)
-            found: list[dict[str, Any]] = []
-            for partition, meta in systems.admin(ref.system).partition_metadata(physical).items():
-                ssp, offset = SystemStreamPartition(ref.system, physical, partition), meta.oldest
-                while batch := consumer.read(ssp, offset, 10_000):
-                    found += [json.loads(r.value) for r in batch]
-                    offset = batch[-1].next_offset
-            return found
-        finally:
-            systems.close()
-
     def wait_consumed(self, what: str) -> None:
         try:
             wait_until(self.consumed, FINISH_S, f"the job to consume {what}", 0.5)
@@ -204,14 +180,13 @@ def test_a_split_and_a_merge_under_a_running_windowed_job_move_no_task_and_lose_
         "every virtual task started exactly once: no reshard moved or restarted one"
     )
     assert "behind the checkpoint store" not in log and "starting a new one" not in log
-    rows = job.records("page-counts")
-    got = {(r["page"], r["window_start"][:16]): int(r["views"]) for r in rows}
-    twice = [w for w, n in Counter((r["page"], r["window_start"][:16]) for r in rows).items() if n > 1]
+    # the job has exited: read until nothing more comes (reading to `upcoming` probes every shard)
+    got, twice = drain_job.window_counts_once(job.config, to_upcoming=False)
     assert not twice, f"{len(twice)} windows written more than once"
     assert got == results.expected_counts(events), "window counts differ from pandas"
     shards = job.client.list_shards(StreamName=job.input)["Shards"]
     assert len(shards) == 7  # 2 parents, 4 children, 1 merged
-    letters = job.records("page-views", dead_letters=True)
+    letters = drain_job.dead_letters(job.config, to_upcoming=False)
     assert len(letters) == 1 and "not valid JSON" in letters[0]["error"], letters
     assert letters[0]["ssp"] == f"kin.{job.input}.{slice_of(key_hash('bad'), VIRTUAL_TASKS)}"
     assert letters[0]["offset"].startswith("shardId-"), "a dead letter names its shard and sequence number"

@@ -9,13 +9,12 @@ ship_job_code`). Counts must equal pandas, and the master must have run both pro
 
 from __future__ import annotations
 
-import os
-import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 
+from tests import spark_jvm
 from tests.integration.example_job import EXAMPLE, generate, results
 from tests.spark_cluster import StandaloneCluster
 from weirflow.config import load_config
@@ -24,33 +23,6 @@ from weirflow.local.launcher import start_processor, wait_until
 pytestmark = pytest.mark.integration
 
 EVENTS = 3000
-
-
-class MasterFirstCluster(StandaloneCluster):
-    """`StandaloneCluster` whose worker starts once the master leads: a worker that registers while the master is
-    still in standby (its web UI starting) is ignored and tries again only 5 to 15 s later (Spark's fixed initial
-    registration interval), as it often was when both started at once."""
-
-    def _start(self, name: str, *args: str) -> None:
-        if name == "worker":
-            wait_until(self._leading, 90, "the Spark master to lead", 0.2)
-        super()._start(name, *args)
-
-    def _leading(self) -> bool:
-        if any(p.poll() is not None for p in self._procs):
-            return True  # it died: `start` reports it with its log
-        try:
-            return self.status().get("status") == "ALIVE"
-        except OSError:
-            return False
-
-
-def suite_jvm_options() -> str:
-    """The JVM options the suite starts every Spark driver with (`tests/spark_jvm.py`, through
-    ``PYSPARK_SUBMIT_ARGS``: the quick compiler, one GC thread, the class archive), for the cluster's master,
-    worker and executors too: JVMs that live no longer than the drivers, and start up as slowly."""
-    args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
-    return args[args.index("--driver-java-options") + 1] if "--driver-java-options" in args[:-1] else ""
 
 
 PIPELINE = """
@@ -86,9 +58,9 @@ def test_the_pageviews_job_runs_on_a_standalone_cluster_with_exact_counts(
         shutil.copy(EXAMPLE / name, job_dir / name)
     (job_dir / "clusterjob.py").write_text(PIPELINE)
     (job_dir / "pagenames.py").write_text(PAGENAMES)
-    jvm_options = suite_jvm_options()
+    jvm_options = spark_jvm.driver_options()
     monkeypatch.setenv("SPARK_DAEMON_JAVA_OPTS", jvm_options)  # the master's and the worker's
-    cluster = MasterFirstCluster(tmp_path / "cluster").start()
+    cluster = StandaloneCluster(tmp_path / "cluster").start()
     try:
         overrides = [
             f"job.state.dir={tmp_path / 'state'}",
