@@ -54,11 +54,11 @@ spark-archive: install
 run: install
 	$(PY) examples/pageviews/demo.py
 
-# apt runs first and alone (one dpkg at a time); then npm installs the emulators while pip fills the venv and
-# the suite's Spark class archive is dumped (tests/spark_jvm.py, once per venv): the network and a core at once.
-test: java node faketime chromium
+# The suite's Spark class archive (tests/spark_jvm.py, once per venv) is dumped while npm installs Azurite: one
+# waits on a core, the other mostly on the network.
+test: install faketime chromium
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) spark-archive
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3 --dist loadfile --heavy-at-once 2 --durations=25
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's
 # import hook, so the plugin folders are linked under those names (pyproject.toml's package-dir) in MYPY_PATH,

@@ -110,20 +110,6 @@ def own_kinesalite() -> Iterator[object]:
         server.stop()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    from tests import scheduling
-
-    scheduling.add_option(parser)
-
-
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``make test``'s file scheduling (`tests/scheduling.py`): Spark-heavy files never outnumber the cores."""
-    from tests import scheduling
-
-    return scheduling.make_scheduler(config, log)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
     dumps their class archive once, before pytest-xdist starts its workers."""

@@ -1,8 +1,12 @@
-"""Several processes opening one new embedded database at the same moment (processors started together)."""
+"""The embedded database under concurrency: processes opening one new file at the same moment (processors
+started together), and a close while another thread runs a query."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 from weirflow.local.database import Database
@@ -40,3 +44,46 @@ def test_processes_opening_a_new_database_together_all_succeed(tmp_path: Path) -
         rows = Database(path, SCHEMA).connection().execute("SELECT COUNT(*) FROM t").fetchone()[0]
         assert rows == 4
     assert outcomes == ["ok"] * 80
+
+
+_CLOSE_DURING_A_QUERY = textwrap.dedent(
+    """
+    import sys, threading
+    from pathlib import Path
+    from weirflow.local.database import Database
+
+    db = Database(Path(sys.argv[1]), "CREATE TABLE IF NOT EXISTS t (a INTEGER);")
+    counted, started = [], threading.Event()
+
+    def query():
+        conn = db.connection()
+        started.set()
+        counted.append(conn.execute(
+            "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 2000000) "
+            "SELECT COUNT(*) FROM c").fetchone()[0])
+
+    for _ in range(3):
+        started.clear()
+        thread = threading.Thread(target=query)
+        thread.start()
+        started.wait()
+        db.close()  # while the other thread's query runs
+        thread.join()
+    db.connection().execute("INSERT INTO t VALUES (1)")  # and the database opens again after a close
+    print(counted)
+    """
+)
+
+
+def test_a_close_while_another_thread_runs_a_query_lets_the_query_finish(tmp_path: Path) -> None:
+    """Closing every thread's connection crashed the interpreter (a segmentation fault: sqlite3 freed the
+    connection under the running query) when a request's executor thread was still reading; in a subprocess,
+    so that a crash fails this test and not the run."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSE_DURING_A_QUERY, str(tmp_path / "job.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.strip() == str([2_000_000] * 3), "each query ran to its end"

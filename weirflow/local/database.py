@@ -25,7 +25,7 @@ class Database:
         self._schema = schema
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[tuple[threading.Thread, sqlite3.Connection]] = []  # each with the thread it serves
         self._guard = threading.Lock()
         self.connection().executescript(schema)
 
@@ -40,7 +40,7 @@ class Database:
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._guard:
-                self._all.append(conn)
+                self._all.append((threading.current_thread(), conn))
         return conn
 
     def _use_wal(self, conn: sqlite3.Connection) -> None:
@@ -71,11 +71,19 @@ class Database:
         conn.execute("COMMIT")
 
     def close(self) -> None:
+        """Close this thread's connection and those of threads that have ended; let go of the others.
+
+        Another live thread may be running a query on its connection right now, and closing a connection
+        under a running query crashes the interpreter (sqlite3 does not guard against it). Such a connection
+        is dropped instead: its thread finishes what it runs, its next `connection` opens a new one, and the
+        old one closes when the last reference to it goes."""
+        me = threading.current_thread()
         with self._guard:
-            conns, self._all = self._all, []
-        for conn in conns:
-            try:
-                conn.close()
-            except sqlite3.ProgrammingError:
-                pass
-        self._local = threading.local()
+            owned, self._all = self._all, []
+            self._local = threading.local()
+        for thread, conn in owned:
+            if thread is me or not thread.is_alive():
+                try:
+                    conn.close()
+                except sqlite3.ProgrammingError:
+                    pass
