@@ -41,8 +41,6 @@ import json
 import os
 import random
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -207,14 +205,9 @@ class Fleet:
     def stop(self) -> None:
         """SIGTERM every processor at once, then wait for each (SIGKILL after 90 s)."""
         for proc in self.procs:
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGTERM)
+            proc.request_stop()
         for proc in self.procs:
-            try:
-                proc.popen.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            proc.terminate()
+            proc.wait_stopped(timeout_s=90)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -93,8 +93,9 @@ class StandaloneCluster:
                 "--work-dir",
                 str(self.work_dir / "work"),
             )
-            worker_alive = lambda status: any(w.get("state") == "ALIVE" for w in status.get("workers", []))  # noqa: E731
-            if self._until(worker_alive, deadline):
+            if self._until(
+                lambda status: any(w.get("state") == "ALIVE" for w in status.get("workers", [])), deadline
+            ):
                 return self
         logs = "\n".join(
             (self.work_dir / f"{n}.log").read_text(errors="replace")[-2000:]

@@ -357,7 +357,7 @@ def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill
             newer = latest(VIEWS + USERS)
             wait_until(lambda: serves(newer), 120, "the moved tasks applying new views")
             with pytest.raises(TimeoutError):  # no other view reached the tap in the 2 s (at least) since
-                by_page.recv(timeout=2 - (time.monotonic() - quiet_since))
+                by_page.recv(timeout=max(0.0, 2 - (time.monotonic() - quiet_since)))
     except Exception:
         for proc in procs.values():
             print(proc.log_text()[-3000:])

@@ -39,17 +39,26 @@ class ProcessorProcess:
         self.popen.wait()
         self._log.close()
 
-    def terminate(self, timeout_s: float = 60) -> int:
-        """SIGTERM and wait for a clean stop; SIGKILL if it does not stop in time. Returns the exit code."""
+    def request_stop(self) -> None:
+        """SIGTERM without waiting: several processors stopping at once each hand their tasks over in parallel."""
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+
+    def wait_stopped(self, timeout_s: float = 60) -> int:
+        """Wait for the stop `request_stop` asked for; SIGKILL if it does not come in time. Returns the exit
+        code."""
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
         self._log.close()
         return self.popen.returncode
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM and wait for a clean stop; SIGKILL if it does not stop in time. Returns the exit code."""
+        self.request_stop()
+        return self.wait_stopped(timeout_s)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
