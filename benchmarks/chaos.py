@@ -1,10 +1,12 @@
-"""Chaos run: the pageviews job on the Azure backend while processors are SIGKILLed, counted against pandas.
+"""Chaos run: the pageviews job while processors are SIGKILLed, counted against pandas.
 
-Three `weirflow run` processes of ``examples/pageviews/azure.yaml`` share the job: coordination and checkpoints in
-Azure Storage (Azurite, started here), every stream on Event Hubs (the project's emulator, started here, spoken
-to by the real SDK). Events are produced at a steady ``--rate`` for ``--duration`` seconds; every
-``--kill-every`` seconds a random processor is SIGKILLed and a new one started in its place (a fresh processor
-id, as a replaced container would have). Then the input stops and the job is drained:
+Three `weirflow run` processes share the job. ``--backend azure`` (the default) runs
+``examples/pageviews/azure.yaml``: coordination and checkpoints in Azure Storage (Azurite, started here), every
+stream on Event Hubs (the project's emulator, started here, spoken to by the real SDK). ``--backend local`` runs
+``examples/pageviews/job.yaml`` on the embedded default (SQLite coordination, checkpoints and streams, one
+state directory for every processor, as on one machine). Events are produced at a steady ``--rate`` for
+``--duration`` seconds; every ``--kill-every`` seconds a random processor is SIGKILLed and a new one started in
+its place (a fresh processor id, as a replaced container would have). Then the input stops and the job is drained:
 
 * the input is unbounded (``streams.page-views.bounded=false``: a bounded stream ends when a task catches up,
   which a steady producer makes arbitrary), so once the last event is sent one *closing event* goes to every
@@ -21,16 +23,20 @@ The output is compared with pandas over every event sent. One JSON line last::
 
 * ``lost`` — events missing from the final counts (sum over windows of expected minus counted, when below);
   must be 0;
-* ``duplicate_outputs`` — output records beyond the first for a window (replays after a kill rewrite a key);
-* ``overcounted_windows`` — windows whose final count is above pandas' (an event counted twice);
+* ``duplicate_outputs`` — output records beyond the first for a window, once records whose id
+  (docs/guarantees.md: the embedded log drops them itself, Event Hubs carries the id as the ``weirflow-id``
+  property) was seen before are dropped, as a downstream consumer would; ``replayed_outputs`` counts those;
+* ``overcounted_windows`` / ``undercounted_windows`` — windows whose final count is above / below pandas'
+  (an event counted twice / not at all);
 * ``overlap_ms`` — total time two writers (processor, lock epoch) of one task had overlapping tenures, from
   the ``wrote task=...`` lines each processor logs per committed batch (docs/pipelines.md); a tenure spans
   its first batch's start to its last batch's end; must be 0 with fencing; null when no process logged them;
 * ``exact_windows`` / ``windows`` — windows whose final count equals pandas', of all pandas windows.
 
 ``baseline`` is the reference itself (pandas over the same events, computed in this run).
-Usage: ``python benchmarks/chaos.py [--duration 180] [--rate 150] [--kill-every 20] [--processors 3]
-[--set KEY=VALUE ...]`` (``--set``: config overrides for every processor, as ``weirflow run --set``).
+Usage: ``python benchmarks/chaos.py [--backend azure|local] [--duration 180] [--rate 150] [--kill-every 20]
+[--processors 3] [--set KEY=VALUE ...]`` (``--set``: config overrides for every processor, as
+``weirflow run --set``).
 """
 
 from __future__ import annotations
@@ -54,13 +60,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
 EXAMPLE = ROOT / "examples" / "pageviews"
 sys.path.insert(0, str(EXAMPLE))
-CONFIG = EXAMPLE / "azure.yaml"
+CONFIGS = {"azure": EXAMPLE / "azure.yaml", "local": EXAMPLE / "job.yaml"}
 
 import generate  # noqa: E402 - the example's event generator
 import results  # noqa: E402 - the example's pandas reference
 
 from weirflow.config import load_config  # noqa: E402
-from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition  # noqa: E402
+from weirflow.interfaces.system import (  # noqa: E402
+    RECORD_ID_PROPERTY,
+    OutgoingRecord,
+    StreamSpec,
+    SystemStreamPartition,
+)
 from weirflow.local.launcher import ProcessorProcess, start_processor  # noqa: E402
 from weirflow.systems import Systems  # noqa: E402
 
@@ -135,9 +146,12 @@ class OutputReader:
         self.offsets = dict.fromkeys(range(PARTITIONS), "0")
         self.latest: dict[tuple[str, str], int] = {}
         self.records = 0
+        self.ids: set[str] = set()
+        self.replayed = 0  # records dropped because their id was seen before
 
     def read(self) -> tuple[dict[tuple[str, str], int], int]:
-        """(the latest count per window, how many output records there were), the closing window left out."""
+        """(the latest count per window, how many output records there were), the closing window left out;
+        a record whose id was seen before is a replay and is dropped, as a downstream consumer would."""
         for partition in range(PARTITIONS):
             ssp = SystemStreamPartition(self.ref.system, self.ref.physical, partition)
             while batch := self.consumer.read(ssp, self.offsets[partition], 10_000):
@@ -145,6 +159,12 @@ class OutputReader:
                     row = json.loads(record.value)
                     if row["page"] == CLOSING_PAGE:
                         continue
+                    record_id = dict(record.attributes.get("properties") or {}).get(RECORD_ID_PROPERTY)
+                    if record_id is not None:
+                        if record_id in self.ids:
+                            self.replayed += 1
+                            continue
+                        self.ids.add(record_id)
                     self.latest[(row["page"], row["window_start"][:16])] = int(row["views"])
                     self.records += 1
                 self.offsets[partition] = batch[-1].next_offset
@@ -183,7 +203,8 @@ def overlap_ms(logs: list[Path]) -> tuple[int | None, int]:
 class Fleet:
     """The job's processes: ``slots`` of them, each replaced by a new processor id when killed."""
 
-    def __init__(self, overrides: list[str], logs: Path, slots: int) -> None:
+    def __init__(self, config: Path, overrides: list[str], logs: Path, slots: int) -> None:
+        self.config = config
         self.overrides = overrides
         self.logs = logs
         self.generation = [0] * slots
@@ -191,7 +212,7 @@ class Fleet:
         self.all_logs = [p.log_path for p in self.procs]
 
     def _start(self, slot: int) -> ProcessorProcess:
-        return start_processor(CONFIG, f"c{slot}-{self.generation[slot]}", self.overrides, log_dir=self.logs)
+        return start_processor(self.config, f"c{slot}-{self.generation[slot]}", self.overrides, log_dir=self.logs)
 
     def kill_and_replace(self, rng: random.Random) -> str:
         slot = rng.randrange(len(self.procs))
@@ -210,21 +231,38 @@ class Fleet:
             proc.wait_stopped(timeout_s=90)
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from tests.azurite import Azurite
-    from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
+class Services:
+    """What the backend needs running: Azurite and the Event Hubs emulator for ``azure``, nothing for ``local``."""
 
+    def __init__(self, backend: str, work: Path, job_id: str) -> None:
+        self.stops: list[Any] = []
+        if backend != "azure":
+            return
+        from tests.azurite import Azurite
+        from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
+
+        azurite = Azurite(work / "azurite").start()
+        self.stops.append(azurite.stop)
+        hubs = {
+            "page-views": PARTITIONS,
+            "page-views.dlq": PARTITIONS,
+            "page-counts": PARTITIONS,
+            f"pageviews-{job_id}-views-by-page": PARTITIONS,
+        }
+        emulator = EventHubsEmulator(hubs).start()
+        self.stops.append(emulator.stop)
+        os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+        os.environ["EVENTHUBS_CONNECTION_STRING"] = emulator.connection_string()
+
+    def stop(self) -> None:
+        for stop in reversed(self.stops):
+            stop()
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     job_id = uuid.uuid4().hex[:8]
-    azurite = Azurite(work / "azurite").start()
-    hubs = {
-        "page-views": PARTITIONS,
-        "page-views.dlq": PARTITIONS,
-        "page-counts": PARTITIONS,
-        f"pageviews-{job_id}-views-by-page": PARTITIONS,
-    }
-    emulator = EventHubsEmulator(hubs).start()
-    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-    os.environ["EVENTHUBS_CONNECTION_STRING"] = emulator.connection_string()
+    services = Services(args.backend, work, job_id)
+    config_path = CONFIGS[args.backend]
     overrides = [
         f"job.state.dir={work / 'state'}",
         f"job.id={job_id}",
@@ -234,10 +272,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"spark.master=local[{args.cores}]",
         *args.overrides,
     ]
-    config = load_config(CONFIG, overrides)
+    config = load_config(config_path, overrides)
     physical = config.get("streams.page-views.physical.name") or "page-views"
+    if args.backend == "local":  # the embedded log's input exists before the producer's first send
+        systems = Systems(config)
+        try:
+            systems.admin(systems.resolve("page-views").system).create_stream(StreamSpec(physical, PARTITIONS))
+        finally:
+            systems.close()
     rng = random.Random(args.seed)
-    fleet = Fleet(overrides, work / "logs", args.processors)
+    fleet = Fleet(config_path, overrides, work / "logs", args.processors)
     producer = Producer(config, args.rate, physical)
     kills: list[str] = []
     try:
@@ -259,12 +303,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         send_closing_events(config, physical, max(e["event_time"] for e in sent))
         expected = results.expected_counts(sent)
         say(f"input stopped at {len(sent):,} events ({len(expected):,} windows); draining")
-        got, records = drain(config, expected, args)
+        got, records, replayed = drain(config, expected, args)
     finally:
         producer.stop_flag.set()
         fleet.stop()
-        emulator.stop()
-        azurite.stop()
+        services.stop()
     overlap, batches = overlap_ms(fleet.all_logs)
     lost = sum(max(0, n - got.get(w, 0)) for w, n in expected.items())
     exact = sum(got.get(w) == n for w, n in expected.items())
@@ -275,11 +318,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "kills": len(kills),
         "lost": lost,
         "duplicate_outputs": records - len(got),
+        "replayed_outputs": replayed,
         "overlap_ms": overlap,
         "exact_windows": exact,
         "windows": len(expected),
         "missing_windows": sum(w not in got for w in expected),
         "overcounted_windows": sum(got.get(w, 0) > n for w, n in expected.items()),
+        "undercounted_windows": sum(w in got and got[w] < n for w, n in expected.items()),
         "output_records": records,
         "batches_logged": batches,
         "events": len(sent),
@@ -287,12 +332,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rate": args.rate,
         "kill_every_s": args.kill_every,
         "processors": args.processors,
-        "backend": "azure (Azurite) + event hubs (emulator)",
+        "backend": "azure (Azurite) + event hubs (emulator)" if args.backend == "azure" else "local (embedded)",
         "baseline": {"what": "pandas over every event sent", "windows": len(expected), "events": len(sent)},
     }
 
 
-def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, int]:
+def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, int, int]:
     """Wait until every expected window is written and the output has not changed for ``--settle`` s."""
     deadline = time.monotonic() + args.drain_timeout
     last, stable_since, said = None, time.monotonic(), 0.0
@@ -304,10 +349,10 @@ def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, 
                 last, stable_since = (got, records), time.monotonic()
             complete = all(w in got for w in expected)
             if complete and time.monotonic() - stable_since >= args.settle:
-                return got, records
+                return got, records, reader.replayed
             if time.monotonic() >= deadline:
                 say(f"drain timed out: {sum(w not in got for w in expected)} windows not written")
-                return got, records
+                return got, records, reader.replayed
             if time.monotonic() - said >= 5:
                 say(f"{len(got):,}/{len(expected):,} windows written, {records:,} records")
                 said = time.monotonic()
@@ -318,6 +363,7 @@ def drain(config: Any, expected: dict, args: argparse.Namespace) -> tuple[dict, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=sorted(CONFIGS), default="azure")
     parser.add_argument("--duration", type=float, default=180)
     parser.add_argument("--rate", type=int, default=150, help="events per second")
     parser.add_argument("--kill-every", type=float, default=20)

@@ -44,6 +44,7 @@ from weirflow.errors import (
     StreamNotFoundError,
 )
 from weirflow.interfaces.system import (
+    RECORD_ID_PROPERTY,
     IncomingRecord,
     OutgoingRecord,
     PartitionMetadata,
@@ -598,6 +599,8 @@ class EventHubSystemProducer(SystemProducer):
         batch = client.create_batch(**dest)
         for record in items:
             event = EventData(record.value)
+            if record.id is not None:
+                event.properties = {RECORD_ID_PROPERTY: record.id}
             try:
                 batch.add(event)
                 continue

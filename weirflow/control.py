@@ -236,7 +236,9 @@ class TaskControl:
     the task drained (docs/drain.md): its inputs stopped at a cut or drained, its windows were flushed and drain
     went downstream; a later deployment (another run id) starts the task afresh from its offsets;
     ``dead_letters`` — records sent to dead-letter streams so far; ``sent_watermark`` — the last watermark the
-    task sent to its intermediate outputs.
+    task sent to its intermediate outputs; ``marks`` — per intermediate partition it reads, the marks with
+    which replayed rows are dropped and the offset they hold at (`weirflow.spark.replay`), written with the
+    offsets so that the two always agree.
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
@@ -245,6 +247,7 @@ class TaskControl:
     drained: str = ""
     dead_letters: int = 0
     sent_watermark: int = -1
+    marks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -260,7 +263,7 @@ class TaskControl:
     def for_new_run(self) -> TaskControl:
         """The control state a task starts a new deployment with after it drained in another: nothing of the
         old run's control messages (they all preceded the drained offsets), the dead-letter count kept."""
-        return TaskControl(dead_letters=self.dead_letters)
+        return TaskControl(dead_letters=self.dead_letters, marks=dict(self.marks))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -270,6 +273,7 @@ class TaskControl:
             "drained": self.drained,
             "dead-letters": self.dead_letters,
             "sent-watermark": self.sent_watermark,
+            **({"marks": dict(self.marks)} if self.marks else {}),
         }
 
     @classmethod
@@ -282,4 +286,5 @@ class TaskControl:
             drained=str(data.get("drained", "")),
             dead_letters=int(data.get("dead-letters", 0)),
             sent_watermark=int(data.get("sent-watermark", -1)),
+            marks={str(k): dict(v) for k, v in dict(data.get("marks", {})).items()},
         )

@@ -15,6 +15,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
 from weirflow.spark import source
+from weirflow.spark.batch_reader import BatchReader
 from weirflow.systems import Systems
 
 SSPS = [f"local.views.{p}" for p in range(3)]
@@ -182,7 +183,7 @@ def test_a_drain_message_of_another_run_is_not_an_end(tmp_path: Path) -> None:
         "max_records": "10",
         "run_id": "r2",
     }
-    batch_reader = source._BatchReader(source.SourceSpec(options))
+    batch_reader = BatchReader(source.SourceSpec(options))
     messages = [
         ControlMessage(MessageType.DRAIN, "a-0", 2, 0, run_id="r1").encode(),
         ControlMessage(MessageType.DRAIN, "a-1", 2, 0, run_id="r2").encode(),

@@ -73,6 +73,9 @@ def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
         labels=t,
     )
     dead = CounterMetricFamily("weirflow_task_dead_letters", "Records sent to dead-letter streams", labels=t)
+    replays = CounterMetricFamily(
+        "weirflow_task_replays_dropped", "Intermediate rows dropped as replays of rows already read", labels=t
+    )
     lag = GaugeMetricFamily(
         "weirflow_task_lag_records", "Records between the task's position and the end", labels=[*t, "ssp"]
     )
@@ -85,10 +88,11 @@ def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
         duration.add_metric(labels, r.get("last_batch_ms", 0) / 1000)
         checkpoint.add_metric(labels, r.get("last_checkpoint_ms", 0) / 1000)
         dead.add_metric(labels, r.get("dead_letters", 0))
+        replays.add_metric(labels, r.get("replays_dropped", 0))
         for ssp, n in sorted((r.get("lag") or {}).items()):
             if n >= 0:
                 lag.add_metric([*labels, ssp], n)
-    yield from (records_in, records_out, batches, duration, checkpoint, dead, lag)
+    yield from (records_in, records_out, batches, duration, checkpoint, dead, replays, lag)
 
 
 def metrics_exposition(snapshot: Callable[[], ProcessorSnapshot]) -> Callable[[], bytes]:

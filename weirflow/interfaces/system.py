@@ -166,14 +166,24 @@ class RecordColumns:
         )
 
 
+# The record property that carries `OutgoingRecord.id` on systems that keep properties (docs/guarantees.md).
+RECORD_ID_PROPERTY = "weirflow-id"
+
+
 @dataclass(frozen=True)
 class OutgoingRecord:
-    """A record to send. ``partition`` pins the partition; else ``key`` is hashed; else the system chooses."""
+    """A record to send. ``partition`` pins the partition; else ``key`` is hashed; else the system chooses.
+
+    ``id`` (optional) names the record deterministically: a replay of the batch that wrote it sends the same id
+    again (docs/guarantees.md). A system that can drop a record whose id its stream already holds does so
+    (the embedded log); one that keeps record properties carries it for consumers (Event Hubs: the
+    ``weirflow-id`` application property); others ignore it."""
 
     stream: str
     value: bytes
     key: bytes | None = None
     partition: int | None = None
+    id: str | None = None
 
 
 class ReadPlan(NamedTuple):

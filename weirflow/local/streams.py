@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS streams (
 CREATE TABLE IF NOT EXISTS records (stream TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     key BLOB, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL,
     PRIMARY KEY (stream, partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS record_ids (stream TEXT NOT NULL, id TEXT NOT NULL,
+    PRIMARY KEY (stream, id)) WITHOUT ROWID;
 """
 _ENDS = (
     "SELECT (SELECT MIN(offset) FROM records WHERE stream = ? AND partition = ?), "
@@ -207,6 +209,12 @@ class LocalSystemProducer(SystemProducer):
             next_offsets: dict[tuple[str, int], int] = {}
             rows = []
             for record, partition in placed:
+                if record.id is not None:  # a replay of a record the stream holds: dropped (docs/guarantees.md)
+                    taken = conn.execute(
+                        "INSERT OR IGNORE INTO record_ids VALUES (?, ?)", (record.stream, record.id)
+                    )
+                    if taken.rowcount == 0:
+                        continue
                 slot = (record.stream, partition)
                 if slot not in next_offsets:
                     row = conn.execute(

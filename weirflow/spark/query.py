@@ -18,6 +18,7 @@ Per input stream of the task's stage:
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +32,13 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.replay import POSITION_COLUMNS
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
 from weirflow.start_position import parse_start
 from weirflow.systems import HTTP_REQUEST_SCHEMA, is_http_stream
+
+log = logging.getLogger("weirflow.spark")
 
 # An intermediate stream's record packs up to 4,096 rows (`weirflow.spark.packing`), so one batch reads at most
 # limit/64 of them per task: as many rows as `task.max.records.per.trigger` when records are 1/64 full, at most
@@ -106,6 +110,7 @@ class QueryScope:
     ssps: tuple[SystemStreamPartition, ...]
     task_of: dict[str, str]
     inject: str
+    marks_dir: str = ""  # where reads of intermediate streams keep their marks (`weirflow.spark.replay`)
 
 
 # Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
@@ -141,6 +146,9 @@ STATELESS_OPERATORS = frozenset(
         "Expand",
     }
 )
+# Stateless operators after which a partition's rows are no longer in their input's order: a stage with one
+# of them carries no row positions (`weirflow.spark.replay` needs rows written in position order).
+REORDERING_OPERATORS = frozenset({"Repartition", "RepartitionByExpression", "RebalancePartitions"})
 
 
 class StageBuilder:
@@ -156,6 +164,8 @@ class StageBuilder:
         self.run_id = run_id_of(plan.config)
         self._settings: dict[str, InputSettings] = {}
         self._stateless: dict[str, bool] = {}
+        self._ordered: dict[str, bool] = {}
+        self._warned: dict[str, list[Any]] = {}  # stage -> sinks whose rows lost their positions (said once)
 
     # --- input settings ---------------------------------------------------------------------------------
     def settings(self, stream_id: str) -> InputSettings:
@@ -254,10 +264,22 @@ class StageBuilder:
                     children = node.children()
                     pending.extend(children.apply(i) for i in range(children.size()))
             self._stateless[stage.name] = names <= STATELESS_OPERATORS
+            self._ordered[stage.name] = not names & REORDERING_OPERATORS
         return self._stateless[stage.name]
 
+    def carries_positions(self, stage: Stage) -> bool:
+        """Whether ``stage``'s transforms see (and may pass on) each row's position, ``__pss`` and ``__pos``
+        (`weirflow.spark.replay`): in a stateless stage that keeps its rows in input order and reads systems of
+        dense offsets. A stateful stage's rows are results, not input rows: its transforms never see positions."""
+        if not (self.stateless(stage) and self._ordered[stage.name]):
+            return False
+        systems = self.plan.systems
+        return all(systems.admin(self.plan.ref(s).system).dense_offsets for s in stage.input_ids)
+
     # --- frames -----------------------------------------------------------------------------------------
-    def _source(self, index: int, stream_id: str, scope: QueryScope | None, starts: dict[str, Any]) -> DataFrame:
+    def _source(
+        self, index: int, stream_id: str, scope: QueryScope | None, starts: dict[str, Any], positions: bool
+    ) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
         ssps = [
@@ -294,6 +316,8 @@ class StageBuilder:
             "max_records": str(self._read_limit(settings)),
             "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
+            "stream_index": str(index),
+            "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
@@ -305,7 +329,7 @@ class StageBuilder:
             if f.name == settings.event_time_field
             else F.col(f.name)
             for f in raw.schema.fields
-            if f.name not in INTERNAL_COLUMNS
+            if f.name not in INTERNAL_COLUMNS and (positions or f.name not in POSITION_COLUMNS)
         ]
         return observed.filter(F.col("__ctl").isNull()).select(*columns)
 
@@ -321,16 +345,18 @@ class StageBuilder:
     def build(
         self, stage: Stage, scope: QueryScope | None, starts: dict[str, Any]
     ) -> tuple[list[str], dict[int, DataFrame]]:
-        """Frames of every node of ``stage`` over ``scope`` (None: schema only). Returns (input stream ids in
-        observation order, node id -> DataFrame)."""
+        """Frames of every node of ``stage`` over ``scope`` (None: schema only, without positions). Returns
+        (input stream ids in observation order, node id -> DataFrame)."""
         frames: dict[int, DataFrame] = {}
         inputs = stage.input_ids
+        positions = scope is not None and self.carries_positions(stage)
 
         def frame(node: Node) -> DataFrame:
             if id(node) in frames:
                 return frames[id(node)]
             if node.op == "input":
-                df = self._source(inputs.index(str(node.stream_id)), str(node.stream_id), scope, starts)
+                stream_id = str(node.stream_id)
+                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))
@@ -363,8 +389,20 @@ class StageBuilder:
         records (`weirflow.spark.packing`)."""
         parts, specs = [], []
         several = len(stage.sinks) > 1
+        warned = self._warned.setdefault(stage.name, [])
         for index, sink in enumerate(stage.sinks):
             df = frames[id(sink.node)]
+            positions = all(c in df.columns for c in POSITION_COLUMNS)
+            own = [c for c in df.columns if c not in POSITION_COLUMNS]  # the rows' own columns
+            if not positions and self.carries_positions(stage) and sink.serve is None and sink.node not in warned:
+                warned.append(sink.node)
+                log.warning(
+                    "stage %s: its transforms drop the row positions (%s), so a replay after a crash can write "
+                    "rows to %s twice; keep the columns to get exactly-once (docs/guarantees.md)",
+                    stage.name,
+                    ", ".join(POSITION_COLUMNS),
+                    sink.stream_id,
+                )
             spec: dict[str, Any]
             if sink.serve is not None:
                 spec = {"stream": sink.stream_id, "serve": sink.serve}
@@ -379,13 +417,19 @@ class StageBuilder:
             if sink.intermediate:
                 count = self.plan.partition_count(sink.stream_id)
                 partition = F.lit(0) if key is None else F.coalesce(F.pmod(F.crc32(key), F.lit(count)), F.lit(0))
-                names = [f"__r{index}_{j}" for j in range(len(df.columns))]
+                names = [f"__r{index}_{j}" for j in range(len(own))]
                 columns.append(partition.cast("int").alias("__partition"))
-                columns += [df[name].alias(alias) for name, alias in zip(df.columns, names, strict=True)]
-                spec["rows"] = [[alias, name] for alias, name in zip(names, df.columns, strict=True)]
+                columns += [df[name].alias(alias) for name, alias in zip(own, names, strict=True)]
+                spec["rows"] = [[alias, name] for alias, name in zip(names, own, strict=True)]
             else:
                 columns.append((key if key is not None else F.lit(None).cast("binary")).alias("__key"))
-                columns.append(F.to_json(F.struct(*[df[c] for c in df.columns])).cast("binary").alias("__value"))
+                columns.append(F.to_json(F.struct(*[df[c] for c in own])).cast("binary").alias("__value"))
+            if positions:
+                columns += [df[c] for c in POSITION_COLUMNS]
+                spec["positions"] = True
+            elif not self.stateless(stage):
+                spec["results"] = True  # rows are results, named by their content (`WeirflowStreamWriter._ids`)
+            spec["stage"] = stage.name
             parts.append(df.select(*columns))
             specs.append(spec)
         out = parts[0]

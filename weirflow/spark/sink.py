@@ -23,6 +23,7 @@ go to the stream's ``<physical>.dlq`` with the reason.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from weirflow.spark.fence import LockRef
 from weirflow.spark.fence import check as check_fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
+from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, output_index
 from weirflow.spark.source import systems_for
 from weirflow.systems import dead_letter_stream
 
@@ -67,6 +69,10 @@ class WrittenCount(WriterCommitMessage):
         self.served = served or {}
 
 
+def _digest(key: bytes | None, value: bytes) -> str:
+    return hashlib.blake2b((key or b"") + b"\0" + value, digest_size=12).hexdigest()
+
+
 class WeirflowSink(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -80,8 +86,9 @@ class WeirflowSink(DataSource):
         fence = decode_fence(self.options.get("fence"))
         served_dir = self.options.get("served_dir") or None
         counts_dir = self.options.get("counts_dir") or None
+        tasks = json.loads(self.options.get("tasks") or "[]")
         return WeirflowStreamWriter(
-            self.options["config"], json.loads(self.options["sinks"]), fence, served_dir, counts_dir
+            self.options["config"], json.loads(self.options["sinks"]), fence, served_dir, counts_dir, tasks
         )
 
 
@@ -96,12 +103,16 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         fence: list[LockRef] | None = None,
         served_dir: str | None = None,
         counts_dir: str | None = None,
+        tasks: list[str] | None = None,
     ) -> None:
         self.snapshot = snapshot
+        self.tasks = tasks or []  # the tasks the query runs (a stateful stage's query runs one)
         self.sinks = sinks
         self.fence = fence or []
         self.served_dir = served_dir  # the task's Spark checkpoint directory, where served tables are kept
         self.counts_dir = counts_dir  # where commit leaves each batch's counts for the runner (records out)
+        # per output: the last row written of this partition (its __pss, __pos, __k), for the next batch's __k
+        self._carry: dict[int, tuple[int, int, int]] = {}
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
         workergc.before_task()
@@ -130,13 +141,16 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 out = by_system.setdefault(sink["system"], [])
                 if sink.get("rows"):
+                    if sink.get("positions"):
+                        rows = self._indexed(index, rows)
                     out.extend(self._packed(rows, sink, systems.producer(sink["system"])))
                 else:
                     keys = rows.column("__key").to_pylist()
-                    values = rows.column("__value").to_pylist()
+                    values = [value or b"" for value in rows.column("__value").to_pylist()]
+                    ids = self._ids(index, sink, rows, keys, values)
                     out.extend(
-                        OutgoingRecord(stream=sink["physical"], value=value or b"", key=key)
-                        for key, value in zip(keys, values, strict=True)
+                        OutgoingRecord(stream=sink["physical"], value=value, key=key, id=record_id)
+                        for key, value, record_id in zip(keys, values, ids, strict=True)
                     )
             # Before every send, not once per partition: a partition's rows arrive over time (a slow transform
             # upstream), and the lock may move while they do. Checked last, right before the records go out.
@@ -145,13 +159,46 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 self._send(systems.producer(system), records)
         return WrittenCount(counts, served)
 
+    def _ids(
+        self, index: int, sink: dict[str, Any], rows: pa.RecordBatch, keys: list[Any], values: list[bytes]
+    ) -> list[str | None]:
+        """The output records' ids (docs/guarantees.md): a row-wise stage's rows are named by their position,
+        ``<stage>/<__pss>/<__pos>/<__k>``; a stateful stage's results by their task and content (a replayed
+        batch emits the same results); rows that lost their positions get none."""
+        if sink.get("positions"):
+            rows = self._indexed(index, rows)
+            stage = sink["stage"]
+            columns = (rows.column(c).to_pylist() for c in (PSS, POS, K))
+            return [f"{stage}/{a:x}/{b:x}/{c}" for a, b, c in zip(*columns, strict=True)]
+        if sink.get("results") and len(self.tasks) == 1:
+            task = self.tasks[0]
+            return [f"{task}/{_digest(key, value)}" for key, value in zip(keys, values, strict=True)]
+        return [None] * len(values)
+
+    def _indexed(self, index: int, rows: pa.RecordBatch) -> pa.RecordBatch:
+        """``rows`` of output ``index`` with ``__k``, each row's index among the outputs of its input row
+        (`weirflow.spark.replay`), counted on from the previous batch's last row."""
+        pss_values = rows.column(PSS).to_numpy(zero_copy_only=False)
+        pos = rows.column(POS).to_numpy(zero_copy_only=False)
+        k = output_index(pss_values, pos, self._carry.get(index))
+        if len(k):
+            self._carry[index] = (int(pss_values[-1]), int(pos[-1]), int(k[-1]))
+        return rows.append_column(K, pa.array(k, pa.int32()))
+
     @staticmethod
     def _packed(rows: pa.RecordBatch, sink: dict[str, Any], producer: Any) -> list[OutgoingRecord]:
         """The rows of one intermediate stream as packed records, one run per partition (rows keep their
-        order within a partition); a row too large to send alone becomes a dead letter."""
+        order within a partition); a row too large to send alone becomes a dead letter. With positions, each
+        record carries its rows' (``__pss``, ``__pos``, ``__k``) and names the stage that wrote it."""
         physical = sink["physical"]
-        columns, names = zip(*sink["rows"], strict=True)
-        data = pa.RecordBatch.from_arrays([rows.column(c) for c in columns], names=list(names))
+        columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
+        metadata = None
+        if sink.get("positions"):
+            columns, names = columns + [PSS, POS, K], names + [PSS, POS, K]
+            metadata = {PRODUCER_KEY: str(sink["stage"]).encode()}
+        arrays = [rows.column(c) for c in columns]
+        schema = pa.schema([pa.field(n, a.type) for n, a in zip(names, arrays, strict=True)], metadata=metadata)
+        data = pa.RecordBatch.from_arrays(arrays, schema=schema)
         partitions = rows.column("__partition")
         present = sorted(partitions.unique().to_pylist())
         limit = producer.max_record_bytes(physical)

@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from weirflow.interfaces.spark_checkpoint import PartitionOffset, has_offsets, last_committed
 from weirflow.interfaces.system import SystemStreamPartition
@@ -35,6 +36,7 @@ log = logging.getLogger("weirflow.spark")
 _ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond its termination event
 _STATELESS_DIR = "_stateless"
 _COUNTS_DIR = "_written"  # per query: records written per output and batch, from the sink (records out)
+_MARKS_DIR = "_marks"  # per run id: marks of the intermediate partitions read here (`weirflow.spark.replay`)
 
 
 class StageQuery(TaskProgress):
@@ -76,6 +78,7 @@ class StageQuery(TaskProgress):
             ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
             task_of={key: t.name for key, t in self.by_ssp.items()},
             inject="" if self.merged else self.tasks[0].name,
+            marks_dir=str(runner.checkpoint_root / _MARKS_DIR / quote(runner.run_id, safe="")),
         )
         for t in self.tasks:
             t.read_to = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
@@ -104,6 +107,7 @@ class StageQuery(TaskProgress):
             .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
             .option("served_dir", str(location) if self.stage.serves else "")
             .option("counts_dir", str(self.counts_dir))
+            .option("tasks", json.dumps([t.name for t in self.tasks]))
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")

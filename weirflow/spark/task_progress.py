@@ -26,9 +26,9 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from weirflow import clock
+from weirflow import clock, fault_points
 from weirflow.control import (
     CONTROL_KIND_TYPES,
     FLUSHED_WATERMARK_MS,
@@ -70,6 +70,7 @@ class TaskStats:
     records_in: int = 0  # records read from its input partitions (a packed intermediate record counts once)
     last_batch_ms: int = 0  # duration of its query's last micro-batch
     last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
+    replays_dropped: int = 0  # intermediate rows read here that a replay had written again (dropped)
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -77,6 +78,7 @@ class TaskStats:
             "records_in": self.records_in,
             "last_batch_ms": self.last_batch_ms,
             "last_checkpoint_ms": self.last_checkpoint_ms,
+            "replays_dropped": self.replays_dropped,
         }
 
 
@@ -215,6 +217,8 @@ class TaskProgress:
                     continue
                 if ctl["kind"] == "dlq":
                     dead[owner.name] = dead.get(owner.name, 0) + int(ctl["task_count"] or 0)
+                elif ctl["kind"] == "marks":
+                    self._take_marks(owner, str(ctl["ssp"]), json.loads(ctl["detail"]))
                 elif ctl["kind"] == "seen":
                     owner.seen[ctl["ssp"]] = max(owner.seen.get(ctl["ssp"], 0), int(ctl["ctl_ms"]))
                 elif ctl["kind"] in CONTROL_KIND_TYPES:
@@ -226,6 +230,17 @@ class TaskProgress:
                     )
                     owner.control.stream(stream_id).apply(str(ctl["ssp"]), message)
         return dead
+
+    def _take_marks(self, t: TaskState, ssp_key: str, detail: dict[str, Any]) -> None:
+        """The marks a read of one intermediate partition ended with (`weirflow.spark.replay`): kept in the
+        task's control state, checkpointed with the batch's offsets."""
+        dropped = int(detail.pop("dropped", 0))
+        if dropped:
+            t.stats.replays_dropped += dropped
+            log.info("task %s: %d replayed rows of %s dropped", t.name, dropped, ssp_key)
+        current = t.control.marks.get(ssp_key)
+        if current is None or int(detail["at"]) >= int(current["at"]):
+            t.control.marks[ssp_key] = detail
 
     def _checkpoint(
         self,
@@ -250,6 +265,7 @@ class TaskProgress:
                 self._send_control(t, MessageType.WATERMARK, out)
                 t.control.sent_watermark = out
             self._mirror_state(t, report.batchId)
+            fault_points.reached("before-checkpoint", t.name)
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
             # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)

@@ -1,0 +1,171 @@
+"""Row positions and replay marks (weirflow/spark/replay.py): a consumer that reads every attempt a producer
+made, in stream order, takes each row exactly once."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weirflow.spark.replay import POS, PSS, K, Marks, MarksCache, output_index, pss, strip
+
+PARTITIONS = 3
+
+
+def _record(rows: list[tuple[int, int, int, str]]) -> pa.Table:
+    pss_values, pos, k, payload = zip(*rows, strict=True)
+    return pa.table(
+        {
+            "payload": pa.array(payload),
+            PSS: pa.array(pss_values, pa.int32()),
+            POS: pa.array(pos, pa.int64()),
+            K: pa.array(k, pa.int32()),
+        }
+    )
+
+
+def _outputs(source: int, offset: int) -> list[tuple[int, str]]:
+    """What a deterministic row-wise transform makes of input row ``offset`` of input partition ``source``:
+    0 to 3 rows, each bound for a partition of the intermediate stream."""
+    rng = random.Random(source * 1_000_003 + offset)
+    return [(rng.randrange(PARTITIONS), f"{source}:{offset}:{j}") for j in range(rng.randrange(4))]
+
+
+Send = tuple[int, list[tuple[int, int, int, str]]]  # (intermediate partition, rows (pss, pos, k, payload))
+
+
+def _sends(rng: random.Random, rows: list[tuple[int, int, int, int, str]]) -> list[Send]:
+    """A batch's rows as its writer sends them: per partition, in order, in pieces of 1 to 3 rows."""
+    sends: list[Send] = []
+    for partition in range(PARTITIONS):
+        mine = [r[1:] for r in rows if r[0] == partition]
+        while mine:
+            size = rng.randrange(1, 4)
+            sends.append((partition, mine[:size]))
+            mine = mine[size:]
+    return sends
+
+
+def _interleave(rng: random.Random, sends: list[Send], late: list[Send]) -> list[Send]:
+    """Two writers' sends as they land: each in its own order, the two mixed at random."""
+    merged: list[Send] = []
+    while sends or late:
+        pick = late if late and (not sends or rng.random() < 0.5) else sends
+        merged.append(pick.pop(0))
+    return merged
+
+
+def _run(seed: int, sources: int, length: int) -> tuple[dict[int, list[pa.Table]], dict[int, list[str]]]:
+    """Producer tasks, one per input partition, each killed now and then mid-batch or between its batch and
+    its checkpoint, and resumed from the checkpoint by another attempt while the killed one may still deliver
+    some of its last sends (a zombie: in its own order, interleaved with the new attempt's). Returns each
+    intermediate partition's records in stream order, and what it must hold."""
+    rng = random.Random(seed)
+    logs: dict[int, list[pa.Table]] = {p: [] for p in range(PARTITIONS)}
+    expected: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    for source in range(sources):
+        for offset in range(length):
+            for partition, payload in _outputs(source, offset):
+                expected[partition].append(payload)
+    checkpoints = dict.fromkeys(range(sources), 0)
+    zombies: dict[int, list[Send]] = {}
+    while any(c < length for c in checkpoints.values()):
+        source = rng.choice([s for s, c in checkpoints.items() if c < length])
+        start = checkpoints[source]
+        end = min(length, start + rng.randrange(1, 6))
+        rows: list[tuple[int, int, int, int, str]] = []  # (partition, pss, pos, k, payload) in write order
+        for offset in range(start, end):
+            for j, (partition, payload) in enumerate(_outputs(source, offset)):
+                rows.append((partition, pss(0, source), offset << 12, j, payload))
+        sends = _sends(rng, rows)
+        fate = rng.random()
+        if fate < 0.3:  # killed mid-batch: a prefix of the sends is durable, some of the rest arrive later
+            cut = rng.randrange(len(sends) + 1)
+            sends, rest = sends[:cut], sends[cut:]
+            zombies[source] = rest[: rng.randrange(len(rest) + 1)]
+        late = zombies.pop(source, []) if fate >= 0.3 else []
+        for partition, piece in _interleave(rng, sends, late):
+            logs[partition].append(_record(piece))
+        if fate >= 0.6:  # the checkpoint got written (else the next attempt replays the batch)
+            checkpoints[source] = end
+    return logs, expected
+
+
+def _consume(logs: dict[int, list[pa.Table]]) -> dict[int, list[str]]:
+    taken: dict[int, list[str]] = {}
+    for partition, records in logs.items():
+        marks = Marks("0")
+        taken[partition] = []
+        for record in records:
+            keep = marks.admit("stage", record)
+            rows = record if keep is None else record.filter(keep)
+            taken[partition] += strip(rows).column("payload").to_pylist()
+    return taken
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), sources=st.integers(1, 3), length=st.integers(1, 30))
+def test_every_row_is_taken_once_whatever_the_producers_replayed(seed: int, sources: int, length: int) -> None:
+    logs, expected = _run(seed, sources, length)
+    taken = _consume(logs)
+    for partition in range(PARTITIONS):
+        assert sorted(taken[partition]) == sorted(expected[partition])
+
+
+def test_the_stream_really_holds_replays_that_the_marks_drop() -> None:
+    logs, expected = _run(seed=3, sources=2, length=40)
+    written = sum(r.num_rows for records in logs.values() for r in records)
+    assert written > sum(len(v) for v in expected.values()), "the scenario replayed nothing"
+    taken = _consume(logs)
+    assert {p: sorted(v) for p, v in taken.items()} == {p: sorted(v) for p, v in expected.items()}
+
+
+def test_marks_are_kept_per_producer_stage_and_input_partition() -> None:
+    marks = Marks("0")
+    first = _record([(1, 4096, 0, "a"), (1, 8192, 0, "b")])
+    assert marks.admit("s1", first) is None
+    again = marks.admit("s1", first)
+    assert again is not None and again.to_pylist() == [False, False]
+    assert marks.admit("s2", first) is None, "another stage's rows with the same positions are other rows"
+    other_partition = _record([(2, 4096, 0, "c")])
+    assert marks.admit("s1", other_partition) is None
+    assert Marks.from_json(marks.to_json()) == marks
+
+
+def test_a_row_of_the_same_input_row_past_the_mark_is_taken() -> None:
+    marks = Marks("0")
+    marks.admit("s", _record([(0, 4096, 0, "a"), (0, 4096, 1, "b")]))
+    keep = marks.admit("s", _record([(0, 4096, 0, "a"), (0, 4096, 1, "b"), (0, 4096, 2, "c"), (0, 8192, 0, "d")]))
+    assert keep is not None and keep.to_pylist() == [False, False, True, True]
+    assert marks.marks["s|0"] == (8192, 0)
+
+
+def test_rows_without_positions_are_all_taken() -> None:
+    marks = Marks("0")
+    plain = pa.table({"payload": ["a", "b"]})
+    assert marks.admit("s", plain) is None and marks.marks == {}
+
+
+def test_the_output_index_counts_rows_of_one_input_row_across_batches() -> None:
+    pss_values = np.array([0, 0, 0, 1, 1], np.int32)
+    pos = np.array([4096, 4096, 8192, 8192, 8192], np.int64)
+    assert output_index(pss_values, pos, None).tolist() == [0, 1, 0, 0, 1]
+    assert output_index(pss_values, pos, (0, 4096, 4)).tolist() == [5, 6, 0, 0, 1]
+    assert output_index(pss_values, pos, (0, 1, 4)).tolist() == [0, 1, 0, 0, 1]
+    same = np.array([7, 7], np.int64)
+    assert output_index(np.array([0, 0], np.int32), same, (0, 7, 0)).tolist() == [1, 2]
+    assert output_index(np.array([], np.int32), np.array([], np.int64), None).tolist() == []
+
+
+def test_the_cache_keeps_the_read_start_and_end_and_forgets_older_ones(tmp_path) -> None:
+    cache = MarksCache(str(tmp_path))
+    key = "local.job-views.0"
+    for start, end in [(0, 10), (10, 25), (25, 40)]:
+        cache.save(key, Marks(str(end), {"s|0": (end << 12, 0)}), str(start))
+    assert cache.load(key, "40") == Marks("40", {"s|0": (40 << 12, 0)})
+    assert cache.load(key, "25") is not None, "a replay of the last read needs the marks at its start"
+    assert cache.load(key, "10") is None and cache.load(key, "0") is None
+    assert cache.load("local.other.0", "40") is None

@@ -1,0 +1,46 @@
+"""Named moments in the data plane where a test can kill its processor, so that a fault lands exactly where a
+guarantee is hardest to keep (docs/guarantees.md, "How it is tested").
+
+``WEIRFLOW_FAULT_POINT=<point>:<task prefix>:<n>`` in a processor's environment SIGKILLs the processor the
+``n``-th time a task whose name starts with the prefix reaches ``point``. Points:
+
+* ``before-checkpoint`` — a micro-batch's rows and control messages are durable in the task's outputs, and
+  the checkpoint naming the batch's input offsets is not written yet: the next holder replays the batch.
+
+Unset (the default), a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from weirflow.errors import InvalidArgumentError
+
+ENV = "WEIRFLOW_FAULT_POINT"
+POINTS = ("before-checkpoint",)
+
+_lock = threading.Lock()
+_hits = 0
+
+
+def _parse(text: str) -> tuple[str, str, int]:
+    point, prefix, n = text.rsplit(":", 2)
+    if point not in POINTS:
+        raise InvalidArgumentError(f"{ENV}={text!r}: unknown point {point!r}; the points are {', '.join(POINTS)}")
+    return point, prefix, int(n)
+
+
+_ARMED = _parse(os.environ[ENV]) if os.environ.get(ENV) else None
+
+
+def reached(point: str, task: str) -> None:
+    """Task ``task`` is at ``point``: SIGKILL this process if that is the armed fault's moment."""
+    global _hits
+    if _ARMED is None or _ARMED[0] != point or not task.startswith(_ARMED[1]):
+        return
+    with _lock:
+        _hits += 1
+        if _hits == _ARMED[2]:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,338 @@
+"""The executor side of the `weirflow` source: one planned range of one SSP read through the system's consumer
+and turned into Arrow batches of the source's schema (docs/pipelines.md, "How a task runs"), replayed
+intermediate rows dropped on the way (`weirflow.spark.replay`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from weirflow.control import CONTROL_KIND_NAMES, ControlMessage, MalformedMessageError, MessageType, decode
+from weirflow.errors import UnreadableRangeError
+from weirflow.interfaces.system import RecordColumns
+from weirflow.spark.packing import unpack
+from weirflow.spark.replay import PRODUCER_KEY, ROW_BITS, Marks, MarksCache, pss, strip
+from weirflow.spark.serde import JsonDecoder, KeyValueDecoder
+from weirflow.spark.source_spec import SourceSpec, checkpoints_for, partition_of, systems_for
+
+_READ_CHUNK = 10_000
+
+
+class BatchReader:
+    """Reads one planned range and turns it into Arrow batches of the source's schema.
+
+    Values are decoded a chunk at a time (`JsonDecoder.decode_many`, `KeyValueDecoder.decode_many`), packed
+    intermediate records go to Spark as the Arrow batches they hold (`weirflow.spark.packing`), and only
+    control messages and dead letters are handled one by one."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        self.spec = spec
+        self.schema = spec.schema
+        self.arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        self.user_fields = list(to_arrow_schema(spec.user_schema, timezone="UTC"))
+        self.system_fields = list(to_arrow_schema(spec.system_schema, timezone="UTC"))
+        self.time_type = self.arrow_schema.field("__wm_time").type
+        self.control_type = self.arrow_schema.field("__ctl").type
+        self._dead: list[tuple[dict[str, Any], bytes | None]] = []
+        self._marks: Marks | None = None  # the marks of the partition being read (intermediate streams)
+        self._dropped = 0  # replayed rows the read dropped
+        if spec.serde == "json":
+            self.json: JsonDecoder | None = JsonDecoder(spec.user_schema)
+            self.kv: KeyValueDecoder | None = None
+        else:
+            self.json, self.kv = None, KeyValueDecoder(as_text=spec.serde == "string")
+
+    # --- rows one by one (control rows, dead letters) -----------------------------------------------------
+    def _control_batch(self, rows: list[tuple[int, dict[str, Any]]]) -> pa.RecordBatch:
+        """A batch of control rows, each given as (``__wm_time`` in µs, the ``__ctl`` struct as a dict)."""
+        n = len(rows)
+        arrays = [
+            pa.array([wm for wm, _ in rows], type=self.time_type),
+            pa.array([ctl for _, ctl in rows], type=self.control_type),
+            *[pa.nulls(n, field.type) for field in list(self.arrow_schema)[2:]],
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    @staticmethod
+    def _ctl(
+        kind: str,
+        ssp: str | None,
+        producer: str | None = None,
+        task_count: int | None = None,
+        ctl_ms: int | None = None,
+        detail: str | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "kind": kind,
+            "ssp": ssp,
+            "producer": producer,
+            "task_count": task_count,
+            "ctl_ms": ctl_ms,
+            "detail": detail,
+        }
+
+    def read(self, value: tuple[Any, ...]) -> Iterator[pa.RecordBatch]:
+        if value[0] == "inject":
+            watermark = int(value[1])
+            wm_us = (watermark + self.spec.delay_ms) * 1000
+            yield self._control_batch([(wm_us, self._ctl("inject", None, ctl_ms=watermark))])
+            return
+        from weirflow.interfaces.system import SystemStreamPartition
+
+        parts = value[1] if value[0] == "group" else (value,)
+        consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
+        for _, key, start, end, _marker in parts:  # a group's receivers all attach at once (`SystemConsumer.warm`)
+            if int(end) > int(start) if self.spec.dense else end != start:
+                ssp = SystemStreamPartition(self.spec.system, self.spec.physical, partition_of(key))
+                consumer.warm(ssp, start, end)
+        if value[0] == "group":
+            for part in parts:
+                yield from self.read(part)
+            return
+        _, key, start, end, marker = value
+
+        ssp = SystemStreamPartition(self.spec.system, self.spec.physical, partition_of(key))
+        consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
+        cache = MarksCache(self.spec.marks_dir) if self.spec.keeps_marks else None
+        self._marks = self._marks_at(key, ssp, start, cache) if cache is not None else None
+        self._dropped = 0
+        position = start
+        while int(position) < int(end) if self.spec.dense else position != end:
+            chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end, attributes=bool(self.system_fields))
+            if not len(chunk) and (self.spec.dense or chunk.next_offset == position):
+                raise UnreadableRangeError(f"{key}: offsets [{position}, {end}) were planned but cannot be read")
+            yield from self._decode(key, chunk)
+            self._send_dead_letters(ssp)
+            position = chunk.next_offset
+        if self._marks is not None and cache is not None and int(end) > int(start):
+            self._marks.at = end
+            cache.save(key, self._marks, start)
+            detail = json.dumps({**self._marks.to_json(), "dropped": self._dropped})
+            yield self._control_batch([(0, self._ctl("marks", key, detail=detail))])
+        if marker:  # "eos" or "drain" (True from plans of earlier versions)
+            kind = marker if isinstance(marker, str) else "eos"
+            yield self._control_batch([(0, self._ctl(kind, key, f"{self.spec.stream_id}:{key}", 1, 0))])
+
+    # --- marks of an intermediate partition (`weirflow.spark.replay`) -------------------------------------
+    def _marks_at(self, key: str, ssp: Any, start: str, cache: MarksCache) -> Marks:
+        """The partition's marks at ``start``: kept from the read that ended there, else rebuilt from those in
+        the task's checkpoint by reading the stream from their offset to ``start``."""
+        cached = cache.load(key, start)
+        if cached is not None:
+            return cached
+        checkpoint = checkpoints_for(self.spec.snapshot).read_last_checkpoint(self.spec.tasks.get(key, ""))
+        stored = dict(checkpoint.control).get("marks", {}).get(key) if checkpoint is not None else None
+        if stored is None:
+            return Marks(start)  # nothing read from this partition yet (or a checkpoint written before marks)
+        marks = Marks.from_json(stored)
+        if int(marks.at) > int(start):  # a read from before the checkpoint's marks: they cannot apply
+            return Marks(start)
+        consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
+        position = marks.at
+        while int(position) < int(start):
+            chunk = consumer.read_columns(ssp, position, _READ_CHUNK, start)
+            if not len(chunk):
+                raise UnreadableRangeError(
+                    f"{key}: offsets [{position}, {start}) cannot be read to rebuild its marks"
+                )
+            for raw in chunk.values:
+                if raw[:1] == b"\x04":
+                    try:
+                        rows = unpack(raw)
+                    except (pa.ArrowInvalid, OSError):
+                        continue
+                    marks.admit(_producer(rows), rows)
+            position = chunk.next_offset
+        marks.at = start
+        return marks
+
+    # --- decoding a chunk -------------------------------------------------------------------------------
+    def _decode(self, key: str, chunk: RecordColumns) -> Iterator[pa.RecordBatch]:
+        controls: list[tuple[int, dict[str, Any]]] = []
+        if self.spec.intermediate:
+            dead = yield from self._decode_intermediate(key, chunk, controls)
+        else:
+            dead = yield from self._decode_input(key, chunk, controls)
+        if dead:
+            controls.append((0, self._ctl("dlq", key, task_count=dead)))
+        if controls:
+            yield self._control_batch(controls)
+
+    def _decode_input(
+        self, key: str, chunk: RecordColumns, controls: list[tuple[int, dict[str, Any]]]
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records of an input stream, decoded whole-chunk; a ``seen`` control row carries the chunk's latest
+        event time (stateless stages' output watermark). Returns how many went to the dead-letter stream."""
+        if self.json is not None:
+            table, decoded, failed = self.json.decode_many(chunk.values)
+        else:
+            assert self.kv is not None
+            table, decoded, failed = self.kv.decode_many(chunk.keys, chunk.values)
+        if table.num_rows:
+            batch = self._data(key, table, decoded, chunk)
+            latest = pc.max(batch.column(0).cast(pa.int64())).as_py()
+            if latest is not None:
+                controls.append((0, self._ctl("seen", key, ctl_ms=latest // 1000)))
+            yield batch
+        return sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
+
+    def _decode_intermediate(
+        self, key: str, chunk: RecordColumns, controls: list[tuple[int, dict[str, Any]]]
+    ) -> Generator[pa.RecordBatch, None, int]:
+        """Records of an intermediate stream: packed Arrow rows (``\\x04``), single JSON rows (``\\x00``) and
+        control messages. Returns how many went to the dead-letter stream."""
+        dead = 0
+        user: list[int] = []
+        for i, raw in enumerate(chunk.values):
+            kind = raw[:1]
+            if kind == b"\x04":
+                try:
+                    rows = unpack(raw)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    dead += self._dead_letter(key, chunk, i, f"bad packed rows: {exc}")
+                    continue
+                batch = self._packed_rows(key, chunk, i, rows)
+                if batch is not None:
+                    yield batch
+            elif kind == b"\x00":
+                user.append(i)
+            else:
+                try:
+                    _, message = decode(raw)
+                except MalformedMessageError as exc:
+                    dead += self._dead_letter(key, chunk, i, str(exc))
+                    continue
+                assert isinstance(message, ControlMessage)
+                if message.type is MessageType.DRAIN and message.run_id != self.spec.run_id:
+                    continue  # another deployment's drain (docs/drain.md): not an end for this one
+                controls.append(
+                    (
+                        0,
+                        self._ctl(
+                            CONTROL_KIND_NAMES[message.type],
+                            key,
+                            message.task_name,
+                            message.task_count,
+                            message.timestamp,
+                        ),
+                    )
+                )
+        if user:
+            assert self.json is not None
+            table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
+            if table.num_rows:
+                yield self._data(key, table, [user[j] for j in decoded], chunk)
+            dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+        return dead
+
+    def _packed_rows(self, key: str, chunk: RecordColumns, i: int, rows: pa.Table) -> pa.RecordBatch | None:
+        """The rows of packed record ``i`` that are not replays (`weirflow.spark.replay`), positioned by the
+        record's offset and their index in it; None when all of them were."""
+        row_index = np.arange(rows.num_rows, dtype=np.int64)
+        if self._marks is not None:
+            keep = self._marks.admit(_producer(rows), rows)
+            if keep is not None:
+                self._dropped += rows.num_rows - pc.sum(keep).as_py()
+                rows, row_index = rows.filter(keep), row_index[keep.to_numpy(zero_copy_only=False)]
+                if rows.num_rows == 0:
+                    return None
+        position = (int(chunk.offsets[i]) << ROW_BITS) | row_index if self.spec.dense else None
+        return self._data(key, strip(rows), [i] * rows.num_rows, chunk, position)
+
+    def _data(
+        self, key: str, table: pa.Table, index: list[int], chunk: RecordColumns, position: Any = None
+    ) -> pa.RecordBatch:
+        """Data rows: the decoded user columns of the records at ``index`` of ``chunk``, with the internal
+        columns, the rows' positions (``position``: their ``__pos``, by default the records' offsets) and the
+        system's record columns around them."""
+        spec = self.spec
+        n = table.num_rows
+        if not spec.dense:
+            pss_array, pos_array = pa.nulls(n, pa.int32()), pa.nulls(n, pa.int64())
+        else:
+            if position is None:
+                offsets = np.array(chunk.offsets).astype(np.int64)
+                position = offsets[np.asarray(index, dtype=np.int64)] << ROW_BITS
+            pss_array = pa.repeat(pa.scalar(pss(spec.stream_index, partition_of(key)), pa.int32()), n)
+            pos_array = pa.array(np.asarray(position, dtype=np.int64))
+        columns = [_column(table, f) for f in self.user_fields]
+        event_time = None
+        if spec.event_time_from_record:
+            stamps = pa.array(chunk.timestamps_ms, pa.int64())
+            if len(index) != len(stamps) or index[:1] != [0] or index[-1] != len(stamps) - 1:
+                stamps = stamps.take(pa.array(index, pa.int64()))
+            event_time = pc.multiply(stamps, 1000).cast(self.time_type)
+        elif not spec.intermediate:
+            event_time = columns[[f.name for f in self.user_fields].index(spec.event_time_field)]
+        if spec.intermediate or event_time is None:
+            watermark = pa.repeat(pa.scalar(0, self.time_type), n)
+        else:
+            watermark = event_time.fill_null(pa.scalar(0, self.time_type))
+        arrays = [watermark, pa.nulls(n, self.control_type), pss_array, pos_array, *columns]
+        for field in self.system_fields:
+            arrays.append(pa.array([chunk.attributes[i].get(field.name) for i in index], type=field.type))
+        if spec.event_time_from_record:
+            arrays.append(event_time)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _dead_letter(self, key: str, chunk: RecordColumns, i: int, reason: str) -> int:
+        """Queue record ``i`` for the dead-letter stream (sent before the batch can commit); returns 1."""
+        raw = chunk.values[i]
+        self._dead.append(
+            (
+                {
+                    "error": reason,
+                    "stream": self.spec.stream_id,
+                    "ssp": key,
+                    "offset": chunk.offsets[i],
+                    "task": self.spec.tasks.get(key, ""),
+                    "timestamp_ms": chunk.timestamps_ms[i],
+                    "raw_base64": base64.b64encode(raw).decode(),
+                },
+                chunk.keys[i],
+            )
+        )
+        return 1
+
+    def _send_dead_letters(self, ssp: Any) -> None:
+        """Write this chunk's undecodable records to ``<physical>.dlq`` (same system, same partition) before
+        the batch can commit, so a dead letter is never lost; a replayed batch writes it again with the same
+        id (`OutgoingRecord.id`), which the embedded log drops."""
+        if not self._dead:
+            return
+        from weirflow.interfaces.system import OutgoingRecord
+        from weirflow.systems import dead_letter_stream
+
+        stream = dead_letter_stream(self.spec.physical)
+        records = [  # named by the record's place, so a replayed read's dead letter is recognised (its id)
+            OutgoingRecord(
+                stream=stream,
+                value=json.dumps(letter).encode(),
+                key=key,
+                partition=ssp.partition,
+                id=f"{letter['ssp']}/{letter['offset']}",
+            )
+            for letter, key in self._dead
+        ]
+        systems_for(self.spec.snapshot).producer(self.spec.system).send(records)
+        self._dead = []
+
+
+def _producer(rows: pa.Table) -> str:
+    """The stage that wrote a packed record (its schema's metadata), "" for records of older versions."""
+    metadata = rows.schema.metadata or {}
+    return metadata.get(PRODUCER_KEY, b"").decode("utf-8", "replace")
+
+
+def _column(table: pa.Table, field: pa.Field) -> pa.Array:
+    """Column ``field.name`` of ``table`` as one array of ``field.type`` (Spark wants the exact type)."""
+    column = table.column(field.name)
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array if array.type == field.type else array.cast(field.type)

@@ -1,0 +1,143 @@
+"""Row positions, and the marks with which a stage drops what a replay wrote again (docs/guarantees.md).
+
+A task killed after its batch's rows reached an intermediate stream but before its checkpoint named the
+batch's input offsets is replayed by the next holder from that checkpoint: the rows are written again. They
+are recognised, not avoided. Every row a row-wise stage writes carries its **position**, which a replay
+reproduces: the input it came from and where in that input,
+
+* ``__pss`` (int32): the input stream's index among the stage's inputs (high 16 bits) and its partition;
+* ``__pos`` (int64): the record's offset times 4,096 plus the row's index in the record (a packed
+  intermediate record holds at most 4,096 rows; an input record is one row, index 0);
+* ``__k`` (int32, set by the sink): the row's index among the outputs of that input row, in order.
+
+A consuming task keeps, per intermediate partition it reads, a **mark** per (producer stage, ``__pss``): the
+largest (``__pos``, ``__k``) it has taken. A row at or below its mark is a replay and is dropped. Why that is
+exact: the writers of one input partition write its rows in position order, each send durable before the
+next, and a task resumes only from a checkpoint written after every row before it was durable. So whenever a
+position is in the stream, every smaller position bound for the same partition is already before it, and the
+consumer, which reads in order, has seen it. (This needs a deterministic transform: a replay of one input row
+must produce the same rows in the same order.)
+
+The marks of one intermediate partition after a read are a function of the stream alone. They travel with the
+consuming task's checkpoint (``control.marks``, in the same fenced write as its offsets) together with the
+offset they hold at (``at``), and from one micro-batch to the next through a small file per partition and
+offset on the processor's machine (`MarksCache`); a read that finds neither at its start offset rebuilds
+them by reading the stream from the checkpoint's offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pyarrow as pa
+
+PSS = "__pss"
+POS = "__pos"
+K = "__k"
+POSITION_COLUMNS = (PSS, POS)
+ROW_BITS = 12  # a packed record holds at most 2**12 rows (`weirflow.spark.packing.MAX_ROWS`)
+PRODUCER_KEY = b"weirflow.stage"  # the packed record's schema metadata naming the producing stage
+
+
+def pss(stream_index: int, partition: int) -> int:
+    """The ``__pss`` of partition ``partition`` of a stage's ``stream_index``-th input."""
+    return (stream_index << 16) | partition
+
+
+@dataclass
+class Marks:
+    """The marks of one intermediate partition: (producer stage, ``__pss``) -> the largest (``__pos``,
+    ``__k``) taken; ``at`` is the partition's offset they hold at (the next record to read)."""
+
+    at: str
+    marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def admit(self, producer: str, rows: pa.Table) -> pa.Array | None:
+        """The rows of one packed record that are not replays, as a boolean mask (None: all of them), and
+        the marks moved past them. Rows without positions are all taken."""
+        if POS not in rows.column_names or rows.num_rows == 0:
+            return None
+        pss_values = rows.column(PSS).to_numpy()
+        pos = rows.column(POS).to_numpy()
+        k = rows.column(K).to_numpy() if K in rows.column_names else np.zeros(len(pos), np.int64)
+        keep = np.ones(len(pos), dtype=bool)
+        for value in np.unique(pss_values):
+            name = f"{producer}|{int(value)}"
+            these = pss_values == value
+            mark_pos, mark_k = self.marks.get(name, (-1, -1))
+            fresh = these & ((pos > mark_pos) | ((pos == mark_pos) & (k > mark_k)))
+            keep &= ~these | fresh
+            if fresh.any():
+                top = pos[fresh].max()
+                self.marks[name] = (int(top), int(k[fresh & (pos == top)].max()))
+        return None if keep.all() else pa.array(keep)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "m": {name: list(mark) for name, mark in sorted(self.marks.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Marks:
+        return cls(str(data["at"]), {str(n): (int(m[0]), int(m[1])) for n, m in dict(data.get("m", {})).items()})
+
+
+def strip(rows: pa.Table) -> pa.Table:
+    """A packed record's rows without the producer's position columns."""
+    drop = [c for c in (PSS, POS, K) if c in rows.column_names]
+    return rows.drop_columns(drop) if drop else rows
+
+
+def output_index(pss_values: np.ndarray, pos: np.ndarray, carry: tuple[int, int, int] | None) -> np.ndarray:
+    """``__k`` for rows in write order: each row's index among the consecutive rows of the same position;
+    ``carry`` is the last row before them (its ``__pss``, ``__pos`` and ``__k``), from the previous batch."""
+    n = len(pos)
+    if n == 0:
+        return np.zeros(0, np.int32)
+    same = np.empty(n, dtype=bool)
+    same[0] = carry is not None and (int(pss_values[0]), int(pos[0])) == carry[:2]
+    same[1:] = (pss_values[1:] == pss_values[:-1]) & (pos[1:] == pos[:-1])
+    index = np.arange(n)
+    run_start = np.maximum.accumulate(np.where(same, 0, index))
+    k = index - run_start
+    if same[0] and carry is not None:  # the first run continues the previous batch's last one
+        first = index < (np.argmin(same) if not same.all() else n)
+        k = np.where(first, k + carry[2] + 1, k)
+    return k.astype(np.int32)
+
+
+class MarksCache:
+    """Marks of each intermediate partition at the offsets reads ended at, one small file each, kept for the
+    next read (the next micro-batch, or Spark's replay of the last one) and removed once older."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def _dir(self, ssp_key: str) -> Path:
+        return self.directory / quote(ssp_key, safe="")
+
+    def load(self, ssp_key: str, offset: str) -> Marks | None:
+        try:
+            return Marks.from_json(json.loads((self._dir(ssp_key) / f"{offset}.json").read_text()))
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    def save(self, ssp_key: str, marks: Marks, start: str) -> None:
+        """Keep ``marks`` (at the read's end) and the file at ``start`` (a replay of the read needs it);
+        remove the older ones."""
+        directory = self._dir(ssp_key)
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{marks.at}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(marks.to_json()))
+        tmp.replace(directory / f"{marks.at}.json")
+        for path in directory.glob("*.json"):
+            try:
+                older = int(path.stem) < int(start)
+            except ValueError:
+                continue
+            if older:
+                path.unlink(missing_ok=True)

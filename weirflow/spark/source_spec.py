@@ -1,0 +1,121 @@
+"""What the `weirflow` source and its readers share: the options of one source (`SourceSpec`), the columns it
+adds to the user's (internal and position columns, docs/pipelines.md), and the clients a worker process keeps
+across micro-batches."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from pyspark.sql import types as T
+
+from weirflow.spark.replay import POS, PSS
+
+CONTROL_TYPE = T.StructType(
+    [
+        T.StructField("kind", T.StringType(), False),
+        T.StructField("ssp", T.StringType(), True),
+        T.StructField("producer", T.StringType(), True),
+        T.StructField("task_count", T.IntegerType(), True),
+        T.StructField("ctl_ms", T.LongType(), True),
+        T.StructField("detail", T.StringType(), True),
+    ]
+)
+INTERNAL_FIELDS = [
+    T.StructField("__wm_time", T.TimestampType(), True),
+    T.StructField("__ctl", CONTROL_TYPE, True),
+]
+INTERNAL_COLUMNS = [f.name for f in INTERNAL_FIELDS]
+# Every data row's position (`weirflow.spark.replay`); null where the system's offsets are not dense numbers.
+POSITION_FIELDS = [
+    T.StructField(PSS, T.IntegerType(), True),
+    T.StructField(POS, T.LongType(), True),
+]
+
+# Clients per worker process, reused across micro-batches (Spark reuses Python workers).
+_clients: dict[str, Any] = {}
+_checkpoint_managers: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def systems_for(snapshot: str) -> Any:
+    """This worker's `Systems` for a job config snapshot, built once and reused across micro-batches."""
+    with _clients_lock:
+        systems = _clients.get(snapshot)
+        if systems is None:
+            from weirflow.config.loader import Config
+            from weirflow.systems import Systems
+
+            systems = _clients[snapshot] = Systems(Config.from_snapshot(snapshot))
+        return systems
+
+
+def checkpoints_for(snapshot: str) -> Any:
+    """This worker's started `CheckpointManager` for a job config snapshot, built once."""
+    with _clients_lock:
+        manager = _checkpoint_managers.get(snapshot)
+        if manager is None:
+            from weirflow.config.loader import Config
+            from weirflow.factories import checkpoint_factory
+
+            config = Config.from_snapshot(snapshot)
+            manager = checkpoint_factory(config).get_checkpoint_manager(config)
+            manager.start()
+            _checkpoint_managers[snapshot] = manager
+        return manager
+
+
+def partition_of(ssp_key: str) -> int:
+    return int(ssp_key.rsplit(".", 1)[1])
+
+
+class SourceSpec:
+    """The source's options, parsed once (they are all strings on the wire)."""
+
+    def __init__(self, options: Any) -> None:
+        self.snapshot: str = options["config"]
+        self.stream_id: str = options["stream"]
+        # the task of each SSP (dead letters name it) and the task whose checkpoint holds the watermark to
+        # inject ("" for queries of stateless stages, which need none)
+        self.tasks: dict[str, str] = json.loads(options.get("tasks") or "{}")
+        self.inject: str = options.get("inject", "")
+        self.system: str = options["system"]
+        self.physical: str = options["physical"]
+        self.ssps: list[str] = json.loads(options["ssps"])
+        self.start: dict[str, Any] = json.loads(options["start"])
+        self.serde: str = options["serde"]
+        self.user_schema = T.StructType.fromJson(json.loads(options["user_schema"]))
+        self.event_time_field: str = options["event_time_field"]
+        self.event_time_from_record: bool = options["event_time_from_record"] == "true"
+        self.delay_ms = int(options["delay_ms"])
+        self.intermediate = options["intermediate"] == "true"
+        self.bounded = options["bounded"] == "true"
+        self.max_records = int(options["max_records"])
+        # Spark tasks a batch's partitions are spread over when the system warms reads (0: one per partition)
+        self.read_groups = int(options.get("read_groups") or 0)
+        # the local file whose existence means "this deployment drains" ("" where nothing drains), and the run id
+        # whose drain messages count (docs/drain.md)
+        self.drain_flag: str = options.get("drain_flag", "")
+        self.run_id: str = options.get("run_id", "")
+        # whether the system's offsets are dense sequence numbers (`SystemAdmin.dense_offsets`); positions are
+        # planned and compared only through the system's admin
+        self.dense: bool = options.get("dense", "true") == "true"
+        # the system's record columns asked for (streams.<id>.system-columns)
+        self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
+        # the stream's index among the stage's inputs (its rows' ``__pss``), and the directory of the marks that
+        # drop replayed intermediate rows ("" where none are kept), `weirflow.spark.replay`
+        self.stream_index = int(options.get("stream_index") or 0)
+        self.marks_dir: str = options.get("marks_dir", "")
+
+    @property
+    def keeps_marks(self) -> bool:
+        return self.intermediate and self.dense and bool(self.marks_dir)
+
+    @property
+    def schema(self) -> T.StructType:
+        fields = list(INTERNAL_FIELDS) + list(POSITION_FIELDS) + list(self.user_schema.fields)
+        fields += list(self.system_schema.fields)
+        if self.event_time_from_record:
+            fields.append(T.StructField(self.event_time_field, T.TimestampType(), True))
+        return T.StructType(fields)
