@@ -26,6 +26,8 @@ The output is compared with pandas over every event sent. One JSON line last::
 * ``duplicate_outputs`` — output records beyond the first for a window, once records whose id
   (docs/guarantees.md: the embedded log drops them itself, Event Hubs carries the id as the ``weirflow-id``
   property) was seen before are dropped, as a downstream consumer would; ``replayed_outputs`` counts those;
+* ``intermediate_replays_dropped`` — rows a replayed first-stage batch wrote again to the intermediate stream,
+  which the counting stage dropped (the processors' logs);
 * ``overcounted_windows`` / ``undercounted_windows`` — windows whose final count is above / below pandas'
   (an event counted twice / not at all);
 * ``overlap_ms`` — total time two writers (processor, lock epoch) of one task had overlapping tenures, from
@@ -77,6 +79,7 @@ from weirflow.systems import Systems  # noqa: E402
 
 PARTITIONS = 4
 CLOSING_PAGE = "/closing"
+DROPPED = re.compile(r"(?P<rows>\d+) replayed rows of \S+ dropped")
 WROTE = re.compile(
     r"wrote task=(?P<task>\S+) batch=(?P<batch>\d+) epoch=(?P<epoch>\d+) processor=(?P<processor>\S+) "
     r"start_ms=(?P<start>\d+) end_ms=(?P<end>\d+)"
@@ -172,6 +175,16 @@ class OutputReader:
 
     def close(self) -> None:
         self.systems.close()
+
+
+def replays_dropped(logs: list[Path]) -> int:
+    """Intermediate rows the counting stage dropped as replays (docs/guarantees.md), from the processors' logs."""
+    return sum(
+        int(match["rows"])
+        for path in logs
+        if path.exists()
+        for match in DROPPED.finditer(path.read_text(errors="replace"))
+    )
 
 
 def overlap_ms(logs: list[Path]) -> tuple[int | None, int]:
@@ -319,6 +332,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "lost": lost,
         "duplicate_outputs": records - len(got),
         "replayed_outputs": replayed,
+        "intermediate_replays_dropped": replays_dropped(fleet.all_logs),
         "overlap_ms": overlap,
         "exact_windows": exact,
         "windows": len(expected),

@@ -138,3 +138,24 @@ def test_rows_of_another_producer_stage_are_not_replays(config: Config, tmp_path
         systems.close()
     values, _ = _read(config, tmp_path / "marks", 0, 6)
     assert values == [0, 1, 2, 3, 4, 5, 6, 7, 100]
+
+
+def test_packed_rows_of_another_pipeline_version_become_dead_letters(config: Config, tmp_path: Path) -> None:
+    schema = pa.schema([("m", pa.string())])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays([pa.array(["old"])], schema=schema))
+    systems = Systems(config)
+    try:
+        systems.admin("local").create_stream(StreamSpec("mid.dlq", 1))
+        record = encode_rows(sink.getvalue().to_pybytes())
+        systems.producer("local").send([OutgoingRecord("mid", record, partition=0)])
+        values, controls = _read(config, tmp_path / "marks", 0, 6)
+        assert values == [0, 1, 2, 3, 4, 5, 6, 7], "the task goes on past the record instead of failing"
+        assert [c["task_count"] for c in controls if c["kind"] == "dlq"] == [1]
+        letters = systems.consumer("local").read(SystemStreamPartition("local", "mid.dlq", 0), "0", 10)
+    finally:
+        systems.close()
+    assert len(letters) == 1
+    letter = json.loads(letters[0].value)
+    assert "lack column(s) n" in letter["error"] and letter["offset"] == "5"

@@ -198,8 +198,10 @@ class BatchReader:
                 except (pa.ArrowInvalid, OSError) as exc:
                     dead += self._dead_letter(key, chunk, i, f"bad packed rows: {exc}")
                     continue
-                batch = self._packed_rows(key, chunk, i, rows)
-                if batch is not None:
+                batch, reason = self._packed_rows(key, chunk, i, rows)
+                if reason is not None:
+                    dead += self._dead_letter(key, chunk, i, reason)
+                elif batch is not None:
                     yield batch
             elif kind == b"\x00":
                 user.append(i)
@@ -232,9 +234,18 @@ class BatchReader:
             dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
         return dead
 
-    def _packed_rows(self, key: str, chunk: RecordColumns, i: int, rows: pa.Table) -> pa.RecordBatch | None:
+    def _packed_rows(
+        self, key: str, chunk: RecordColumns, i: int, rows: pa.Table
+    ) -> tuple[pa.RecordBatch | None, str | None]:
         """The rows of packed record ``i`` that are not replays (`weirflow.spark.replay`), positioned by the
-        record's offset and their index in it; None when all of them were."""
+        record's offset and their index in it (None when all of them were); or why the record cannot be read
+        as this stage's rows (rows of another version of the pipeline, docs/drain.md): a dead letter."""
+        missing = [f.name for f in self.user_fields if f.name not in rows.column_names]
+        if missing:
+            return None, (
+                f"packed rows lack column(s) {', '.join(missing)} of this stage's input (written by another "
+                f"version of the pipeline?)"
+            )
         row_index = np.arange(rows.num_rows, dtype=np.int64)
         if self._marks is not None:
             keep = self._marks.admit(_producer(rows), rows)
@@ -242,9 +253,12 @@ class BatchReader:
                 self._dropped += rows.num_rows - pc.sum(keep).as_py()
                 rows, row_index = rows.filter(keep), row_index[keep.to_numpy(zero_copy_only=False)]
                 if rows.num_rows == 0:
-                    return None
+                    return None, None
         position = (int(chunk.offsets[i]) << ROW_BITS) | row_index if self.spec.dense else None
-        return self._data(key, strip(rows), [i] * rows.num_rows, chunk, position)
+        try:
+            return self._data(key, strip(rows), [i] * rows.num_rows, chunk, position), None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            return None, f"packed rows do not fit this stage's input columns: {exc}"
 
     def _data(
         self, key: str, table: pa.Table, index: list[int], chunk: RecordColumns, position: Any = None
