@@ -74,6 +74,8 @@ class BlobLease:
     def acquire(self) -> bool:
         def attempt() -> bool:
             try:
+                # leased before our acquire succeeds: by us (our lease id), so the same tenure goes on
+                state = self._blob.get_blob_properties().lease.state
                 self._blob.acquire_lease(lease_duration=self.duration_s, lease_id=self.lease_id)
             except ResourceNotFoundError:
                 try:
@@ -85,17 +87,20 @@ class BlobLease:
                 if exc.status_code in _LOST:
                     return False
                 raise
-            self._take_epoch()
+            self._take_epoch(reentrant=state == "leased")
             return True
 
         return bool(self._call("acquire lease on", attempt))
 
-    def _take_epoch(self) -> None:
-        """Under the lease just acquired: keep the epoch if the blob's metadata says this holder already had
-        it (a re-entrant acquire), else write the next one. Only the lease holder can write the metadata."""
+    def _take_epoch(self, reentrant: bool) -> None:
+        """Under the lease just acquired: keep the epoch if this holder already had the lease (a re-entrant
+        acquire: it was leased, by us, and the blob's metadata names us), else write the next one, also when
+        the same holder takes the lease back after a release or an expiry (its old tenure's writers must be
+        refused: `Lock.is_held_in`). Only the lease holder can write the metadata."""
         metadata = self._blob.get_blob_properties(lease=self.lease_id).metadata or {}
         stored = int(metadata.get("epoch") or 0)
-        if metadata.get("owner") == self.owner and metadata.get("instance", "") == self.instance and stored:
+        ours = metadata.get("owner") == self.owner and metadata.get("instance", "") == self.instance
+        if reentrant and ours and stored:
             self.epoch = stored
             return
         self.epoch = stored + 1
@@ -126,15 +131,15 @@ class BlobLease:
 
         self._call("release lease on", attempt)
 
-    def held(self) -> bool:
+    def held(self, epoch: int | None = None) -> bool:
         def attempt() -> bool:
             try:
-                self._blob.get_blob_properties(lease=self.lease_id)
+                props = self._blob.get_blob_properties(lease=self.lease_id)
             except (ResourceNotFoundError, HttpResponseError) as exc:
                 if isinstance(exc, ResourceNotFoundError) or exc.status_code in _LOST:
                     return False
                 raise
-            return True
+            return epoch is None or int((props.metadata or {}).get("epoch") or 0) == epoch
 
         return bool(self._call("check lease on", attempt))
 

@@ -111,6 +111,9 @@ class MemoryLock(Lock):
     def is_held(self) -> bool:
         return self.job.holder(self.lease) == self.holder
 
+    def is_held_in(self, epoch: int) -> bool:
+        return self.is_held() and self.job.epochs.get(self.lease) == epoch
+
 
 class MemoryLeaderElector(LeaderElector):
     def __init__(self, job: JobState, owner: str, lease_ms: int, instance: str = "") -> None:

@@ -57,3 +57,45 @@ def test_a_spark_checkpoint_without_a_committed_batch_is_discarded(tmp_path: Pat
     over it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so the task must start a new one."""
     location = spark_checkpoint(tmp_path / "t", batch=0, end=40, committed=False)
     assert query()._stale(task(0), location)
+
+
+def test_catching_up_mirrors_the_state_before_the_checkpoint_names_the_batch(tmp_path: Path) -> None:
+    """A processor killed between Spark's commit and its own checkpoint: the next start catches the store up
+    with Spark's batch, and sends the state as of that batch to the state store first (a copy behind the
+    store's offsets would restore state older than them elsewhere)."""
+    from weirflow.control import TaskControl
+
+    location = spark_checkpoint(tmp_path / "spark", batch=4, end=50)
+    (location / "state").mkdir()
+    events: list[tuple[str, object]] = []
+
+    class Store:
+        def mirror(self, task: str, local: Path, batch: int, epoch: int) -> SimpleNamespace:
+            events.append(("mirror", batch))
+            return SimpleNamespace(uploaded=1, deleted=0, uploaded_bytes=1, seconds=0.0)
+
+    class Writer:
+        epoch = 3
+
+        def write(self, checkpoint) -> None:
+            events.append(("write", dict(checkpoint.offsets)))
+
+    stage_query = query()
+    plan = stage_query.runner.plan
+    plan.is_intermediate = lambda _: False
+    plan.ref = lambda _: SimpleNamespace(system="local", physical="views-by-page")
+    stage_query.runner.state_store = Store()
+    stage_query.merged = False
+    stage_query.stage = SimpleNamespace(serves=False)
+    stage_query.inputs = ["views-by-page"]
+    stage_query.location = None  # not started yet: the directory is passed in
+    t = SimpleNamespace(
+        name="views-by-page-1",
+        offsets={SSP: "20"},
+        control=TaskControl(),
+        writer=Writer(),
+        task=SimpleNamespace(ssps=[SSP]),
+        done=False,
+    )
+    stage_query._catch_up(t, location)
+    assert events == [("mirror", 4), ("write", {SSP: "50"})]

@@ -73,7 +73,8 @@ class Lock(ABC):
 
     ``epoch`` is the **fencing token** of the current tenure, set by a successful ``try_acquire``: strictly
     greater than the epoch of every earlier tenure of this lock name, whoever held it; an acquire by the
-    holder that already has it keeps it; 0 before the first acquire. Checkpoint writes carry it
+    holder that already has it (unexpired) keeps it, and an acquire after a release or an expiry starts a new
+    tenure even for the same holder; 0 before the first acquire. Checkpoint writes carry it
     (`weirflow.interfaces.checkpoint.Checkpoint.epoch`), so a store refuses a late write of an older holder.
     """
 
@@ -95,6 +96,13 @@ class Lock(ABC):
 
     @abstractmethod
     def is_held(self) -> bool: ...
+
+    def is_held_in(self, epoch: int) -> bool:
+        """Whether this holder holds the lock in tenure ``epoch``: the fence of a writer that knows the tenure
+        it started in (a Spark worker of a query), which must be refused once that tenure ended, even when the
+        same holder took the lock back since. A backend that keeps epochs answers from its store; this default
+        only asks `is_held`, which the lock contract (`weirflow.testing`) finds too weak."""
+        return self.is_held()
 
 
 class LatchState(str, enum.Enum):

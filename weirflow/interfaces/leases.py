@@ -31,8 +31,8 @@ class Lease(Protocol):
     def release(self) -> None:
         """Free it if ours. Idempotent."""
 
-    def held(self) -> bool:
-        """Ask the backend whether it is ours and unexpired (the fence)."""
+    def held(self, epoch: int | None = None) -> bool:
+        """Ask the backend whether it is ours and unexpired (the fence), and in tenure ``epoch`` when given."""
 
     def holder(self) -> str | None:
         """Owner of the unexpired lease, or None."""
@@ -85,3 +85,6 @@ class LeaseLock(Lock):
 
     def is_held(self) -> bool:
         return self._lease.held()
+
+    def is_held_in(self, epoch: int) -> bool:
+        return self._lease.held(epoch)

@@ -129,13 +129,13 @@ class _Lease:
             if cursor.rowcount:
                 _close_history(conn, self.lease_name, self.owner, now, "released")
 
-    def held(self) -> bool:
+    def held(self, epoch: int | None = None) -> bool:
         row = (
             self._db.connection()
-            .execute("SELECT owner, expires_ms, instance FROM leases WHERE name = ?", (self.lease_name,))
+            .execute("SELECT owner, expires_ms, instance, epoch FROM leases WHERE name = ?", (self.lease_name,))
             .fetchone()
         )
-        return self._ours(row) and row[1] > clock.now_ms()
+        return self._ours(row) and row[1] > clock.now_ms() and (epoch is None or int(row[3]) == epoch)
 
     def holder(self) -> str | None:
         row = (

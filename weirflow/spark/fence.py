@@ -65,8 +65,10 @@ def _coordination_for(snapshot: str, owner: str, instance: str) -> Any:
 
 
 def check(snapshot: str, refs: list[LockRef]) -> None:
-    """Raise `LockLostError` unless every lock in ``refs`` is still held by its holder."""
+    """Raise `LockLostError` unless every lock in ``refs`` is still held by its holder, in the tenure (epoch)
+    the query started in: a query its processor abandoned is refused even after the processor took the task
+    back."""
     for ref in refs:
         lock = _coordination_for(snapshot, ref.owner, ref.instance).lock(ref.name)
-        if not lock.is_held():
+        if not (lock.is_held_in(ref.epoch) if ref.epoch else lock.is_held()):
             raise LockLostError(ref.name, ref.owner)

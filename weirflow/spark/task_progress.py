@@ -288,16 +288,17 @@ class TaskProgress:
         self.runner.wake()
         return False
 
-    def _mirror_state(self, t: TaskState, batch: int) -> None:
+    def _mirror_state(self, t: TaskState, batch: int, location: Path | None = None) -> None:
         """Copy the task's Spark checkpoint directory as of ``batch`` to the state store, before the store's
         checkpoint names the batch's offsets: a copy at least as far on as the store, so that the next holder
         restores state matching the offsets it resumes from (a copy ahead of them is caught up with)."""
         store = self.runner.state_store
-        if store is None or self.merged or self.location is None:
+        location = location or self.location
+        if store is None or self.merged or location is None:
             return
-        if not self.stage.serves and not has_state(self.location):
+        if not self.stage.serves and not has_state(location):
             return  # no operator state: the checkpoint store's offsets are all the task needs elsewhere
-        report = store.mirror(t.name, self.location, batch, t.writer.epoch)
+        report = store.mirror(t.name, location, batch, t.writer.epoch)
         if report.uploaded or report.deleted:
             log.debug(
                 "task %s: Spark state of batch %d mirrored: %d files (%d bytes) sent, %d deleted, %.3f s",
@@ -441,6 +442,9 @@ class TaskProgress:
         if self._all_inputs_ended(t) and injected and flushed:
             self._finish(t)
             t.done = True
+        # the state as of the batch goes to the store before its checkpoint names the batch's offsets, as after
+        # every batch (`_mirror_state`): a copy behind the store would restore state older than its offsets
+        self._mirror_state(t, committed.batch, location)
         t.writer.write(Checkpoint(offsets=dict(offsets), control=t.control.to_json()))
         log.info(
             "task %s: control state caught up with Spark's batch %s%s",

@@ -122,6 +122,20 @@ class LockContract(CoordinationContract):
         assert a.try_acquire()
         assert a.epoch > b.epoch, "a released lock taken back starts a new, greater tenure"
 
+    def test_a_writer_of_an_ended_tenure_is_refused_even_when_its_holder_took_the_lock_back(
+        self, coordination
+    ) -> None:
+        a = coordination("a", "run-1").lock("task-1")
+        assert a.try_acquire()
+        first = a.epoch
+        assert a.is_held_in(first)
+        a.release()
+        again = coordination("a", "run-1").lock("task-1")
+        assert again.try_acquire() and again.epoch > first, "taken back after a release: a new tenure"
+        assert again.is_held_in(again.epoch)
+        assert not again.is_held_in(first), "a writer of the ended tenure (an abandoned query) passes the fence"
+        assert not coordination("b", "run-1").lock("task-1").is_held_in(again.epoch), "another holder passes"
+
     def test_the_same_owner_in_another_instance_is_another_holder(self, coordination) -> None:
         first, second = coordination("p1", "run-1").lock("task-1"), coordination("p1", "run-2").lock("task-1")
         assert first.try_acquire()
