@@ -34,7 +34,7 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.spark_checkpoint import committed_files, last_committed_batch
+from weirflow.interfaces.spark_checkpoint import committed_files, history_of, last_committed_batch
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 from weirflow_azure.coordinator.storage import Storage
 
@@ -52,7 +52,8 @@ class BlobSparkStateStore(SparkStateStore):
         self._storage = storage
         # task -> (ETag of its manifest as this store last read or wrote it, the epoch in it, the files it lists:
         # path -> size)
-        self._known: dict[str, tuple[str | None, int, dict[str, int]]] = {}
+        # task -> the manifest as this store last read or wrote it: ETag, epoch, files, Spark history
+        self._known: dict[str, tuple[str | None, int, dict[str, int], str | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="spark-state")
 
     def _call(self, operation: str, resource: str, fn: Callable[[], T]) -> T:
@@ -86,22 +87,28 @@ class BlobSparkStateStore(SparkStateStore):
         if known is None:
             manifest, etag = self._read_manifest(task)
             manifest = manifest or {}
-            known = etag, int(manifest.get("epoch", 0)), dict(manifest.get("files", {}))
-        etag, stored_epoch, stored = known
+            known = etag, int(manifest.get("epoch", 0)), dict(manifest.get("files", {})), manifest.get("history")
+        etag, stored_epoch, stored, stored_history = known
         if stored_epoch > epoch:
             raise FencedOffError(task, epoch, stored_epoch)
         files = committed_files(local, batch)
-        sizes = self._send(task, local, [rel for rel, size in files.items() if stored.get(rel) != size])
+        history = history_of(local)
+        # a file of another Spark history is another file, whatever its name and size: send them all
+        same = history == stored_history
+        sizes = self._send(
+            task, local, [rel for rel, size in files.items() if not same or stored.get(rel) != size]
+        )
         for rel in [rel for rel, size in sizes.items() if size < 0]:  # purged by Spark since the listing
             files.pop(rel, None)
         try:
-            written = self._replace_manifest(task, etag, epoch, {"batch": batch, "epoch": epoch, "files": files})
+            manifest = {"batch": batch, "epoch": epoch, "files": files, "history": history}
+            written = self._replace_manifest(task, etag, epoch, manifest)
         except FencedOffError:
             self._known.pop(task, None)
             raise
         gone = [rel for rel in stored if rel not in files]
         list(self._pool.map(lambda rel: self._delete(task, rel), gone))
-        self._known[task] = written, epoch, dict(files)
+        self._known[task] = written, epoch, dict(files), history
         sent = [size for size in sizes.values() if size >= 0]
         return MirrorReport(len(sent), sum(sent), len(gone), time.monotonic() - began)
 
@@ -158,10 +165,13 @@ class BlobSparkStateStore(SparkStateStore):
         manifest, etag = self._read_manifest(task)
         if manifest is None:
             return None
-        self._known[task] = etag, int(manifest.get("epoch", 0)), dict(manifest["files"])
+        history = manifest.get("history")
+        self._known[task] = etag, int(manifest.get("epoch", 0)), dict(manifest["files"]), history
         batch = int(manifest["batch"])
         have = last_committed_batch(local) if local.exists() else None
-        if have is not None and have >= batch:
+        # a local directory as far on is kept only if it is the same history: batch numbers of two histories
+        # say nothing about each other (a directory left from before a drain, or before the task moved away)
+        if have is not None and have >= batch and (history is None or history_of(local) == history):
             return batch
         began = time.monotonic()
         staging = local.with_name(local.name + ".restoring")

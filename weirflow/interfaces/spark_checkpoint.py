@@ -133,6 +133,17 @@ def last_committed(location: Path) -> CommittedBatch | None:
     return CommittedBatch(batch, metadata, [SourceOffset.from_json(s) for s in sources if SourceOffset.is_one(s)])
 
 
+def history_of(location: Path) -> str | None:
+    """The identity of the Spark checkpoint at ``location``: the query id Spark wrote in its ``metadata`` file
+    when the directory was new. Batch numbers of two histories (a task's directory from before a drain, or from
+    before it moved away and back, and the one it has now) say nothing about each other; this tells them
+    apart. None when there is no metadata file (yet)."""
+    try:
+        return str(json.loads((location / "metadata").read_text())["id"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
 def has_state(location: Path) -> bool:
     """Whether the Spark checkpoint at ``location`` holds operator state (a stateful query's)."""
     return (location / STATE_DIR).exists()

@@ -45,8 +45,10 @@ class SparkStateStore(ABC):
 
     @abstractmethod
     def restore(self, task: str, local: Path) -> int | None:
-        """When the stored copy has a later committed batch than ``local`` (or ``local`` has none), replace
-        ``local`` with it; returns the stored copy's batch, or None when nothing is stored."""
+        """When the stored copy has a later committed batch than ``local`` (or ``local`` has none), or is of
+        another Spark history (`weirflow.interfaces.spark_checkpoint.history_of`: batch numbers of two
+        histories say nothing about each other), replace ``local`` with it; returns the stored copy's batch,
+        or None when nothing is stored."""
 
     @abstractmethod
     def discard(self, task: str) -> None:

@@ -9,6 +9,7 @@ contract needs no Spark.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,20 +21,23 @@ from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import Contract
 
 
-def write_batches(local: Path, last_planned: int, last_committed: int, purged_before: int = 0) -> None:
+def write_batches(
+    local: Path, last_planned: int, last_committed: int, purged_before: int = 0, history: str = "query"
+) -> None:
     """A Spark checkpoint directory of a stateful query: batches ``purged_before..last_planned`` planned
     (offset log), up to ``last_committed`` committed (commit log), state version ``b + 1`` of every planned
-    batch ``b``, Spark's metadata file and its hidden checksums. Files before ``purged_before`` are removed,
-    as Spark's maintenance does."""
+    batch ``b``, Spark's metadata file (naming the directory's ``history``: Spark's query id) and its hidden
+    checksums. Files before ``purged_before`` are removed, as Spark's maintenance does. Files of two histories
+    have the same names and sizes and other contents."""
     (local / "metadata").parent.mkdir(parents=True, exist_ok=True)
-    (local / "metadata").write_text('{"id":"query"}')
+    (local / "metadata").write_text(f'{{"id":"{history}"}}')
     for batch in range(last_planned + 1):
         files = {
-            f"offsets/{batch}": f"offsets of {batch}",
-            f"state/0/0/{batch + 1}.delta": f"state {batch + 1}",
+            f"offsets/{batch}": f"offsets of {batch}{_mark(history)}",
+            f"state/0/0/{batch + 1}.delta": f"state {batch + 1}{_mark(history)}",
         }
         if batch <= last_committed:
-            files[f"commits/{batch}"] = f"commit {batch}"
+            files[f"commits/{batch}"] = f"commit {batch}{_mark(history)}"
         for rel, text in files.items():
             path = local / rel
             if batch < purged_before:
@@ -42,6 +46,12 @@ def write_batches(local: Path, last_planned: int, last_committed: int, purged_be
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             (path.parent / f".{path.name}.crc").write_text("checksum")
+
+
+def _mark(history: str) -> str:
+    """What a file's text carries of its history (nothing for the default one): one character, so that files of
+    two histories have equal sizes."""
+    return "" if history == "query" else history[-1]
 
 
 def contents(local: Path) -> dict[str, str]:
@@ -55,12 +65,13 @@ def contents(local: Path) -> dict[str, str]:
     }
 
 
-def committed_contents(batch: int, first: int = 0) -> dict[str, str]:
+def committed_contents(batch: int, first: int = 0, history: str = "query") -> dict[str, str]:
     """What `write_batches` leaves that belongs to committed ``batch`` (batches ``first..batch``)."""
-    expected = {"metadata": '{"id":"query"}'}
+    mark = _mark(history)
+    expected = {"metadata": f'{{"id":"{history}"}}'}
     for b in range(first, batch + 1):
-        expected |= {f"offsets/{b}": f"offsets of {b}", f"commits/{b}": f"commit {b}"}
-        expected[f"state/0/0/{b + 1}.delta"] = f"state {b + 1}"
+        expected |= {f"offsets/{b}": f"offsets of {b}{mark}", f"commits/{b}": f"commit {b}{mark}"}
+        expected[f"state/0/0/{b + 1}.delta"] = f"state {b + 1}{mark}"
     return expected
 
 
@@ -163,6 +174,33 @@ class SparkStateStoreContract(Contract):
         before = contents(ahead)
         assert store().restore("task-1", ahead) == 4, "the stored copy's batch"
         assert contents(ahead) == before, "a directory as far on or further is left alone"
+
+    def test_a_directory_of_another_spark_history_is_replaced_by_the_copy_even_when_further_on(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        self._keeps_copies(copies)
+        current = tmp_path / "here" / "task-1"
+        write_batches(current, 2, 2, history="run-2")
+        store().mirror("task-1", current, 2, 1)
+        left_over = tmp_path / "there" / "task-1"  # this machine ran the task before a drain, further on
+        write_batches(left_over, 6, 6, history="run-1")
+        assert store().restore("task-1", left_over) == 2
+        assert contents(left_over) == committed_contents(2, history="run-2"), "batch 6 of an older history won"
+
+    def test_a_new_history_is_sent_whole_even_where_names_and_sizes_repeat(
+        self, store, copies, tmp_path: Path
+    ) -> None:
+        self._keeps_copies(copies)
+        local, holder = tmp_path / "here" / "task-1", store()
+        write_batches(local, 1, 1, history="run-1")
+        holder.mirror("task-1", local, 1, 1)
+        shutil.rmtree(local)
+        write_batches(local, 1, 1, history="run-2")  # a fresh Spark checkpoint: same names, same sizes
+        report = holder.mirror("task-1", local, 1, 1)
+        assert report.uploaded == len(committed_contents(1)), "every file of the new history is sent"
+        elsewhere = tmp_path / "there" / "task-1"
+        assert store().restore("task-1", elsewhere) == 1
+        assert contents(elsewhere) == committed_contents(1, history="run-2")
 
     def test_tasks_are_independent(self, store, copies, tmp_path: Path) -> None:
         self._keeps_copies(copies)
