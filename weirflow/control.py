@@ -238,7 +238,8 @@ class TaskControl:
     ``dead_letters`` — records sent to dead-letter streams so far; ``sent_watermark`` — the last watermark the
     task sent to its intermediate outputs; ``marks`` — per intermediate partition it reads, the marks with
     which replayed rows are dropped and the offset they hold at (`weirflow.spark.replay`), written with the
-    offsets so that the two always agree.
+    offsets so that the two always agree; ``spark_history`` — the Spark checkpoint history (query id) a
+    stateful task's offsets were last written from (`weirflow.interfaces.spark_checkpoint.history_of`).
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
@@ -248,6 +249,7 @@ class TaskControl:
     dead_letters: int = 0
     sent_watermark: int = -1
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spark_history: str = ""
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -274,6 +276,7 @@ class TaskControl:
             "dead-letters": self.dead_letters,
             "sent-watermark": self.sent_watermark,
             **({"marks": dict(self.marks)} if self.marks else {}),
+            **({"spark-history": self.spark_history} if self.spark_history else {}),
         }
 
     @classmethod
@@ -287,4 +290,5 @@ class TaskControl:
             dead_letters=int(data.get("dead-letters", 0)),
             sent_watermark=int(data.get("sent-watermark", -1)),
             marks={str(k): dict(v) for k, v in dict(data.get("marks", {})).items()},
+            spark_history=str(data.get("spark-history", "")),
         )

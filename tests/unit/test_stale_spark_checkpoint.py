@@ -14,9 +14,10 @@ from weirflow.spark.stage_query import StageQuery
 SSP = SystemStreamPartition("local", "views-by-page", 1)
 
 
-def spark_checkpoint(root: Path, batch: int, end: int, committed: bool = True) -> Path:
+def spark_checkpoint(root: Path, batch: int, end: int, committed: bool = True, history: str = "q1") -> Path:
     (root / "offsets").mkdir(parents=True)
     (root / "commits").mkdir()
+    (root / "metadata").write_text(json.dumps({"id": history}))
     source = {"s": "views-by-page", "p": {SSP.key(): {"o": str(end)}}, "w": -1}
     metadata = json.dumps({"batchWatermarkMs": 0})
     (root / "offsets" / str(batch)).write_text(f"v1\n{metadata}\n{json.dumps(source)}\n")
@@ -25,8 +26,12 @@ def spark_checkpoint(root: Path, batch: int, end: int, committed: bool = True) -
     return root
 
 
-def task(offset: int) -> SimpleNamespace:
-    return SimpleNamespace(name="views-by-page-1", offsets={SSP: str(offset)})
+def task(offset: int, history: str = "") -> SimpleNamespace:
+    from weirflow.control import TaskControl
+
+    return SimpleNamespace(
+        name="views-by-page-1", offsets={SSP: str(offset)}, control=TaskControl(spark_history=history)
+    )
 
 
 def query() -> StageQuery:
@@ -99,3 +104,11 @@ def test_catching_up_mirrors_the_state_before_the_checkpoint_names_the_batch(tmp
     )
     stage_query._catch_up(t, location)
     assert events == [("mirror", 4), ("write", {SSP: "50"})]
+
+
+def test_a_spark_checkpoint_of_another_history_than_the_stores_offsets_is_stale(tmp_path: Path, caplog) -> None:
+    location = spark_checkpoint(tmp_path / "spark", batch=5, end=90, history="q-left-over")
+    assert query()._stale(task(80, history="q-current"), location), "offsets ahead, but another history"
+    assert "another history" in caplog.text
+    assert not query()._stale(task(80, history="q-left-over"), location), "the same history: caught up with"
+    assert not query()._stale(task(80), location), "a checkpoint written before histories were recorded"

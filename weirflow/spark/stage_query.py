@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from weirflow.interfaces.spark_checkpoint import PartitionOffset, has_offsets, last_committed
+from weirflow.interfaces.spark_checkpoint import PartitionOffset, has_offsets, history_of, last_committed
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
@@ -133,10 +133,23 @@ class StageQuery(TaskProgress):
         A Spark checkpoint with no committed batch (its query stopped or died during its first batch) is
         discarded too: it holds no operator state (state is committed with a batch) and Spark refuses to run
         batch 0 again over its leftovers (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, Spark 4.x), which
-        failed the task on every retry."""
+        failed the task on every retry. So is one of another Spark history than the one the store's offsets were
+        written from (`TaskControl.spark_history`): its batch numbers and offsets say nothing about them."""
         committed = last_committed(location)
         if committed is None:
             log.info("task %s: Spark checkpoint %s has no committed batch; starting a new one", t.name, location)
+            return True
+        history = history_of(location)
+        recorded = t.control.spark_history
+        if recorded and history and history != recorded:
+            log.warning(
+                "task %s: its Spark checkpoint %s is of another history (%s) than the one the checkpoint store's "
+                "offsets were written from (%s); discarding it and starting from the store's offsets",
+                t.name,
+                location,
+                history,
+                recorded,
+            )
             return True
         spark_at: dict[str, str] = {}
         for source in committed.sources:

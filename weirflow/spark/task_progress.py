@@ -44,7 +44,7 @@ from weirflow.errors import FencedOffError, LockLostError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import Lock
-from weirflow.interfaces.spark_checkpoint import has_state, last_committed
+from weirflow.interfaces.spark_checkpoint import has_state, history_of, last_committed
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
@@ -266,6 +266,8 @@ class TaskProgress:
                 t.control.sent_watermark = out
             self._mirror_state(t, report.batchId)
             fault_points.reached("before-checkpoint", t.name)
+            if not self.merged and self.location is not None:
+                t.control.spark_history = history_of(self.location) or ""
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
             # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
