@@ -58,6 +58,7 @@ class StageQuery(TaskProgress):
         self.stopping = False  # set when `stop` begins, before Spark's query has ended
         self.terminated: str | None = None  # set when Spark reports the query ended ("" without an error)
         self.location: Path | None = None
+        self.history: str | None = None
         self.counts_dir: Path | None = None
         self.records_out: dict[str, int] = {}  # output stream -> records written by this query
         self._alive_checked = time.monotonic()

@@ -134,6 +134,7 @@ class TaskProgress:
     by_ssp: dict[str, TaskState]
     inputs: list[str]
     location: Path | None
+    history: str | None  # the Spark history (query id) of ``location``, read at the first checkpoint
     counts_dir: Path | None
     records_out: dict[str, int]
 
@@ -267,7 +268,9 @@ class TaskProgress:
             self._mirror_state(t, report.batchId)
             fault_points.reached("before-checkpoint", t.name)
             if not self.merged and self.location is not None:
-                t.control.spark_history = history_of(self.location) or ""
+                if self.history is None:  # the query's directory keeps its history: read its metadata once
+                    self.history = history_of(self.location) or ""
+                t.control.spark_history = self.history
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
             # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
