@@ -4,10 +4,15 @@ on the Azure coordinator), so a stateful task that moves to another machine keep
 Layout, in the job's container::
 
     spark-state/<task>/files/<path in the Spark checkpoint directory>   one blob per file, sent once
-    spark-state/<task>/manifest                                          JSON: batch, epoch, files (path -> size)
+    spark-state/<task>/manifest                                          JSON: batch, epoch, history, files
+                                                                         (path -> size), modified (path -> ns)
 
 A mirror sends the files of the committed batch that are not stored yet, then replaces the manifest, then
-deletes stored files the new manifest no longer lists (Spark purged them locally). A restore reads the
+deletes stored files the new manifest no longer lists (Spark purged them locally). A file is stored when the
+manifest lists it with its size and modification time (nanoseconds) in the same Spark history (the query id
+in Spark's metadata): a file of another history, or one rewritten under its name (a batch Spark ran again),
+is sent again even when its size repeats. A restore gives every file the modification time the manifest
+records, so what it fetched is not sent back. A restore reads the
 manifest and fetches exactly the files it lists, so a mirror cut short (files sent, manifest not yet
 replaced) leaves the previous manifest and its complete set of files in force.
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -50,10 +56,9 @@ _THREADS = 8  # files of one batch are sent (and fetched) this many at a time
 class BlobSparkStateStore(SparkStateStore):
     def __init__(self, storage: Storage) -> None:
         self._storage = storage
-        # task -> (ETag of its manifest as this store last read or wrote it, the epoch in it, the files it lists:
-        # path -> size)
-        # task -> the manifest as this store last read or wrote it: ETag, epoch, files, Spark history
-        self._known: dict[str, tuple[str | None, int, dict[str, int], str | None]] = {}
+        # task -> the manifest as this store last read or wrote it: ETag, epoch, files (path -> (size, mtime in
+        # ns)), Spark history
+        self._known: dict[str, tuple[str | None, int, dict[str, tuple[int, int]], str | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="spark-state")
 
     def _call(self, operation: str, resource: str, fn: Callable[[], T]) -> T:
@@ -87,28 +92,35 @@ class BlobSparkStateStore(SparkStateStore):
         if known is None:
             manifest, etag = self._read_manifest(task)
             manifest = manifest or {}
-            known = etag, int(manifest.get("epoch", 0)), dict(manifest.get("files", {})), manifest.get("history")
+            known = etag, int(manifest.get("epoch", 0)), _versions(manifest), manifest.get("history")
         etag, stored_epoch, stored, stored_history = known
         if stored_epoch > epoch:
             raise FencedOffError(task, epoch, stored_epoch)
-        files = committed_files(local, batch)
         history = history_of(local)
+        # stat before the files are read: a file rewritten meanwhile is recorded older than it is, and sent again
+        versions = _local_versions(local, committed_files(local, batch))
         # a file of another Spark history is another file, whatever its name and size: send them all
         same = history == stored_history
         sizes = self._send(
-            task, local, [rel for rel, size in files.items() if not same or stored.get(rel) != size]
+            task, local, [rel for rel, version in versions.items() if not same or stored.get(rel) != version]
         )
         for rel in [rel for rel, size in sizes.items() if size < 0]:  # purged by Spark since the listing
-            files.pop(rel, None)
+            versions.pop(rel, None)
         try:
-            manifest = {"batch": batch, "epoch": epoch, "files": files, "history": history}
+            manifest = {
+                "batch": batch,
+                "epoch": epoch,
+                "files": {rel: size for rel, (size, _) in versions.items()},
+                "modified": {rel: ns for rel, (_, ns) in versions.items()},
+                "history": history,
+            }
             written = self._replace_manifest(task, etag, epoch, manifest)
         except FencedOffError:
             self._known.pop(task, None)
             raise
-        gone = [rel for rel in stored if rel not in files]
+        gone = [rel for rel in stored if rel not in versions]
         list(self._pool.map(lambda rel: self._delete(task, rel), gone))
-        self._known[task] = written, epoch, dict(files), history
+        self._known[task] = written, epoch, versions, history
         sent = [size for size in sizes.values() if size >= 0]
         return MirrorReport(len(sent), sum(sent), len(gone), time.monotonic() - began)
 
@@ -166,7 +178,7 @@ class BlobSparkStateStore(SparkStateStore):
         if manifest is None:
             return None
         history = manifest.get("history")
-        self._known[task] = etag, int(manifest.get("epoch", 0)), dict(manifest["files"]), history
+        self._known[task] = etag, int(manifest.get("epoch", 0)), _versions(manifest), history
         batch = int(manifest["batch"])
         have = last_committed_batch(local) if local.exists() else None
         # a local directory as far on is kept only if it is the same history: batch numbers of two histories
@@ -177,6 +189,7 @@ class BlobSparkStateStore(SparkStateStore):
         staging = local.with_name(local.name + ".restoring")
         shutil.rmtree(staging, ignore_errors=True)
         container = self._storage.container
+        modified = manifest.get("modified", {})
 
         def fetch(rel: str) -> int:
             target = staging / rel
@@ -186,6 +199,8 @@ class BlobSparkStateStore(SparkStateStore):
                 "fetch Spark state file", self._file_blob(task, rel), lambda: blob.download_blob().readall()
             )
             target.write_bytes(data)
+            if rel in modified:  # as stored: the next mirror sends only what changes from here
+                os.utime(target, ns=(int(modified[rel]), int(modified[rel])))
             return len(data)
 
         fetched = sum(self._pool.map(fetch, manifest["files"]))
@@ -219,6 +234,25 @@ class BlobSparkStateStore(SparkStateStore):
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self._storage.close()
+
+
+def _versions(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Path -> (size, modification time in ns) of the files a manifest lists; a manifest written before
+    modification times were recorded gives -1, which no local file matches (each is sent once more)."""
+    modified = manifest.get("modified", {})
+    return {rel: (int(size), int(modified.get(rel, -1))) for rel, size in manifest.get("files", {}).items()}
+
+
+def _local_versions(local: Path, files: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(size, modification time in ns) of ``files`` under ``local``; a file gone since the listing is left out."""
+    versions = {}
+    for rel in files:
+        try:
+            stat = (local / rel).stat()
+        except FileNotFoundError:
+            continue
+        versions[rel] = (stat.st_size, stat.st_mtime_ns)
+    return versions
 
 
 class BlobSparkStateStoreFactory(SparkStateStoreFactory):

@@ -564,6 +564,13 @@ class EventHubSystemProducer(SystemProducer):
         """Group by hub and partition (keeping each partition's order), then send runs of records that share
         batch arguments, filling each SDK batch to the hub's limit. A record too large for the hub raises
         `RecordTooLargeError` before anything is sent."""
+        self._send(records, None)
+
+    def send_fenced(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None]) -> None:
+        """`send`, with ``before_attempt`` called right before each SDK batch is sent and before each retry."""
+        self._send(records, before_attempt)
+
+    def _send(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None] | None) -> None:
         for hub in {r.stream for r in records}:
             self._partition_count(hub)  # a missing hub fails first, naming it
         self._too_large(records)
@@ -582,7 +589,7 @@ class EventHubSystemProducer(SystemProducer):
                 group.append((dest, [record]))
         for (hub, _), group in runs.items():
             for dest, items in group:
-                self._send_run(hub, dest, items)
+                self._send_run(hub, dest, items, before_attempt)
 
     def _partition_count(self, hub: str) -> int:
         if hub not in self._counts:
@@ -590,11 +597,23 @@ class EventHubSystemProducer(SystemProducer):
                 self._counts[hub] = len(self._clients.producer(hub).get_partition_ids())
         return self._counts[hub]
 
-    def _send_run(self, hub: str, dest: dict[str, str], items: list[OutgoingRecord]) -> None:
+    def _send_run(
+        self,
+        hub: str,
+        dest: dict[str, str],
+        items: list[OutgoingRecord],
+        before_attempt: Callable[[], None] | None,
+    ) -> None:
         with hub_errors(self._settings.system, hub):
-            self._pack_and_send(hub, dest, items)
+            self._pack_and_send(hub, dest, items, before_attempt)
 
-    def _pack_and_send(self, hub: str, dest: dict[str, str], items: list[OutgoingRecord]) -> None:
+    def _pack_and_send(
+        self,
+        hub: str,
+        dest: dict[str, str],
+        items: list[OutgoingRecord],
+        before_attempt: Callable[[], None] | None,
+    ) -> None:
         client = self._clients.producer(hub)
         batch = client.create_batch(**dest)
         for record in items:
@@ -608,19 +627,26 @@ class EventHubSystemProducer(SystemProducer):
                 pass
             if len(batch) == 0:
                 raise EventTooLargeError(hub, len(record.value), batch.max_size_in_bytes)
-            self._send_batch(client, hub, batch)
+            self._send_batch(client, hub, batch, before_attempt)
             batch = client.create_batch(**dest)
             try:
                 batch.add(event)
             except ValueError:
                 raise EventTooLargeError(hub, len(record.value), batch.max_size_in_bytes) from None
         if len(batch):
-            self._send_batch(client, hub, batch)
+            self._send_batch(client, hub, batch, before_attempt)
 
-    def _send_batch(self, client: Any, hub: str, batch: Any) -> None:
+    def _send_batch(self, client: Any, hub: str, batch: Any, before_attempt: Callable[[], None] | None) -> None:
         """Send one batch; transient failures (connection lost, timeouts, busy service: `is_transient`, the
         error table's verdict) are retried with bounded exponential backoff; the last one is then raised and
-        mapped by the caller's `hub_errors` to a `ServiceUnavailableError` naming the hub."""
+        mapped by the caller's `hub_errors` to a `ServiceUnavailableError` naming the hub. ``before_attempt``
+        runs right before every attempt, and what it raises ends the send at once (never retried)."""
+
+        def attempt() -> None:
+            if before_attempt is not None:
+                before_attempt()
+            client.send_batch(batch)
+
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.send_attempts),
             wait=wait_exponential(multiplier=0.2, max=5) + wait_random(0, 0.2),
@@ -633,7 +659,7 @@ class EventHubSystemProducer(SystemProducer):
                 state.outcome.exception() if state.outcome else "?",
             ),
         )
-        retrying(client.send_batch, batch)
+        retrying(attempt)
 
     def close(self) -> None:
         self._clients.close()

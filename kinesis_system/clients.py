@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
@@ -399,6 +399,13 @@ class KinesisSystemProducer(SystemProducer):
     def send(self, records: Sequence[OutgoingRecord]) -> None:
         """Send by stream in rounds (round r holds the r-th record of every partition key, so a retried entry
         never lands after a later record of its key), each round in calls within the service limits."""
+        self._send(records, None)
+
+    def send_fenced(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None]) -> None:
+        """`send`, with ``before_attempt`` called right before each `PutRecords` call, retries included."""
+        self._send(records, before_attempt)
+
+    def _send(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None] | None) -> None:
         entries: list[tuple[OutgoingRecord, str]] = [(r, self._partition_key(r)) for r in records]
         too_large = [
             (
@@ -417,16 +424,21 @@ class KinesisSystemProducer(SystemProducer):
         for stream, items in by_stream.items():
             for round_ in _rounds(items):
                 for call in _calls(round_):
-                    self._put(stream, call)
+                    self._put(stream, call, before_attempt)
 
-    def _put(self, stream: str, call: list[tuple[OutgoingRecord, str]]) -> None:
+    def _put(
+        self, stream: str, call: list[tuple[OutgoingRecord, str]], before_attempt: Callable[[], None] | None = None
+    ) -> None:
         """One `PutRecords` call, its failed entries (and throttled calls) retried with exponential backoff
-        (tenacity) until all are written, or `ServiceUnavailableError` after ``send.attempts`` tries."""
+        (tenacity) until all are written, or `ServiceUnavailableError` after ``send.attempts`` tries.
+        ``before_attempt`` runs right before every call; what it raises ends the send (never retried)."""
         pending = call
         client = self.clients.client
 
         def attempt() -> None:
             nonlocal pending
+            if before_attempt is not None:
+                before_attempt()
             try:
                 with self.clients.errors(stream):
                     response = client.put_records(

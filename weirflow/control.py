@@ -239,7 +239,10 @@ class TaskControl:
     task sent to its intermediate outputs; ``marks`` — per intermediate partition it reads, the marks with
     which replayed rows are dropped and the offset they hold at (`weirflow.spark.replay`), written with the
     offsets so that the two always agree; ``spark_history`` — the Spark checkpoint history (query id) a
-    stateful task's offsets were last written from (`weirflow.interfaces.spark_checkpoint.history_of`).
+    stateful task's offsets were last written from (`weirflow.interfaces.spark_checkpoint.history_of`);
+    ``tails`` — per intermediate partition a stateful task writes, its next offset when the checkpointed batch
+    committed, and ``replays`` — results an earlier attempt wrote past a checkpoint that a replay has not
+    produced again yet (both `weirflow.spark.result_replays`).
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
@@ -250,6 +253,8 @@ class TaskControl:
     sent_watermark: int = -1
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
     spark_history: str = ""
+    tails: dict[str, str] = field(default_factory=dict)
+    replays: dict[str, list[int]] = field(default_factory=dict)
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -277,6 +282,8 @@ class TaskControl:
             "sent-watermark": self.sent_watermark,
             **({"marks": dict(self.marks)} if self.marks else {}),
             **({"spark-history": self.spark_history} if self.spark_history else {}),
+            **({"tails": dict(self.tails)} if self.tails else {}),
+            **({"replays": dict(self.replays)} if self.replays else {}),
         }
 
     @classmethod
@@ -291,4 +298,6 @@ class TaskControl:
             sent_watermark=int(data.get("sent-watermark", -1)),
             marks={str(k): dict(v) for k, v in dict(data.get("marks", {})).items()},
             spark_history=str(data.get("spark-history", "")),
+            tails={str(k): str(v) for k, v in dict(data.get("tails", {})).items()},
+            replays={str(k): [int(x) for x in v] for k, v in dict(data.get("replays", {})).items()},
         )

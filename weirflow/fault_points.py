@@ -6,6 +6,16 @@ guarantee is hardest to keep (docs/guarantees.md, "How it is tested").
 
 * ``before-checkpoint`` — a micro-batch's rows and control messages are durable in the task's outputs, and
   the checkpoint naming the batch's input offsets is not written yet: the next holder replays the batch.
+* ``before-drained-checkpoint`` — a draining task sent its last batch's rows and its DRAIN message
+  downstream, and its ``drained`` checkpoint is not written yet: the next holder replays the batch and
+  drains again, after the first DRAIN (docs/drain.md).
+* ``before-spark-commit`` — a task's micro-batch wrote results to an intermediate stream and Spark has not
+  committed the batch (the sink's ``commit``, in a Python worker of Spark): the processor and the worker are
+  killed, so Spark's own checkpoint names the batch as planned, not done, and the next run of the task runs
+  it again (`weirflow.spark.result_replays`). Counted per worker process: use ``n`` = 1.
+
+A point reached in a Spark worker kills the processor too (`PROCESSOR_PID`, set when the processor starts
+Spark, which its workers inherit).
 
 Unset (the default), a point costs one dictionary lookup.
 """
@@ -19,7 +29,8 @@ import threading
 from weirflow.errors import InvalidArgumentError
 
 ENV = "WEIRFLOW_FAULT_POINT"
-POINTS = ("before-checkpoint",)
+POINTS = ("before-checkpoint", "before-drained-checkpoint", "before-spark-commit")
+PROCESSOR_PID = "WEIRFLOW_PROCESSOR_PID"
 
 _lock = threading.Lock()
 _hits = 0
@@ -43,4 +54,7 @@ def reached(point: str, task: str) -> None:
     with _lock:
         _hits += 1
         if _hits == _ARMED[2]:
+            processor = int(os.environ.get(PROCESSOR_PID) or os.getpid())
+            if processor != os.getpid():
+                os.kill(processor, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)

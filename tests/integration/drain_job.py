@@ -220,3 +220,45 @@ def drain_command(config_path: Path, overrides: list[str], *extra: str, timeout_
     for item in overrides:
         args += ["--set", item]
     return subprocess.run([*args, *extra], capture_output=True, text=True, timeout=timeout_s)
+
+
+def intermediate_dead_letters(config: Any, name: str = "views-by-page") -> list[dict[str, Any]]:
+    """The dead letters of the intermediate stream ``name`` (rows its consumer could not read), decoded."""
+    physical = dead_letter_stream(f"{config.get('job.name')}-{config.get('job.id')}-{name}")
+    systems = Systems(config)
+    try:
+        admin, consumer = systems.admin("local"), systems.consumer("local")
+        if physical not in admin.list_streams():
+            return []
+        letters = []
+        for partition, meta in admin.partition_metadata(physical).items():
+            ssp, offset = SystemStreamPartition("local", physical, partition), meta.oldest
+            while batch := consumer.read(ssp, offset, 10_000, meta.upcoming):
+                letters += [json.loads(r.value) for r in batch]
+                offset = batch[-1].next_offset
+        return letters
+    finally:
+        systems.close()
+
+
+def drain_messages(config: Any, name: str = "views-by-page") -> Counter[tuple[str, int]]:
+    """How many DRAIN messages each producer task wrote to each partition of the intermediate stream ``name``."""
+    from weirflow.control import ControlMessage, MessageType, decode, is_control
+
+    physical = f"{config.get('job.name')}-{config.get('job.id')}-{name}"
+    systems = Systems(config)
+    try:
+        admin, consumer = systems.admin("local"), systems.consumer("local")
+        found: Counter[tuple[str, int]] = Counter()
+        for partition, meta in admin.partition_metadata(physical).items():
+            ssp, offset = SystemStreamPartition("local", physical, partition), meta.oldest
+            while batch := consumer.read(ssp, offset, 10_000, meta.upcoming):
+                for record in batch:
+                    if is_control(record.value):
+                        kind, message = decode(record.value)
+                        if kind is MessageType.DRAIN and isinstance(message, ControlMessage):
+                            found[(message.task_name, partition)] += 1
+                offset = batch[-1].next_offset
+        return found
+    finally:
+        systems.close()

@@ -23,9 +23,10 @@ from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
 from weirflow.drain_notice import DrainUtils
+from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job_context import JobContext
-from weirflow.local.launcher import wait_until
+from weirflow.local.launcher import start_processor, wait_until
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -220,9 +221,24 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     )
 
 
-def test_a_drain_completes_on_the_survivor_when_a_processor_is_killed_mid_drain(job: DrainJob, measure) -> None:
+def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_leaves_nothing_for_the_upgrade(
+    job: DrainJob, tmp_path: Path, measure
+) -> None:
+    """The hardest moment of a drain: a first-stage task sent its last rows and its DRAIN message downstream,
+    and its processor dies before the ``drained`` checkpoint (a fault point). The survivor replays the task's
+    last batch and drains it again; the counting stage must count no replayed row, and the upgrade (another
+    intermediate schema) must read nothing of v1's: its output is exactly the input after the cut."""
     feeder = drain_job.Feeder(job.config, RATE).create_stream()
-    procs = [job.start("p0"), job.start("p1")]
+    # A fresh assignment gives p0, started first, the first stage (tasks in natural order; docs/coordination.md)
+    first = start_processor(
+        job.config_path,
+        "p0",
+        job.overrides,
+        log_dir=job.logs,
+        env={FAULT_POINT: "before-drained-checkpoint:page_views-:1"},
+    )
+    job.processors.append(first)
+    survivor = job.start("p1")
     job.with_tasks(["p0", "p1"])
     feeder.start()
     wait_until(lambda: job.consumed() >= 3 * RATE, FINISH_S, "the job to process input", 0.2)
@@ -232,10 +248,9 @@ def test_a_drain_completes_on_the_survivor_when_a_processor_is_killed_mid_drain(
         DrainUtils(ctx.metadata).write("r1")
     finally:
         ctx.close()
-    wait_until(lambda: "drain requested" in procs[1].log_text(), 30, "p1 to see the drain", 0.05)
-    procs[1].kill()
-    assert procs[0].popen.wait(FINISH_S) == 0, procs[0].log_text()[-4000:]
-    assert "job drained" in procs[0].log_text()
+    assert first.popen.wait(FINISH_S) == -9, "p0 ran no first-stage task to its drain: " + first.log_text()[-3000:]
+    assert survivor.popen.wait(FINISH_S) == 0, survivor.log_text()[-4000:]
+    assert "job drained" in survivor.log_text()
     feeder.stop()
 
     states = drain_job.checkpoints(job.config)
@@ -249,8 +264,40 @@ def test_a_drain_completes_on_the_survivor_when_a_processor_is_killed_mid_drain(
     wrong = {w: (got[w], n) for w, n in expected.items() if got[w] != n}
     assert not wrong, f"{len(wrong)} windows differ from pandas (got, expected), e.g. {list(wrong.items())[:3]}"
     assert not twice, f"{len(twice)} windows written more than once, e.g. {twice[:3]}"
-    assert drain_job.unread_intermediate(job.config) == {}
+    left = drain_job.unread_intermediate(job.config)
+    # the fault landed after the DRAIN was durable: the survivor drained the task again, a second DRAIN
+    drains = drain_job.drain_messages(job.config)
+    redrained = sorted({task for (task, _), n in drains.items() if n > 1})
+    assert redrained, f"no first-stage task sent its DRAIN twice: {dict(drains)}"
+
+    # The upgrade reads on from the cut with an intermediate schema v1's rows do not fit.
+    upgrade = tmp_path / "upgrade"
+    upgrade.mkdir()
+    shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
+    (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
+    overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
+    overrides += [
+        "app.run.id=r2",
+        "app.pipeline=pipeline_v2:pipeline",
+        "streams.page-views.bounded=true",
+        "streams.page-counts-v2.partitions=2",
+    ]
+    v2 = ExampleJob("job.yaml", overrides, tmp_path / "logs-v2", FINISH_S)
+    v2.config_path = upgrade / "job.yaml"
+    try:
+        v2.wait_finished([v2.start("p2")])
+    finally:
+        v2.stop_all()
+    config_v2 = load_config(v2.config_path, overrides)
+    rows = drain_job.output_rows(config_v2, "page-counts-v2")
+    got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
+    assert len(rows) == len(got_v2), "a window of the upgraded job was written twice"
+    assert got_v2 == _expected_v2(after), "the upgraded job's output is not exactly the input after the cut"
+    letters = drain_job.intermediate_dead_letters(config_v2)
+    assert letters == [], f"the upgrade read v1 rows: {letters[:2]}"
     measure(
-        f"p1 SIGKILLed mid-drain: the drain completed on p0; all {len(expected)} windows exact, each written "
-        f"once; {len(after)} events after the cut"
+        f"p0 SIGKILLed between a first-stage task's DRAIN and its drained checkpoint: the drain completed on p1, "
+        f"all {len(expected)} windows exact and once; {', '.join(redrained)} drained twice; "
+        f"{sum(left.values())} v1 records left after the cut, none read by the upgrade, which counted the "
+        f"{len(after)} later events exactly"
     )

@@ -12,6 +12,7 @@ import pytest
 from weirflow.config.loader import Config
 from weirflow.errors import ConfigError, RecordTooLargeError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.spark.fence import Fence
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
 from weirflow_azure.eventhubs.clients import EventHubSystemConsumer, _PartitionReader
@@ -148,9 +149,17 @@ def test_the_spark_sink_dead_letters_an_event_over_the_limit_and_sends_the_rest(
     producer, consumer = systems.producer("eh"), systems.consumer("eh")
     big = OutgoingRecord("small", bytes(2 * 1024 * 1024), key=b"k1", partition=0)
     fine = [OutgoingRecord("small", f"r{i}".encode(), partition=0) for i in range(3)]
-    WeirflowStreamWriter._send(producer, [fine[0], big, fine[1], fine[2]])
+
+    class CountingFence(Fence):
+        checks = 0
+
+        def check(self, snapshot: str) -> None:
+            CountingFence.checks += 1
+
+    WeirflowStreamWriter("", [], CountingFence())._send(producer, [fine[0], big, fine[1], fine[2]])
     sent = consumer.read(SystemStreamPartition("eh", "small", 0), "0", 10)
     assert [r.value for r in sent] == [b"r0", b"r1", b"r2"]
+    assert CountingFence.checks == 2, "the fence before each batch sent: the dead letter's, then the rest's"
     (letter,) = [json.loads(r.value) for r in consumer.read(SystemStreamPartition("eh", "small.dlq", 0), "0", 10)]
     assert letter["stream"] == "small" and letter["size"] == 2 * 1024 * 1024
     assert "exceeds the" in letter["error"] and base64.b64decode(letter["key_base64"]) == b"k1"

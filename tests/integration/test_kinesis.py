@@ -274,7 +274,7 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
 
     from tests.kinesis_faults import KinesisFaults
     from weirflow.config.loader import Config
-    from weirflow.errors import RecordTooLargeError
+    from weirflow.errors import LockLostError, RecordTooLargeError
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory
 
@@ -305,6 +305,23 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
         ]
         for i in range(0, len(sent), 400):
             producer.send(sent[i : i + 400])
+
+        # The sink's fence runs before every call, retries included: a lock lost while a call waits to be
+        # retried stops the send before its next call.
+        fenced = f"{stream}-fenced"
+        admin.create_stream(StreamSpec(fenced, 1))
+        checks = 0
+
+        def fence() -> None:
+            nonlocal checks
+            checks += 1
+            if checks == 3:
+                raise LockLostError("task-x", "p1")
+
+        calls = faults.calls
+        with pytest.raises(LockLostError):
+            producer.send_fenced([OutgoingRecord(fenced, b"r", key=f"k{i}".encode()) for i in range(400)], fence)
+        assert (checks, faults.calls - calls) == (3, 2), "a check before each call, none after"
     finally:
         producer.close()
         admin.close()

@@ -24,8 +24,10 @@ import pytest
 from tests.conftest import unique_job_name
 from weirflow.cli import status_document
 from weirflow.config import load_config
+from weirflow.drain_notice import DrainUtils
 from weirflow.factories import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job_context import JobContext
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
@@ -174,4 +176,110 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
     measure(
         f"views-0 moved by SIGKILL after committing {at_kill} of its {VIEWS_0} events, every window open: "
         f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
+    )
+
+
+PIPELINE_V2 = PIPELINE.replace('send_to("counts"', 'send_to("counts-v2"')
+
+
+def test_a_task_moved_away_and_back_across_a_drain_and_upgrade_keeps_the_new_run_s_state(
+    azure_storage: str, tmp_path: Path, measure
+) -> None:
+    """Machine A runs ``views-0`` far (v1), the job is drained and upgraded (run r2: a fresh Spark history),
+    the task runs two batches of r2 on machine B and comes back to A, whose local directory of the task is of
+    v1's history and further on by batch number. A must resume from the store's copy of r2's state: every
+    window of r2 counts r2's events only (v1's state would add v1's views to them)."""
+    name = unique_job_name("moves")
+    (tmp_path / "job.yaml").write_text(
+        textwrap.dedent(JOB.format(name=name, storage=azure_storage, log=tmp_path / "streams.db"))
+        .replace("bounded: true", "bounded: false")
+        .replace("  counts: {partitions: 1}\n", "  counts: {partitions: 1}\n  counts-v2: {partitions: 1}\n")
+    )
+    (tmp_path / "pipeline.py").write_text(PIPELINE)
+    (tmp_path / "pipeline_v2.py").write_text(PIPELINE_V2)
+    config = load_config(tmp_path / "job.yaml")
+    systems = Systems(config)
+    for stream in ("views", "counts", "counts-v2"):
+        systems.admin("local").create_stream(StreamSpec(stream, 2 if stream == "views" else 1))
+    sent: list[dict] = []
+
+    def feed(n: int) -> None:  # the same five minutes of views again: v1's windows are r2's windows too
+        rows = [event(i) for i in range(len(sent), len(sent) + n)]
+        sent.extend(rows)
+        systems.producer("local").send(
+            [
+                OutgoingRecord(
+                    "views",
+                    json.dumps({"page": r["page"], "event_time": r["event_time"] * 1000}).encode(),
+                    partition=int(r["page"][2:]) % 2,
+                )
+                for r in rows
+            ]
+        )
+
+    def start(machine: str, run: str) -> ProcessorProcess:
+        overrides = [f"job.state.dir={tmp_path / machine}", f"app.run.id={run}"]
+        if run == "r2":
+            overrides.append("app.pipeline=pipeline_v2:pipeline")
+        return start_processor(tmp_path / "job.yaml", machine, overrides, log_dir=tmp_path / f"logs-{run}")
+
+    def drain(run: str) -> None:
+        ctx = JobContext.open(load_config(tmp_path / "job.yaml", [f"app.run.id={run}"]), owner="test")
+        try:
+            DrainUtils(ctx.metadata).write(run)
+        finally:
+            ctx.close()
+
+    manager = checkpoint_factory(config).get_checkpoint_manager(config)
+    manager.start()
+
+    def views_0_read(n: int) -> bool:
+        checkpoint = manager.read_last_checkpoint("views-0")
+        return checkpoint is not None and sum(int(o) for o in checkpoint.offsets.values()) >= n
+
+    procs: list[ProcessorProcess] = []
+    try:
+        feed(600)  # 360 views of partition 0: six batches of 60 on machine A
+        procs.append(a := start("A", "r1"))
+        wait_until(lambda: views_0_read(360), 180, "views-0 to read its v1 input on A", 0.5)
+        drain("r1")
+        assert a.popen.wait(120) == 0, a.log_text()[-4000:]
+        v1_cut = len(sent)
+
+        feed(200)  # 120 views of partition 0: two batches of r2 on machine B
+        procs.append(b := start("B", "r2"))
+        wait_until(lambda: views_0_read(480), 180, "views-0 to read r2's first views on B", 0.5)
+        assert b.terminate(timeout_s=120) == 0, b.log_text()[-4000:]
+
+        feed(200)
+        procs.append(back := start("A", "r2"))
+        wait_until(lambda: views_0_read(600), 180, "views-0 to read on, back on A", 0.5)
+        drain("r2")
+        assert back.popen.wait(120) == 0, back.log_text()[-4000:]
+    except Exception:
+        for proc in procs:
+            print(proc.log_text()[-3000:])
+        raise
+    finally:
+        for proc in procs:
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGKILL)
+        manager.stop()
+
+    out = [
+        json.loads(r.value)
+        for r in systems.consumer("local").read(SystemStreamPartition("local", "counts-v2", 0), "0", 100_000)
+    ]
+    systems.close()
+    written = Counter((r["page"], int(r["window_s"])) for r in out)
+    assert all(n == 1 for n in written.values()), "a window written twice"
+    expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in sent[v1_cut:])
+    got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
+    assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in b.log_text()
+    back_log = back.log_text()
+    assert "restored its Spark state as of batch" in back_log or "is of another history" in back_log, back_log
+    measure(
+        f"views-0 ran v1 on A, r2 on B, then came back to A (a local directory of v1's history, further on): "
+        f"all {len(expected)} windows of r2 count r2's {len(sent) - v1_cut} views only"
     )

@@ -4,6 +4,7 @@ that needs it gives the same answer. These tests fail when a copy appears again 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +21,13 @@ from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import RecordTooLargeError
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.coordination import ProcessorInfo
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemFactory, SystemStreamPartition
+from weirflow.interfaces.system import (
+    OutgoingRecord,
+    StreamSpec,
+    SystemFactory,
+    SystemProducer,
+    SystemStreamPartition,
+)
 from weirflow.job_context import JobContext
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App
@@ -292,18 +299,19 @@ def test_the_dead_letter_stream_is_created_and_written_under_one_name(tmp_path: 
 
     from weirflow.spark.sink import WeirflowStreamWriter
 
-    class Producer:
+    class Producer(SystemProducer):
         def __init__(self) -> None:
             self.sent: list[OutgoingRecord] = []
 
-        def send(self, records: list[OutgoingRecord]) -> None:
+        def send(self, records: Sequence[OutgoingRecord]) -> None:
             big = [r for r in records if r.stream == "page-views" and len(r.value) > 10]
             if big:
                 raise RecordTooLargeError(big, ["too big"] * len(big))
             self.sent.extend(records)
 
     producer = Producer()
-    WeirflowStreamWriter._send(producer, [OutgoingRecord("page-views", b"x" * 11, partition=1)])
+    writer = WeirflowStreamWriter(config.snapshot(), [])
+    writer._send(producer, [OutgoingRecord("page-views", b"x" * 11, partition=1)])
     assert [r.stream for r in producer.sent] == [dead_letter_stream("page-views")]
 
 

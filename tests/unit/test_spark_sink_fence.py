@@ -4,7 +4,6 @@ as a Spark worker would call it, over a real SQLite job database and a real loca
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def test_a_worker_writes_only_while_the_query_s_processor_run_holds_the_lock(tmp
         lock = holder.lock("task-main-0")
         assert lock.try_acquire()
         sinks = [{"stream": "out", "system": "local", "physical": "out"}]
-        writer = WeirflowStreamWriter(config.snapshot(), sinks, [fence.LockRef.of(lock)])
+        writer = WeirflowStreamWriter(config.snapshot(), sinks, fence.Fence([fence.LockRef.of(lock)]))
         rows = pa.record_batch({"__key": pa.array([b"k"], pa.binary()), "__value": pa.array([b'{"n":1}'])})
 
         writer.write(iter([rows]))
@@ -72,12 +71,12 @@ def test_a_worker_writes_only_while_the_query_s_processor_run_holds_the_lock(tmp
         other_run = SqliteCoordinationUtils(db, "p2", LEASE_MS, instance="run-2")
         try:
             ref = fence.LockRef.of(other_run.lock("task-main-0"))
-            stale = WeirflowStreamWriter(config.snapshot(), sinks, [ref])
+            stale = WeirflowStreamWriter(config.snapshot(), sinks, fence.Fence([ref]))
             with pytest.raises(LockLostError):
                 stale.write(iter([rows]))
         finally:
             other_run.close()
-        assert json.loads(fence.encode([fence.LockRef.of(lock)]))[0]["instance"] == "run-1"
+        assert fence.decode(fence.encode([fence.LockRef.of(lock)])).locks[0].instance == "run-1"
     finally:
         holder.close()
         successor.close()
@@ -97,7 +96,7 @@ def test_a_partition_whose_rows_arrive_over_time_is_checked_before_every_send(tm
         lock = holder.lock("task-main-0")
         assert lock.try_acquire()
         sinks = [{"stream": "out", "system": "local", "physical": "out"}]
-        writer = WeirflowStreamWriter(config.snapshot(), sinks, [fence.LockRef.of(lock)])
+        writer = WeirflowStreamWriter(config.snapshot(), sinks, fence.Fence([fence.LockRef.of(lock)]))
 
         def batches():
             for n in range(3):
@@ -116,3 +115,40 @@ def test_a_partition_whose_rows_arrive_over_time_is_checked_before_every_send(tm
     finally:
         holder.close()
         successor.close()
+
+
+def test_a_worker_stops_sending_at_its_keeper_s_deadline_before_the_store_says_anything(tmp_path: Path) -> None:
+    """The processor publishes each held lock's ``deadline - margin`` (`fence.LeaseBoard`); a paused processor
+    publishes nothing more, so its workers refuse from that moment on although the store still shows the lock
+    held (its lease has not expired yet: nobody else can have it). A lock left off the board is refused at once."""
+    config = _config(tmp_path)
+    systems = Systems(config)
+    systems.admin("local").create_stream(StreamSpec("out", 1))
+    systems.close()
+    holder = SqliteCoordinationUtils(job_database_path(config), "p1", 60_000, instance="run-1")
+    try:
+        lock = holder.lock("task-main-0")
+        assert lock.try_acquire()
+        board = fence.LeaseBoard(tmp_path / "_leases" / "p1.json")
+        board.publish({lock.name: time.monotonic() + 30})
+        sinks = [{"stream": "out", "system": "local", "physical": "out"}]
+        writer = WeirflowStreamWriter(
+            config.snapshot(), sinks, fence.decode(fence.encode([fence.LockRef.of(lock)], board.path))
+        )
+        rows = pa.record_batch({"__key": pa.array([b"k"], pa.binary()), "__value": pa.array([b'{"n":1}'])})
+        writer.write(iter([rows]))
+        assert _written(config) == 1
+
+        board.publish({lock.name: time.monotonic() - 0.001})  # the last renewal confirmed is too old now
+        assert lock.is_held(), "the store still shows the lock held: only the deadline can refuse"
+        with pytest.raises(LockLostError, match="not renewed in time"):
+            writer.write(iter([rows]))
+        board.publish({})  # abandoned or released: off the board
+        with pytest.raises(LockLostError):
+            writer.write(iter([rows]))
+        board.close()  # the processor stopped: no board, nothing sent
+        with pytest.raises(LockLostError):
+            writer.write(iter([rows]))
+        assert _written(config) == 1, "a batch was sent past its keeper's deadline"
+    finally:
+        holder.close()

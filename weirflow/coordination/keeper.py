@@ -97,6 +97,12 @@ class LeaseKeeper:
             held = self._held.get(name)
             return held is not None and self._clock() < held.deadline - self._margin_s
 
+    def valid_until(self, name: str) -> float | None:
+        """The monotonic time until which ``name`` is confirmed (deadline - margin), or None when not kept."""
+        with self._guard:
+            held = self._held.get(name)
+            return held.deadline - self._margin_s if held is not None else None
+
     def deadline(self, name: str) -> float | None:
         with self._guard:
             held = self._held.get(name)

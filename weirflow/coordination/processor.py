@@ -157,6 +157,7 @@ class StreamProcessor:
             announcement.stop()
         self.runner.on_started = self._heartbeat_now.set
         self.runner.lease_valid = self._keeper.valid
+        self.runner.lease_valid_until = self._keeper.valid_until
         if self._server_factory is not None:
             self._server = self._server_factory(self)
             self.endpoint_url = self._server.url if self._server is not None else ""
@@ -518,6 +519,8 @@ class StreamProcessor:
     def _keep_leases(self) -> BaseException | None:
         """One keeper round over the task locks; returns a renewal error of this round, if any."""
         result = self._keeper.tick()
+        assert self.runner is not None
+        self.runner.leases_renewed()  # before fencing: a lock given up below is then left out too
         for task, exc in result.errors:
             log.warning("renewing the lock of task %s failed (retrying): %s", task, exc)
         if result.lost:

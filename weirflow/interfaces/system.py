@@ -24,7 +24,7 @@ records from an offset ends: how the Spark data plane plans micro-batches). Two 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -336,6 +336,14 @@ class SystemProducer(ABC):
     def send(self, records: Sequence[OutgoingRecord]) -> None:
         """Append ``records``; records for one partition keep their order. Raise on failure: nothing returns
         normally unless everything was written."""
+
+    def send_fenced(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None]) -> None:
+        """`send`, calling ``before_attempt`` right before every attempt to write, the first and each retry;
+        it raises to stop the send. The Spark sink passes its fence here, so a worker whose processor lost the
+        task's lock writes nothing more, however long a retry waited (docs/guarantees.md). The default calls
+        it once, then `send`; a system whose ``send`` retries overrides this to call it before each retry."""
+        before_attempt()
+        self.send(records)
 
     def max_record_bytes(self, stream: str) -> int | None:
         """Largest record ``stream`` takes (key and value), or None without a limit. Writers that pack many

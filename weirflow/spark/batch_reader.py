@@ -240,13 +240,8 @@ class BatchReader:
         """The rows of packed record ``i`` that are not replays (`weirflow.spark.replay`), positioned by the
         record's offset and their index in it (None when all of them were); or why the record cannot be read
         as this stage's rows (rows of another version of the pipeline, docs/drain.md): a dead letter."""
-        missing = [f.name for f in self.user_fields if f.name not in rows.column_names]
-        if missing:
-            return None, (
-                f"packed rows lack column(s) {', '.join(missing)} of this stage's input (written by another "
-                f"version of the pipeline?)"
-            )
         row_index = np.arange(rows.num_rows, dtype=np.int64)
+        # replays first: a replay of rows counted before an upgrade is dropped as one, not read as v2's input
         if self._marks is not None:
             keep = self._marks.admit(_producer(rows), rows)
             if keep is not None:
@@ -254,6 +249,12 @@ class BatchReader:
                 rows, row_index = rows.filter(keep), row_index[keep.to_numpy(zero_copy_only=False)]
                 if rows.num_rows == 0:
                     return None, None
+        missing = [f.name for f in self.user_fields if f.name not in rows.column_names]
+        if missing:
+            return None, (
+                f"packed rows lack column(s) {', '.join(missing)} of this stage's input (written by another "
+                f"version of the pipeline?)"
+            )
         position = (int(chunk.offsets[i]) << ROW_BITS) | row_index if self.spec.dense else None
         try:
             return self._data(key, strip(rows), [i] * rows.num_rows, chunk, position), None

@@ -26,6 +26,7 @@ import queue
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +42,7 @@ from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.served_tables import TableReader
+from weirflow.spark.fence import LeaseBoard
 from weirflow.spark.progress import ProgressFeed, ProgressView
 from weirflow.spark.query import StageBuilder
 from weirflow.spark.stage_query import StageQuery
@@ -88,6 +90,9 @@ class SparkTaskRunner(TaskRunner):
             else config.state_dir() / "spark" / self.job
         )
         self._guard = threading.RLock()
+        # where this processor's Spark workers read until when each lock is confirmed (weirflow.spark.fence)
+        self.lease_board = LeaseBoard(self.checkpoint_root / "_leases" / f"{uuid.uuid4().hex}.json")
+        self._locks: dict[str, str] = {}  # task -> its lock's name, while the processor's keeper keeps it
         self._tasks: dict[str, TaskState] = {}  # accepted and not stopped, finished or failed
         self._pending: set[str] = set()  # accepted, waiting for a query
         self._changed = 0.0  # monotonic time of the last change to _pending
@@ -173,6 +178,9 @@ class SparkTaskRunner(TaskRunner):
                 checkpoint.offsets, control.for_new_run().to_json(), checkpoint.positions, checkpoint.epoch
             )
         state = TaskState(self, task, lock, checkpoint)
+        with self._guard:
+            self._locks[task.name] = lock.name
+        self.leases_renewed()
         try:  # this holder's epoch in the store first: no former holder's write lands after it
             state.writer.claim(checkpoint)
             if upgrade:
@@ -188,6 +196,26 @@ class SparkTaskRunner(TaskRunner):
             self._pending.add(task.name)
             self._changed = time.monotonic()
         self._wake.set()
+
+    def leases_renewed(self) -> None:
+        """Publish, for the workers' fence, until when each lock the keeper still keeps is confirmed; a lock
+        it no longer keeps (lost, expiring, released) is left out, so the workers refuse to send for it."""
+        valid_until = self.lease_valid_until
+        if valid_until is None:
+            return
+        with self._guard:
+            published: dict[str, float] = {}
+            for task, lock_name in list(self._locks.items()):
+                until = valid_until(task)
+                if until is None:
+                    del self._locks[task]
+                else:
+                    published[lock_name] = until
+            self.lease_board.publish(published)
+
+    def leases_file(self) -> str:
+        """The file the sink's fence reads ("" when no keeper publishes deadlines: only the store is asked)."""
+        return str(self.lease_board.path) if self.lease_valid_until is not None else ""
 
     def _start_new_run(self, state: TaskState, drained_in: str) -> None:
         """The task drained in run ``drained_in`` and this is another deployment (docs/drain.md): its Spark
@@ -233,7 +261,13 @@ class SparkTaskRunner(TaskRunner):
         """The self-fence: the tasks write nothing more (their progress reports are ignored from now, so no
         checkpoint; the sink's own fence refuses their batches once the lock is gone) and their queries are
         stopped on a thread of their own, so this returns at once instead of waiting for Spark to end a batch.
-        A stateless stage's other tasks restart without them."""
+        A stateless stage's other tasks restart without them. Their locks leave the workers' lease board at
+        once, so the workers refuse their next send without waiting for the store."""
+        task_names = list(task_names)
+        with self._guard:
+            for name in task_names:
+                self._locks.pop(name, None)
+        self.leases_renewed()
         with self._guard:
             states = [s for s in (self._tasks.pop(n, None) for n in task_names) if s is not None]
             for state in states:
@@ -316,6 +350,7 @@ class SparkTaskRunner(TaskRunner):
         self._pool.shutdown(wait=True)
         if self.state_store is not None:
             self.state_store.close()
+        self.lease_board.close()
         try:
             self._feed.unregister(self.spark)
         except Exception as exc:

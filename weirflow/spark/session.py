@@ -33,6 +33,7 @@ from weirflow.interfaces.config import ConfigView
 if TYPE_CHECKING:
     from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
 from weirflow.errors import JavaMissingError
+from weirflow.fault_points import PROCESSOR_PID
 
 log = logging.getLogger("weirflow.spark")
 
@@ -127,6 +128,7 @@ def prepare_environment() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ[PROCESSOR_PID] = str(os.getpid())  # whose Spark this is, for its workers' fault points
 
 
 # Spark checkpoints on a local disk: write them through Hadoop's FileSystem API. Its default, the FileContext API,

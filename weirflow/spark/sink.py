@@ -14,10 +14,11 @@ A served table (``Stream.serve``) is not sent anywhere: each partition returns i
 commit message, and ``commit`` writes them into the task's Spark checkpoint directory (``served_dir``,
 `weirflow.served_tables`).
 
-Executors send with `SystemProducer.send`, which is durable when it returns: a micro-batch commits only
-after every output record was written (at-least-once; a replayed batch may write some records twice, which
-is why outputs should be keyed so that replays are idempotent). Records a system can never take (too large)
-go to the stream's ``<physical>.dlq`` with the reason.
+Executors send with `SystemProducer.send_fenced`, which is durable when it returns and checks the fence
+(`weirflow.spark.fence`) right before every attempt: a micro-batch commits only after every output record
+was written. A replayed batch writes its records again with the same ids (``OutgoingRecord.id``), which the
+next stage, the embedded log and a consumer use to drop replays (docs/guarantees.md). Records a system can
+never take (too large) go to the stream's ``<physical>.dlq`` with the reason.
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from weirflow import fault_points
 from weirflow.errors import RecordTooLargeError
-from weirflow.interfaces.system import OutgoingRecord
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.served_tables import write_batch
 from weirflow.spark import workergc
-from weirflow.spark.fence import LockRef
-from weirflow.spark.fence import check as check_fence
+from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
 from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, output_index
+from weirflow.spark.result_replays import TASK_KEY, Replays, row_digests
 from weirflow.spark.source import systems_for
 from weirflow.systems import dead_letter_stream
 
@@ -61,12 +63,19 @@ SINK_SCHEMA = T.StructType(
 
 
 class WrittenCount(WriterCommitMessage):
-    """What one partition wrote: rows per output, and per served table its latest row per key (key -> JSON),
-    which ``commit`` records on the driver's machine (`weirflow.served_tables`)."""
+    """What one partition wrote: rows per output, per served table its latest row per key (key -> JSON), which
+    ``commit`` records on the driver's machine (`weirflow.served_tables`), and the replayed results it did not
+    write again (digest -> copies, `weirflow.spark.result_replays`)."""
 
-    def __init__(self, counts: dict[str, int], served: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        counts: dict[str, int],
+        served: dict[str, dict[str, str]] | None = None,
+        replayed: dict[str, int] | None = None,
+    ) -> None:
         self.counts = counts
         self.served = served or {}
+        self.replayed = replayed or {}
 
 
 def _digest(key: bytes | None, value: bytes) -> str:
@@ -88,7 +97,13 @@ class WeirflowSink(DataSource):
         counts_dir = self.options.get("counts_dir") or None
         tasks = json.loads(self.options.get("tasks") or "[]")
         return WeirflowStreamWriter(
-            self.options["config"], json.loads(self.options["sinks"]), fence, served_dir, counts_dir, tasks
+            self.options["config"],
+            json.loads(self.options["sinks"]),
+            fence,
+            served_dir,
+            counts_dir,
+            tasks,
+            self.options.get("replays_file") or None,
         )
 
 
@@ -100,17 +115,20 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self,
         snapshot: str,
         sinks: list[dict[str, Any]],
-        fence: list[LockRef] | None = None,
+        fence: Fence | None = None,
         served_dir: str | None = None,
         counts_dir: str | None = None,
         tasks: list[str] | None = None,
+        replays_file: str | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.tasks = tasks or []  # the tasks the query runs (a stateful stage's query runs one)
         self.sinks = sinks
-        self.fence = fence or []
+        self.fence = fence or Fence()
         self.served_dir = served_dir  # the task's Spark checkpoint directory, where served tables are kept
         self.counts_dir = counts_dir  # where commit leaves each batch's counts for the runner (records out)
+        # a stateful task's results an earlier attempt wrote past its checkpoint (`weirflow.spark.result_replays`)
+        self.replays_file = replays_file
         # per output: the last row written of this partition (its __pss, __pos, __k), for the next batch's __k
         self._carry: dict[int, tuple[int, int, int]] = {}
 
@@ -119,6 +137,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         systems = systems_for(self.snapshot)
         counts: dict[str, int] = {}
         served: dict[str, dict[str, str]] = {}
+        replays = Replays.load(Path(self.replays_file)) if self.replays_file else None
+        replayed: dict[str, int] = {}
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -141,9 +161,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                     continue
                 out = by_system.setdefault(sink["system"], [])
                 if sink.get("rows"):
-                    if sink.get("positions"):
-                        rows = self._indexed(index, rows)
-                    out.extend(self._packed(rows, sink, systems.producer(sink["system"])))
+                    out.extend(self._intermediate(index, rows, sink, systems, replays, replayed))
                 else:
                     keys = rows.column("__key").to_pylist()
                     values = [value or b"" for value in rows.column("__value").to_pylist()]
@@ -152,12 +170,50 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                         OutgoingRecord(stream=sink["physical"], value=value, key=key, id=record_id)
                         for key, value, record_id in zip(keys, values, ids, strict=True)
                     )
-            # Before every send, not once per partition: a partition's rows arrive over time (a slow transform
-            # upstream), and the lock may move while they do. Checked last, right before the records go out.
-            check_fence(self.snapshot, self.fence)
+            # Before every send and retry, not once per partition: a partition's rows arrive over time (a slow
+            # transform upstream), and the lock may move while they do or while a send waits to retry.
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
-        return WrittenCount(counts, served)
+        return WrittenCount(counts, served, replayed)
+
+    def _intermediate(
+        self,
+        index: int,
+        rows: pa.RecordBatch,
+        sink: dict[str, Any],
+        systems: Any,
+        replays: Replays | None,
+        replayed: dict[str, int],
+    ) -> list[OutgoingRecord]:
+        """The packed records of output ``index``, an intermediate stream: with positions (a row-wise stage),
+        or named by their task and without what an earlier attempt already wrote (a stateful stage)."""
+        task = self._task_results(sink)
+        if sink.get("positions"):
+            rows = self._indexed(index, rows)
+        elif replays and task:
+            rows = self._not_replayed(rows, sink, replays, replayed)
+            if rows.num_rows == 0:
+                return []
+        return self._packed(rows, sink, systems.producer(sink["system"]), task)
+
+    def _task_results(self, sink: dict[str, Any]) -> str | None:
+        """The task whose results ``sink`` writes (a stateful stage's query runs one task), else None."""
+        return self.tasks[0] if sink.get("results") and len(self.tasks) == 1 else None
+
+    @staticmethod
+    def _not_replayed(
+        rows: pa.RecordBatch, sink: dict[str, Any], replays: Replays, replayed: dict[str, int]
+    ) -> pa.RecordBatch:
+        """``rows`` without the results an earlier attempt of the task already wrote (each copy once)."""
+        columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
+        digests = row_digests(pa.RecordBatch.from_arrays([rows.column(c) for c in columns], names=names))
+        keep = []
+        for digest in digests:
+            again = replays.take(digest)
+            keep.append(not again)
+            if again:
+                replayed[digest] = replayed.get(digest, 0) + 1
+        return rows if all(keep) else rows.filter(pa.array(keep))
 
     def _ids(
         self, index: int, sink: dict[str, Any], rows: pa.RecordBatch, keys: list[Any], values: list[bytes]
@@ -186,16 +242,21 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         return rows.append_column(K, pa.array(k, pa.int32()))
 
     @staticmethod
-    def _packed(rows: pa.RecordBatch, sink: dict[str, Any], producer: Any) -> list[OutgoingRecord]:
+    def _packed(
+        rows: pa.RecordBatch, sink: dict[str, Any], producer: Any, task: str | None = None
+    ) -> list[OutgoingRecord]:
         """The rows of one intermediate stream as packed records, one run per partition (rows keep their
         order within a partition); a row too large to send alone becomes a dead letter. With positions, each
-        record carries its rows' (``__pss``, ``__pos``, ``__k``) and names the stage that wrote it."""
+        record carries its rows' (``__pss``, ``__pos``, ``__k``) and names the stage that wrote it; a stateful
+        task's record names the task (`weirflow.spark.result_replays`)."""
         physical = sink["physical"]
         columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
         metadata = None
         if sink.get("positions"):
             columns, names = columns + [PSS, POS, K], names + [PSS, POS, K]
             metadata = {PRODUCER_KEY: str(sink["stage"]).encode()}
+        elif task is not None:
+            metadata = {TASK_KEY: task.encode()}
         arrays = [rows.column(c) for c in columns]
         schema = pa.schema([pa.field(n, a.type) for n, a in zip(names, arrays, strict=True)], metadata=metadata)
         data = pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -227,12 +288,14 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 log.warning("one output row of %s was too large: sent to its dead-letter stream", physical)
         return records
 
-    @staticmethod
-    def _send(producer: Any, records: list[OutgoingRecord]) -> None:
-        """Send; records the system can never take (too large) go to their stream's ``<physical>.dlq`` with the
-        reason and the rest are sent again (the producer sent nothing when it refused)."""
+    def _check_fence(self) -> None:
+        self.fence.check(self.snapshot)
+
+    def _send(self, producer: Any, records: list[OutgoingRecord]) -> None:
+        """Send, fenced; records the system can never take (too large) go to their stream's ``<physical>.dlq``
+        with the reason and the rest are sent again (the producer sent nothing when it refused)."""
         try:
-            producer.send(records)
+            producer.send_fenced(records, self._check_fence)
             return
         except RecordTooLargeError as exc:
             refused = {id(r) for r in exc.records}
@@ -256,10 +319,10 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             log.warning(
                 "%d output record(s) too large: sent to dead-letter streams (%s)", len(letters), exc.reasons[0]
             )
-            producer.send(letters)
+            producer.send_fenced(letters, self._check_fence)
             rest = [r for r in records if id(r) not in refused]
             if rest:
-                producer.send(rest)
+                producer.send_fenced(rest, self._check_fence)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every partition's records were durable when its `write` returned; what is left is the served
@@ -267,22 +330,47 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         workergc.before_task()
         tables: dict[str, dict[str, str]] = {}
         counts: dict[str, int] = {}
+        replayed: dict[str, int] = {}
         for message in messages:
             if isinstance(message, WrittenCount):
                 for table, rows in message.served.items():
                     tables.setdefault(table, {}).update(rows)
                 for stream, n in message.counts.items():
                     counts[stream] = counts.get(stream, 0) + n
-        if counts and self.counts_dir is not None:
+                for digest, n in message.replayed.items():
+                    replayed[digest] = replayed.get(digest, 0) + n
+        if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left
+            replays = Replays.load(Path(self.replays_file))
+            replays.used(replayed)
+            replays.aged().save(Path(self.replays_file))
+        tails = self._tails()
+        if (counts or tails or replayed) and self.counts_dir is not None:
             directory = Path(self.counts_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / f".{batchId}.tmp").write_text(json.dumps(counts))
+            summary = {"counts": counts, "tails": tails, "replayed": sum(replayed.values())}
+            (directory / f".{batchId}.tmp").write_text(json.dumps(summary))
             (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
+        results = [s["stream"] for s in self.sinks if s.get("rows") and self._task_results(s)]
+        if any(counts.get(stream) for stream in results):
+            fault_points.reached("before-spark-commit", self.tasks[0])
         if not tables or self.served_dir is None:
             return
-        check_fence(self.snapshot, self.fence)
+        self._check_fence()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
+
+    def _tails(self) -> dict[str, str]:
+        """For a stateful task writing intermediate streams, each of their partitions' next offset as the batch
+        commits: everything the task writes after this batch lies beyond (`weirflow.spark.result_replays`)."""
+        sinks = [s for s in self.sinks if s.get("rows") and self._task_results(s)]
+        if not sinks:
+            return {}
+        systems = systems_for(self.snapshot)
+        tails = {}
+        for sink in sinks:
+            for partition, meta in systems.admin(sink["system"]).partition_metadata(sink["physical"]).items():
+                tails[SystemStreamPartition(sink["system"], sink["physical"], partition).key()] = meta.upcoming
+        return tails
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""

@@ -24,6 +24,7 @@ from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
+from weirflow.spark.result_replays import Replays, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
 from weirflow.start_position import start_offset
 
@@ -60,6 +61,7 @@ class StageQuery(TaskProgress):
         self.location: Path | None = None
         self.history: str | None = None
         self.counts_dir: Path | None = None
+        self.replays_file: Path | None = None  # results of an earlier attempt not to write again
         self.records_out: dict[str, int] = {}  # output stream -> records written by this query
         self._alive_checked = time.monotonic()
 
@@ -101,14 +103,16 @@ class StageQuery(TaskProgress):
                     return
         self.location = location
         self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
+        self.replays_file = None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir)
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
             .option("sinks", json.dumps(sinks))
-            .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks]))
+            .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks], runner.leases_file()))
             .option("served_dir", str(location) if self.stage.serves else "")
             .option("counts_dir", str(self.counts_dir))
             .option("tasks", json.dumps([t.name for t in self.tasks]))
+            .option("replays_file", str(self.replays_file or ""))
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
@@ -123,6 +127,29 @@ class StageQuery(TaskProgress):
             "new" if fresh else "existing",
             {k: p.offset for k, p in starts.items()},
         )
+
+    def _replays(self, t: TaskState, sinks: list[dict[str, Any]], directory: Path) -> Path | None:
+        """The file of results an earlier attempt of stateful task ``t`` wrote to intermediate streams past its
+        checkpoint, which this query will produce again and must not write (`weirflow.spark.result_replays`):
+        those its checkpoint still carries, and what the stream holds of it beyond the checkpoint's tails."""
+        if not any(s.get("rows") and s.get("results") for s in sinks):
+            return None
+        replays = Replays.from_json(t.control.replays)
+        if t.control.tails:
+            since = written_since(self.runner.plan.systems, t.name, t.control.tails)
+            if len(since):
+                log.info(
+                    "task %s: %d results written past its checkpoint by an earlier attempt; a replay will not "
+                    "write them again",
+                    t.name,
+                    len(since),
+                )
+            replays.merge(since)
+        if not len(replays):
+            return None
+        path = directory / "replays.json"
+        replays.save(path)
+        return path
 
     def _stale(self, t: TaskState, location: Path) -> bool:
         """Whether the task's Spark checkpoint is *behind* the checkpoint store (another processor ran the task

@@ -49,6 +49,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
+from weirflow.spark.result_replays import Replays
 from weirflow.systems import Systems
 
 if TYPE_CHECKING:
@@ -136,11 +137,14 @@ class TaskProgress:
     location: Path | None
     history: str | None  # the Spark history (query id) of ``location``, read at the first checkpoint
     counts_dir: Path | None
+    replays_file: Path | None
     records_out: dict[str, int]
 
     def _apply(self, report: ProgressView) -> None:
         """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
-        self._count_written(report.batchId)
+        tails, replayed = self._count_written(report.batchId)
+        if not self.merged:  # a stateful task's results: where this batch's writes end, what it did not write
+            self._results_written(self.tasks[0], tails, replayed)
         offsets, positions = self._batch_ends(report)
         dead = self._apply_control_rows(report)
         spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
@@ -177,18 +181,31 @@ class TaskProgress:
                     log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
                 self.runner.wake()
 
-    def _count_written(self, batch: int) -> None:
-        """Add the sink's counts of ``batch`` (written by its ``commit``) to ``records_out``."""
+    def _count_written(self, batch: int) -> tuple[dict[str, str], int]:
+        """Add the sink's counts of ``batch`` (written by its ``commit``) to ``records_out``; returns the
+        batch's tails and how many replayed results it did not write (`weirflow.spark.result_replays`)."""
         if self.counts_dir is None:
-            return
+            return {}, 0
         path = self.counts_dir / f"{batch}.json"
         try:
-            counts = json.loads(path.read_text())
+            summary = json.loads(path.read_text())
             path.unlink()
         except (FileNotFoundError, ValueError):
-            return
-        for stream, n in counts.items():
+            return {}, 0
+        for stream, n in dict(summary.get("counts", {})).items():
             self.records_out[stream] = self.records_out.get(stream, 0) + int(n)
+        return {str(k): str(v) for k, v in dict(summary.get("tails", {})).items()}, int(summary.get("replayed", 0))
+
+    def _results_written(self, t: TaskState, tails: dict[str, str], replayed: int) -> None:
+        """Carry into the task's next checkpoint where its intermediate partitions ended at this batch's commit
+        and the replays still to come (the sink's file, which its commits keep)."""
+        if tails:
+            t.control.tails = tails
+        if self.replays_file is not None:
+            t.control.replays = Replays.load(self.replays_file).to_json()
+        if replayed:
+            t.stats.replays_dropped += replayed
+            log.info("task %s: %d replayed results not written again", t.name, replayed)
 
     def _batch_ends(self, report: ProgressView) -> tuple[dict[str, Offsets], dict[str, Positions]]:
         """Per task, the next offset of each of its SSPs after the batch, and the systems' native positions."""
@@ -262,6 +279,8 @@ class TaskProgress:
         try:
             if finishing:
                 self._finish(t)
+                if t.control.drained:
+                    fault_points.reached("before-drained-checkpoint", t.name)
             elif out is not None and out > t.control.sent_watermark:
                 self._send_control(t, MessageType.WATERMARK, out)
                 t.control.sent_watermark = out
@@ -340,10 +359,15 @@ class TaskProgress:
                 t.control.injected[stream_id] = MAX_TIMESTAMP_MS
 
     def _output_watermark(self, t: TaskState, report: ProgressView, spark_watermark: int) -> int | None:
-        """A task query's event-time watermark after this batch: Spark's watermark of the next batch, which
-        is known now for a one-input stage (max event time seen minus the lateness)."""
+        """A task query's event-time watermark after this batch, sent downstream after the batch's rows.
+
+        A stateless one-input stage passes its rows on at once: Spark's watermark of the next batch, known now
+        (max event time seen minus the lateness). A stateful stage's rows are results, those the batch's own
+        watermark closed (Spark's, of this batch); the windows the next batch's watermark closes are written
+        only then, so that watermark must not go downstream ahead of them: a consumer would take their rows
+        for late ones, or end before them when it is the end of time."""
         out = spark_watermark or None
-        if len(self.inputs) == 1:
+        if len(self.inputs) == 1 and not report.stateOperators:
             seen = parse_spark_time(report.eventTime.get("max"))
             if seen is not None:
                 delay = self.runner.builder.settings(self.inputs[0]).delay_ms

@@ -61,9 +61,17 @@ class TaskRunner(ABC):
     #: checkpoint, and abandons the task when it answers False: that catches a process that was paused (GC,
     #: SIGSTOP) past its lease and wakes up before the keeper has fenced the task. None: nobody answers.
     lease_valid: Callable[[str], bool] | None = None
+    #: Set by the processor: the monotonic time (`time.monotonic`) until which the task's lock is confirmed,
+    #: the keeper's ``deadline - margin``, or None when it is not kept. A runner whose writes happen in other
+    #: processes of the machine (Spark's workers) hands it to them (`leases_renewed`). None: nobody answers.
+    lease_valid_until: Callable[[str], float | None] | None = None
 
     @abstractmethod
     def start_task(self, task: TaskModel, lock: Lock) -> None: ...
+
+    def leases_renewed(self) -> None:
+        """Called by the processor's keeper after each round (from its thread; must return promptly): the
+        values of `lease_valid_until` may have moved on. The default does nothing."""
 
     @abstractmethod
     def stop_task(self, task_name: str) -> None: ...

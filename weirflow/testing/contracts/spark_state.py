@@ -9,6 +9,7 @@ contract needs no Spark.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,8 +30,10 @@ def write_batches(
     batch ``b``, Spark's metadata file (naming the directory's ``history``: Spark's query id) and its hidden
     checksums. Files before ``purged_before`` are removed, as Spark's maintenance does. Files of two histories
     have the same names and sizes and other contents."""
-    (local / "metadata").parent.mkdir(parents=True, exist_ok=True)
-    (local / "metadata").write_text(f'{{"id":"{history}"}}')
+    metadata = local / "metadata"
+    if not metadata.exists() or metadata.read_text() != f'{{"id":"{history}"}}':
+        metadata.parent.mkdir(parents=True, exist_ok=True)
+        metadata.write_text(f'{{"id":"{history}"}}')
     for batch in range(last_planned + 1):
         files = {
             f"offsets/{batch}": f"offsets of {batch}{_mark(history)}",
@@ -43,6 +46,8 @@ def write_batches(
             if batch < purged_before:
                 path.unlink(missing_ok=True)
                 continue
+            if path.exists() and path.read_text() == text:
+                continue  # Spark writes a batch's files once: an unchanged file is not written again
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             (path.parent / f".{path.name}.crc").write_text("checksum")
@@ -201,6 +206,25 @@ class SparkStateStoreContract(Contract):
         elsewhere = tmp_path / "there" / "task-1"
         assert store().restore("task-1", elsewhere) == 1
         assert contents(elsewhere) == committed_contents(1, history="run-2")
+
+    def test_a_file_rewritten_under_its_name_and_size_is_sent_again(self, store, copies, tmp_path: Path) -> None:
+        """Spark runs a batch again after a crash and rewrites its state file under the same name; the size may
+        well repeat. The copy must take the new file, or a restore elsewhere returns the old state."""
+        self._keeps_copies(copies)
+        local, holder = tmp_path / "here" / "task-1", store()
+        write_batches(local, 1, 1)
+        holder.mirror("task-1", local, 1, 1)
+        rewritten = local / "state" / "0" / "0" / "2.delta"
+        before = rewritten.stat().st_mtime_ns
+        rewritten.write_text("STATE 2")  # same size, other content
+        # written seconds later in life; here within the file system's timestamp granularity, so say so
+        os.utime(rewritten, ns=(before + 1_000_000_000, before + 1_000_000_000))
+        report = holder.mirror("task-1", local, 1, 1)
+        assert report.uploaded == 1, "the rewritten file, and nothing else"
+        elsewhere = tmp_path / "there" / "task-1"
+        assert store().restore("task-1", elsewhere) == 1
+        assert contents(elsewhere)["state/0/0/2.delta"] == "STATE 2"
+        assert store().mirror("task-1", elsewhere, 1, 2).uploaded == 0, "what a restore fetched is not sent back"
 
     def test_tasks_are_independent(self, store, copies, tmp_path: Path) -> None:
         self._keeps_copies(copies)
