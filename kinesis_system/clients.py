@@ -14,6 +14,8 @@ never reorder a key's records.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -375,6 +377,18 @@ def _attributes(record: Any, shard: str) -> Mapping[str, Any]:
     }
 
 
+def _with_id(record: OutgoingRecord, field: str) -> OutgoingRecord:
+    """``record`` with its id as field ``field`` of its JSON object (the last one: nothing else moves); a
+    record without an id, or whose value is not a JSON object (packed intermediate rows), unchanged."""
+    value = record.value
+    if record.id is None or not value.startswith(b"{") or not value.rstrip().endswith(b"}"):
+        return record
+    body = value.rstrip()[:-1].rstrip()
+    member = json.dumps(field).encode() + b":" + json.dumps(record.id).encode()
+    joined = body + (b"" if body == b"{" else b",") + member + b"}"
+    return dataclasses.replace(record, value=joined)
+
+
 class KinesisSystemProducer(SystemProducer):
     def __init__(self, clients: KinesisClients) -> None:
         self.clients = clients
@@ -406,14 +420,16 @@ class KinesisSystemProducer(SystemProducer):
         self._send(records, before_attempt)
 
     def _send(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None] | None) -> None:
-        entries: list[tuple[OutgoingRecord, str]] = [(r, self._partition_key(r)) for r in records]
+        field = self.settings.record_id_field
+        sent = [_with_id(r, field) for r in records] if field else list(records)
+        entries: list[tuple[OutgoingRecord, str]] = [(r, self._partition_key(r)) for r in sent]
         too_large = [
             (
-                r,
+                original,  # the caller's record: it tells refused records apart by identity
                 f"record of {len(r.value) + len(k.encode())} bytes (data and partition key) exceeds Kinesis's "
                 f"{MAX_RECORD_BYTES} byte limit",
             )
-            for r, k in entries
+            for original, (r, k) in zip(records, entries, strict=True)
             if len(r.value) + len(k.encode()) > MAX_RECORD_BYTES
         ]
         if too_large:

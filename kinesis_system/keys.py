@@ -90,6 +90,16 @@ KEYS: tuple[ConfigKey, ...] = (
         system=SYSTEM,
     ),
     ConfigKey(
+        "systems.<name>.record.id.field",
+        "str",
+        "weirflow_id",
+        "Field that a record written to an output stream gets in its JSON object: the record's id, the same "
+        "for a replay of it, with which a consumer drops replays (Kinesis records carry no properties; "
+        "docs/guarantees.md). Empty: no field.",
+        SECTION,
+        system=SYSTEM,
+    ),
+    ConfigKey(
         "systems.<name>.send.attempts",
         "int",
         8,

@@ -21,6 +21,7 @@ class KinesisSettings:
     spool_dir: Path
     spool_retention_ms: int
     send_attempts: int
+    record_id_field: str = "weirflow_id"
 
     @classmethod
     def from_config(cls, system: str, config: ConfigView) -> KinesisSettings:
@@ -53,6 +54,7 @@ class KinesisSettings:
             spool_dir=spool,
             spool_retention_ms=int(config.get(prefix + "spool.retention.ms")),
             send_attempts=attempts,
+            record_id_field=str(config.get(prefix + "record.id.field") or ""),
         )
 
     @property

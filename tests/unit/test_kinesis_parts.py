@@ -3,11 +3,13 @@ order, which shards may be read (parents before children), and the producer's ro
 
 from __future__ import annotations
 
+import json
+
 from weirflow.assignment import assign
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow_kinesis import positions
-from weirflow_kinesis.clients import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds
+from weirflow_kinesis.clients import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds, _with_id
 from weirflow_kinesis.hashing import HASH_SPACE, key_hash, partition_key, pinning_key, slice_of, slice_range
 from weirflow_kinesis.shards import Shard, ShardMap
 
@@ -82,3 +84,16 @@ def test_a_shard_s_neighbouring_virtual_tasks_are_assigned_together() -> None:
     model = assign(tasks, ["p0", "p1"])
     assert set(model["p0"]) == {f"views-v{k}" for k in range(8)}
     assert set(model["p1"]) == {f"views-v{k}" for k in range(8, 16)}
+
+
+def test_an_output_record_s_id_becomes_the_last_field_of_its_json_object() -> None:
+    """Kinesis records carry no properties: a consumer finds the id (docs/guarantees.md) in the JSON itself."""
+    row = OutgoingRecord("out", b'{"page": "/a", "views": 3}', key=b"/a", id="views/1/2000/0")
+    with_id = _with_id(row, "weirflow_id")
+    assert json.loads(with_id.value) == {"page": "/a", "views": 3, "weirflow_id": "views/1/2000/0"}
+    assert (with_id.stream, with_id.key) == (row.stream, row.key)
+    assert json.loads(_with_id(OutgoingRecord("out", b"{}", id="t/ab"), "id").value) == {"id": "t/ab"}
+    packed = OutgoingRecord("mid", b"\x04arrow", partition=1)  # intermediate rows: no id, untouched
+    assert _with_id(packed, "weirflow_id") is packed
+    no_id = OutgoingRecord("out", b'{"a": 1}')
+    assert _with_id(no_id, "weirflow_id") is no_id
