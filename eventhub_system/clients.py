@@ -589,23 +589,14 @@ class EventHubSystemProducer(SystemProducer):
                 group.append((dest, [record]))
         for (hub, _), group in runs.items():
             for dest, items in group:
-                self._send_run(hub, dest, items, before_attempt)
+                with hub_errors(self._settings.system, hub):
+                    self._pack_and_send(hub, dest, items, before_attempt)
 
     def _partition_count(self, hub: str) -> int:
         if hub not in self._counts:
             with hub_errors(self._settings.system, hub):
                 self._counts[hub] = len(self._clients.producer(hub).get_partition_ids())
         return self._counts[hub]
-
-    def _send_run(
-        self,
-        hub: str,
-        dest: dict[str, str],
-        items: list[OutgoingRecord],
-        before_attempt: Callable[[], None] | None,
-    ) -> None:
-        with hub_errors(self._settings.system, hub):
-            self._pack_and_send(hub, dest, items, before_attempt)
 
     def _pack_and_send(
         self,

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -26,7 +27,7 @@ from weirflow.drain_notice import DrainUtils
 from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job_context import JobContext
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -117,6 +118,30 @@ def _expected_v2(events: list[dict]) -> dict[tuple[str, str], tuple[int, int]]:
     return {(str(p), str(w)): (int(n), int(s)) for (p, w), (n, s) in grouped.iterrows()}
 
 
+def _upgrade(job: DrainJob, tmp_path: Path) -> tuple[Any, ProcessorProcess]:
+    """Run the job upgraded (`PIPELINE_V2`, run id r2, the input now bounded) to its end on one processor;
+    returns its config and the processor."""
+    upgrade = tmp_path / "upgrade"
+    upgrade.mkdir()
+    shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
+    (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
+    overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
+    overrides += [
+        "app.run.id=r2",
+        "app.pipeline=pipeline_v2:pipeline",
+        "streams.page-views.bounded=true",
+        "streams.page-counts-v2.partitions=2",
+    ]
+    v2 = ExampleJob("job.yaml", overrides, tmp_path / "logs-v2", FINISH_S)
+    v2.config_path = upgrade / "job.yaml"
+    try:
+        proc = v2.start("p2")
+        v2.wait_finished([proc])
+    finally:
+        v2.stop_all()
+    return load_config(v2.config_path, overrides), proc
+
+
 def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_reads_on_from_it(
     job: DrainJob, tmp_path: Path, measure
 ) -> None:
@@ -189,26 +214,8 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
 
     # Upgrade: new run id, another aggregation, an incompatible intermediate schema; the input is now read
     # to its end (bounded) so the run finishes.
-    upgrade = tmp_path / "upgrade"
-    upgrade.mkdir()
-    shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
-    (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
-    overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
-    overrides += [
-        "app.run.id=r2",
-        "app.pipeline=pipeline_v2:pipeline",
-        "streams.page-views.bounded=true",
-        "streams.page-counts-v2.partitions=2",
-    ]
-    v2 = ExampleJob("job.yaml", overrides, tmp_path / "logs-v2", FINISH_S)
-    v2.config_path = upgrade / "job.yaml"
-    try:
-        p2 = v2.start("p2")
-        v2.wait_finished([p2])
-    finally:
-        v2.stop_all()
+    config_v2, p2 = _upgrade(job, tmp_path)
     assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in p2.log_text()
-    config_v2 = load_config(v2.config_path, overrides)
     rows = drain_job.output_rows(config_v2, "page-counts-v2")
     keys = [(r["page"], r["window_start"][:16]) for r in rows]
     assert len(keys) == len(set(keys)), "a window of the upgraded job was written twice"
@@ -271,24 +278,7 @@ def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_l
     assert redrained, f"no first-stage task sent its DRAIN twice: {dict(drains)}"
 
     # The upgrade reads on from the cut with an intermediate schema v1's rows do not fit.
-    upgrade = tmp_path / "upgrade"
-    upgrade.mkdir()
-    shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
-    (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
-    overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
-    overrides += [
-        "app.run.id=r2",
-        "app.pipeline=pipeline_v2:pipeline",
-        "streams.page-views.bounded=true",
-        "streams.page-counts-v2.partitions=2",
-    ]
-    v2 = ExampleJob("job.yaml", overrides, tmp_path / "logs-v2", FINISH_S)
-    v2.config_path = upgrade / "job.yaml"
-    try:
-        v2.wait_finished([v2.start("p2")])
-    finally:
-        v2.stop_all()
-    config_v2 = load_config(v2.config_path, overrides)
+    config_v2, _ = _upgrade(job, tmp_path)
     rows = drain_job.output_rows(config_v2, "page-counts-v2")
     got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
     assert len(rows) == len(got_v2), "a window of the upgraded job was written twice"

@@ -17,6 +17,7 @@ import json
 import signal
 import textwrap
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,24 @@ def pipeline(app):
 
 def event(i: int) -> dict:
     return {"page": f"/p{i % PAGES}", "event_time": BASE_S + (i * 300) // EVENTS}  # 5 minutes of events
+
+
+def _assert_windows_once_and_exact(systems: Systems, stream: str, events: Iterable[dict]) -> Counter:
+    """Every window in ``stream`` (one partition) written once with the count of ``events`` in it; closes
+    ``systems`` and returns the expected counts."""
+    try:
+        out = [
+            json.loads(r.value)
+            for r in systems.consumer("local").read(SystemStreamPartition("local", stream, 0), "0", 100_000)
+        ]
+    finally:
+        systems.close()
+    written = Counter((r["page"], int(r["window_s"])) for r in out)
+    assert all(n == 1 for n in written.values()), "a window written twice"
+    expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in events)
+    got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
+    assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    return expected
 
 
 def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
@@ -163,16 +182,7 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
         manager.stop()
     assert "restored its Spark state as of batch" in survivor.log_text(), survivor.log_text()[-3000:]
 
-    out = [
-        json.loads(r.value)
-        for r in systems.consumer("local").read(SystemStreamPartition("local", "counts", 0), "0", 100_000)
-    ]
-    systems.close()
-    written = Counter((r["page"], int(r["window_s"])) for r in out)
-    assert all(n == 1 for n in written.values()), "a window written twice"
-    expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in map(event, range(EVENTS)))
-    got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
-    assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    expected = _assert_windows_once_and_exact(systems, "counts", map(event, range(EVENTS)))
     measure(
         f"views-0 moved by SIGKILL after committing {at_kill} of its {VIEWS_0} events, every window open: "
         f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
@@ -266,16 +276,7 @@ def test_a_task_moved_away_and_back_across_a_drain_and_upgrade_keeps_the_new_run
                 proc.popen.send_signal(signal.SIGKILL)
         manager.stop()
 
-    out = [
-        json.loads(r.value)
-        for r in systems.consumer("local").read(SystemStreamPartition("local", "counts-v2", 0), "0", 100_000)
-    ]
-    systems.close()
-    written = Counter((r["page"], int(r["window_s"])) for r in out)
-    assert all(n == 1 for n in written.values()), "a window written twice"
-    expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in sent[v1_cut:])
-    got = {(r["page"], int(r["window_s"])): int(r["views"]) for r in out}
-    assert got == dict(expected), {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    expected = _assert_windows_once_and_exact(systems, "counts-v2", sent[v1_cut:])
     assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in b.log_text()
     back_log = back.log_text()
     assert "restored its Spark state as of batch" in back_log or "is of another history" in back_log, back_log

@@ -13,7 +13,7 @@ from weirflow.config.loader import Config
 from weirflow.control import ControlMessage, MessageType
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.spark.packing import unpack
-from weirflow.spark.result_replays import KEEP_CHECKPOINTS, TASK_KEY, Replays, row_digests, written_since
+from weirflow.spark.result_replays import KEEP_BATCHES, TASK_KEY, Replays, row_digests, written_since
 from weirflow.spark.sink import WeirflowStreamWriter, WrittenCount
 from weirflow.systems import Systems
 
@@ -61,7 +61,7 @@ def test_replays_are_a_multiset_used_up_copy_by_copy_and_dropped_after_their_che
     replays.used({"b": 1})
     assert len(replays) == 0
     replays.add(["c"])
-    for _ in range(KEEP_CHECKPOINTS - 1):
+    for _ in range(KEEP_BATCHES - 1):
         replays = replays.aged()
     assert len(replays) == 1 and Replays.from_json(json.loads(json.dumps(replays.to_json()))) == replays
     assert len(replays.aged()) == 0, "unmatched after its checkpoints: dropped"
@@ -101,7 +101,7 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         message = second.write(iter([_results(["/c", "/dd", "/e", "/c"], [3, 4, 5, 3])]))
         assert isinstance(message, WrittenCount) and sum(message.replayed.values()) == 3
         second.commit([message], 1)
-        assert len(Replays.load(path)) == 0, "every replayed copy used up"
+        assert len(Replays.load(path)) == 0 and not path.exists(), "every replayed copy used up"
         assert json.loads((counts_dir / "1.json").read_text())["replayed"] == 3
         assert _written(systems) == sorted(
             [

@@ -141,8 +141,3 @@ def _coordination_for(snapshot: str, owner: str, instance: str) -> Any:
                 config, owner, instance=instance
             )
         return utils
-
-
-def check(snapshot: str, fence: Fence) -> None:
-    """`Fence.check`."""
-    fence.check(snapshot)

@@ -12,7 +12,7 @@ query, and that task can tell what it already wrote:
   keeps the rows of packed records that name it (`TASK_KEY` in their schema metadata): what an earlier attempt
   wrote past the checkpoint, which the replay will produce again. The sink drops each result equal to one of
   them, once per copy (a multiset of row digests), and the remainder is carried in the task's checkpoint
-  (``control.replays``) until it is matched or `KEEP_CHECKPOINTS` checkpoints have passed, so that a second
+  (``control.replays``) until it is matched or `KEEP_BATCHES` micro-batches have passed, so that a second
   fault before the replay is over still knows the first attempt's rows.
 
 Why a replay reproduces them: the next holder restores the operator state matching the checkpoint (the state
@@ -43,7 +43,7 @@ log = logging.getLogger("weirflow.spark")
 
 TASK_KEY = b"weirflow.task"  # a stateful stage's packed record: the schema metadata naming the task
 ROWS = bytes([MessageType.ROWS])
-KEEP_CHECKPOINTS = 10  # checkpoints an unmatched replay is kept for (a kill leaves at most a batch or two)
+KEEP_BATCHES = 10  # micro-batches an unmatched replay is kept for (a kill leaves at most a batch or two)
 
 
 def row_digests(rows: pa.Table | pa.RecordBatch, columns: Iterable[str] | None = None) -> list[str]:
@@ -65,9 +65,9 @@ class Replays:
 
     def add(self, digests: Iterable[str]) -> None:
         for digest in digests:
-            entry = self.rows.setdefault(digest, [0, KEEP_CHECKPOINTS])
+            entry = self.rows.setdefault(digest, [0, KEEP_BATCHES])
             entry[0] += 1
-            entry[1] = KEEP_CHECKPOINTS
+            entry[1] = KEEP_BATCHES
 
     def merge(self, other: Replays) -> None:
         for digest, (copies, left) in other.rows.items():
@@ -77,12 +77,9 @@ class Replays:
 
     def take(self, digest: str) -> bool:
         """Whether ``digest`` is a replay; if so one copy of it is used up."""
-        entry = self.rows.get(digest)
-        if entry is None:
+        if digest not in self.rows:
             return False
-        entry[0] -= 1
-        if entry[0] <= 0:
-            del self.rows[digest]
+        self.used({digest: 1})
         return True
 
     def used(self, taken: Mapping[str, int]) -> None:
@@ -96,7 +93,7 @@ class Replays:
                 del self.rows[digest]
 
     def aged(self) -> Replays:
-        """After one more checkpoint: entries kept `KEEP_CHECKPOINTS` checkpoints unmatched are dropped."""
+        """After one more micro-batch: entries kept `KEEP_BATCHES` batches unmatched are dropped."""
         return Replays({d: [c, left - 1] for d, (c, left) in self.rows.items() if left > 1})
 
     def to_json(self) -> dict[str, list[int]]:
@@ -114,6 +111,10 @@ class Replays:
             return cls()
 
     def save(self, path: Path) -> None:
+        """Write the replays to ``path``; none left removes the file (its readers then find nothing to do)."""
+        if not self.rows:
+            path.unlink(missing_ok=True)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.to_json()))

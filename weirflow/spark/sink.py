@@ -339,7 +339,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                     counts[stream] = counts.get(stream, 0) + n
                 for digest, n in message.replayed.items():
                     replayed[digest] = replayed.get(digest, 0) + n
-        if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left
+        if self.replays_file and Path(self.replays_file).exists():  # used up, and one batch older: the next
+            # batch's writers read what is left, and once none is left nobody reads the file again
             replays = Replays.load(Path(self.replays_file))
             replays.used(replayed)
             replays.aged().save(Path(self.replays_file))

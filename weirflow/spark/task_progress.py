@@ -201,7 +201,7 @@ class TaskProgress:
         and the replays still to come (the sink's file, which its commits keep)."""
         if tails:
             t.control.tails = tails
-        if self.replays_file is not None:
+        if self.replays_file is not None:  # gone once every replay was matched or aged out: none left
             t.control.replays = Replays.load(self.replays_file).to_json()
         if replayed:
             t.stats.replays_dropped += replayed
