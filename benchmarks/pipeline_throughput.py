@@ -1,7 +1,9 @@
 """Steady-state events/s of the page-view counts job against one plain Spark query, same events, same run.
 
 Both sides count the same generated page views (one-minute tumbling windows per page, 30 s lateness) on this
-machine's cores (`local[2]`) with the same Spark settings (weirflow's session defaults):
+machine's cores (`local[2]`) with the same Spark settings (weirflow's session defaults), except that the plain
+query's JVM keeps its default compilers, as a user running plain Spark would (weirflow's processors use the
+quick compiler only: docs/pipelines.md, "The JVM compiles with its quick compiler only"):
 
 * **weirflow**: `weirflow run examples/pageviews/job.yaml`, one processor, 8 task queries in two stages with
   the intermediate stream between them, checkpoints and control messages included. Its input is the
@@ -60,7 +62,9 @@ prepare_environment()
 from pyspark.sql import SparkSession, functions as F
 started = time.time()
 builder = SparkSession.builder
-for key, value in spark_settings(Config.from_dict({"job.name": "plain", "spark.master": "local[2]"})).items():
+settings = spark_settings(Config.from_dict({"job.name": "plain", "spark.master": "local[2]"}))
+settings.pop("spark.driver.defaultJavaOptions", None)  # plain Spark as a user runs it: the JVM's own compilers
+for key, value in settings.items():
     builder = builder.config(key, value)
 spark = builder.getOrCreate()
 views = (spark.readStream.schema("user string, page string, event_time timestamp")
@@ -195,7 +199,8 @@ def main() -> None:
                 "value": round(value) if value else None,
                 "baseline": round(baseline) if baseline else None,
                 "baseline_name": (
-                    "one plain Spark Structured Streaming query (json files, same windows, same settings)"
+                    "one plain Spark Structured Streaming query (json files, same windows, same Spark settings, "
+                    "the JVM's default compilers)"
                 ),
                 "ratio": round(value / baseline, 3) if value and baseline else None,
                 "startup_s": round(ours["startup_s"], 2) if ours["startup_s"] is not None else None,

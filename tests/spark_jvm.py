@@ -14,7 +14,8 @@ processors a test spawns included):
 
 Measured on the 2-core machine, one Spark session running one small job: 34 s of CPU with Spark's defaults,
 17 s with the first two options, 9 s with all three. Nothing about what a test checks depends on the JIT or the
-collector. Production processors keep Spark's defaults (docs/configuration.md, ``spark.*`` keys).
+collector. Processors use the quick compiler too (``spark.driver.defaultJavaOptions``, docs/pipelines.md); the
+serial collector and the archive stay the suite's own.
 """
 
 from __future__ import annotations

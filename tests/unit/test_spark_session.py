@@ -61,6 +61,18 @@ def test_settings_overlay_the_jobs_spark_keys_on_the_defaults() -> None:
     assert settings["spark.app.name"] == "weirflow-j-1"
 
 
+def test_the_jvm_compiles_with_c1_only_and_a_jobs_own_java_options_add_to_that() -> None:
+    """Spark's planner runs every micro-batch; the optimising compiler kept a core busy for minutes
+    (docs/pipelines.md). The option is the launcher's *default* one, so a job's extra options keep it."""
+    config = Config.from_dict({"job": {"name": "j"}, "spark": {"driver.extraJavaOptions": "-Dx=1"}})
+    settings = spark_settings(config)
+    assert settings["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert settings["spark.driver.extraJavaOptions"] == "-Dx=1"
+    own = {"job": {"name": "j"}, "spark": {"driver.defaultJavaOptions": ""}}
+    opted_out = spark_settings(Config.from_dict(own))
+    assert opted_out["spark.driver.defaultJavaOptions"] == ""
+
+
 def test_missing_java_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -53,6 +53,11 @@ SPARK_DEFAULTS: dict[str, str] = {
     "spark.log.level": "ERROR",
     # PySpark's worker daemon, started with weirflow's modules loaded and its heap frozen (see the module).
     "spark.python.daemon.module": "weirflow.spark.daemon",
+    # The JVM's quick compiler only. Every micro-batch runs Spark's planner, thousands of methods that the
+    # optimising compiler (C2) was still compiling a minute into a job: 0.7 of this machine's 2 cores, while
+    # the batches it was meant to speed up waited (docs/pipelines.md, "Performance"). `defaultJavaOptions`, so
+    # that a job's own `spark.driver.extraJavaOptions` adds to it rather than replacing it.
+    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
 
