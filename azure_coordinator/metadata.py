@@ -21,8 +21,9 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContentSettings
 
-from weirflow.errors import EtagMismatchError
-from weirflow.interfaces.metadata import Document, MetadataStore
+from weirflow import malformed
+from weirflow.errors import EtagMismatchError, MalformedDocumentError
+from weirflow.interfaces.metadata import Document, MetadataStore, decode_value
 from weirflow_azure.coordinator.storage import Storage
 
 T = TypeVar("T")
@@ -51,7 +52,7 @@ class BlobMetadataStore(MetadataStore):
                 downloader = self._blob(key).download_blob()
             except ResourceNotFoundError:
                 return None
-            return Document(key, json.loads(downloader.readall()), downloader.properties.etag)
+            return Document(key, decode_value(key, downloader.readall()), downloader.properties.etag)
 
         return self._call("read", key, read)
 
@@ -105,7 +106,11 @@ class BlobMetadataStore(MetadataStore):
 
         documents = []
         for key in self._call("list", prefix + "*", names):
-            doc = self.get(key)
+            try:
+                doc = self.get(key)
+            except MalformedDocumentError as exc:  # one unreadable document does not hide the others
+                malformed.report(key, exc, action="skipped")
+                continue
             if doc is not None:  # deleted between the listing and the read
                 documents.append(doc)
         return documents

@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
-from weirflow import clock
+from weirflow import clock, malformed
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 from weirflow_azure.coordinator.storage import Storage, escape_key
 
@@ -66,20 +67,38 @@ def _to_entity(info: ProcessorInfo) -> dict[str, Any]:
 
 
 def _from_entity(entity: Any) -> ProcessorInfo:
-    return ProcessorInfo(
-        processor_id=entity["processor_id"],
-        host=entity.get("host", ""),
-        pid=int(entity.get("pid", 0)),
-        state=entity.get("state", ""),
-        job_model_version=int(entity.get("job_model_version", -1)),
-        tasks=json.loads(entity.get("tasks") or "[]"),
-        endpoint=entity.get("endpoint", ""),
-        heartbeat_ms=int(entity.get("heartbeat_ms", 0)),
-        started_ms=int(entity.get("started_ms", 0)),
-        error=entity.get("error", ""),
-        instance=entity.get("instance", ""),
-        beat=int(entity.get("beat", 0)),
-    )
+    """The row of an entity; `MalformedDocumentError` (via `ProcessorInfo.from_json`) when it is not one."""
+    try:
+        row = {
+            "processor_id": entity["processor_id"],
+            "host": entity.get("host", ""),
+            "pid": int(entity.get("pid", 0)),
+            "state": entity.get("state", ""),
+            "job_model_version": int(entity.get("job_model_version", -1)),
+            "tasks": json.loads(entity.get("tasks") or "[]"),
+            "endpoint": entity.get("endpoint", ""),
+            "heartbeat_ms": int(entity.get("heartbeat_ms", 0)),
+            "started_ms": int(entity.get("started_ms", 0)),
+            "error": entity.get("error", ""),
+            "instance": entity.get("instance", ""),
+            "beat": int(entity.get("beat", 0)),
+        }
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise MalformedDocumentError(f"processor row is malformed ({type(exc).__name__}: {exc})") from exc
+    return ProcessorInfo.from_json(row)
+
+
+def _readable(entities: list[Any]) -> list[tuple[Any, ProcessorInfo]]:
+    """(entity, row) of every entity that is a processor row; a malformed one is reported once
+    (`weirflow.malformed`) and left out, so one bad row neither stops the leader nor fails ``/status``."""
+    found = []
+    for entity in entities:
+        try:
+            found.append((entity, _from_entity(entity)))
+        except MalformedDocumentError as exc:
+            name = f"processor/{entity.get('RowKey', '?')}"
+            malformed.report(name, exc, dict(entity), action="skipped (not a member)")
+    return found
 
 
 def _on_store_clock(entity: Any, row: ProcessorInfo, store_now_ms: int, local_now_ms: int) -> ProcessorInfo:
@@ -130,9 +149,10 @@ class TableProcessorRegistry(ProcessorRegistry):
             )
             return entities, _response_ms(dates[-1]) if dates else None
 
-        entities, store_ms = self._call("read processors from", query)
+        read, store_ms = self._call("read processors from", query)
         local_now = clock.now_ms()
-        rows = [_from_entity(e) for e in entities]
+        pairs = _readable(read)
+        entities, rows = [e for e, _ in pairs], [r for _, r in pairs]
         if store_ms is None:
             if not self._warned:
                 self._warned = True

@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError, UpdateMode
+from azure.data.tables import EntityProperty, TableTransactionError, UpdateMode
 
-from weirflow.errors import FencedOffError
+from weirflow.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key
@@ -77,8 +77,23 @@ def _control_row(partition_key: str, control: Any) -> dict[str, Any]:
 
 
 def _control_of(row: Any) -> Any:
-    chunks = int(row.get("chunks") or 1)
-    return json.loads(row["control"] + "".join(row[f"control_{i}"] for i in range(1, chunks)))
+    chunks = _integer(row.get("chunks") or 1)
+    return json.loads(_text(row["control"]) + "".join(_text(row[f"control_{i}"]) for i in range(1, chunks)))
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise MalformedDocumentError(f"a string was expected, not {value!r:.100}")
+    return value
+
+
+def _integer(value: Any) -> int:
+    """An integer property: the SDK returns an Int32 as an int and an Int64 as an `EntityProperty`."""
+    if isinstance(value, EntityProperty):
+        value = value.value
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise MalformedDocumentError(f"an integer was expected, not {value!r:.100}")
+    return int(value)
 
 
 def _transact(table: Any, operations: list[Any], fence: tuple[str, dict[str, Any], dict[str, Any]] | None) -> None:
@@ -217,16 +232,26 @@ class TableCheckpointManager(CheckpointManager):
         controls: dict[str, Any] = {}
         epochs: dict[str, int] = {}
         for row in rows:
-            task = unescape_key(row["PartitionKey"])
-            key = row["RowKey"]
-            if key.startswith(SSP_PREFIX):
-                ssp = SystemStreamPartition(row["system"], row["stream"], int(row["partition"]))
-                offsets.setdefault(task, {})[ssp] = row["offset"]
-            elif key == CONTROL_ROW:
-                controls[task] = _control_of(row)
-            elif key == FENCE_ROW:
-                epochs[task] = int(row["epoch"])
-            # anything else (the SDK layout sharing this table) is not ours
+            task = unescape_key(str(row.get("PartitionKey", "")))
+            key = row.get("RowKey")
+            try:
+                if not isinstance(key, str):
+                    continue  # not a row of ours (nor of the SDK layout)
+                if key.startswith(SSP_PREFIX):
+                    ssp = SystemStreamPartition(
+                        _text(row["system"]), _text(row["stream"]), _integer(row["partition"])
+                    )
+                    offsets.setdefault(task, {})[ssp] = _text(row["offset"])
+                elif key == CONTROL_ROW:
+                    controls[task] = _control_of(row)
+                elif key == FENCE_ROW:
+                    epochs[task] = _integer(row["epoch"])
+                # anything else (the SDK layout sharing this table) is not ours
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                # a reader must not take an unreadable checkpoint for none: the task would replay from the start
+                raise MalformedDocumentError(
+                    f"checkpoint of task {task}: row {key!r:.100} is malformed ({type(exc).__name__}: {exc})"
+                ) from exc
         return {
             task: Checkpoint(
                 offsets=offsets.get(task, {}), control=controls.get(task, {}), epoch=epochs.get(task, 0)

@@ -184,9 +184,10 @@ class KinesisClients:
                         self.settings.read_interval_ms,
                         self.settings.spool_retention_ms,
                         probe_client,
+                        self.settings.spool_max_bytes,
                     )
                     reader = self._readers[stream] = SliceReader(
-                        spool, lambda force: self.shard_map(stream, force), virtual
+                        spool, lambda force: self.shard_map(stream, force), virtual, self.settings.read_failures
                     )
         return reader
 

@@ -84,8 +84,30 @@ KEYS: tuple[ConfigKey, ...] = (
         "systems.<name>.spool.retention.ms",
         "int",
         600_000,
-        "How long read records stay in the spool after being read from Kinesis; a task further behind "
-        "reads its shards again.",
+        "How long records stay in the spool after being read from Kinesis once every reader has passed "
+        "them (a record a reader still needs stays, within spool.max.bytes); a task further behind reads its "
+        "shards again.",
+        SECTION,
+        system=SYSTEM,
+    ),
+    ConfigKey(
+        "systems.<name>.spool.max.bytes",
+        "int",
+        256 * 1024 * 1024,
+        "Most bytes of record data a processor's spool of one stream holds (256 MiB: about two minutes of "
+        "one shard at its 2 MB/s read limit); the file is somewhat larger (keys, index). At the bound the "
+        "prefetcher stops reading ahead and drops what every reader has passed; a task's own reads go on "
+        "(docs/kinesis.md).",
+        SECTION,
+        system=SYSTEM,
+    ),
+    ConfigKey(
+        "systems.<name>.read.failures",
+        "int",
+        5,
+        "Failed reads ahead of one shard in a row (each `GetRecords` call already retried by boto3; tries "
+        "1 s apart, doubling up to 10 s) after which the task reading the shard fails with the last error, "
+        "instead of planning nothing while it lasts. Each failure is logged at WARNING with the shard.",
         SECTION,
         system=SYSTEM,
     ),

@@ -7,21 +7,27 @@ micro-batch, polling) it never waits: it takes what the spool has and lets the s
 `GetRecords` call per shard. With an end it reads everything up to it, waiting for the spool when needed; an
 end is a position a planned read returned (a sequence number or ``"E"`` per shard, reached exactly) or one of
 `positions`' time marks (``"@ms"``: the records that arrived before that time).
+
+Reading ahead fails loudly: each failure is logged at WARNING with the shard and retried with a growing pause,
+and after ``read.failures`` failures of a shard in a row the next walk that reads the shard raises
+`ReadAheadError` with the last error, so the task fails with its text instead of planning nothing forever.
+A spool file found corrupt is rebuilt (`Spool.rebuild`) and the walk taken again.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from weirflow.errors import UnreadableRangeError
+from weirflow.errors import UnreadableRangeError, WeirflowError
 from weirflow_kinesis import positions
 from weirflow_kinesis.shards import ShardMap
-from weirflow_kinesis.spool import Spool, SpooledRecord
+from weirflow_kinesis.spool import Run, Spool, SpooledRecord, is_corrupt
 
 log = logging.getLogger("weirflow.kinesis.reader")
 # A read up to an end position gives up when the spool cannot reach it in this time.
@@ -30,6 +36,31 @@ _READ_TIMEOUT_S = 120.0
 _INTEREST_S = 60.0
 _PREFETCH_TICK_S = 0.02
 _PREFETCH_THREADS = 4
+# Failed reads ahead of one shard in a row after which a walk reading it raises (`read.failures`' default); the
+# pause before the next try starts at `_RETRY_S` and doubles up to `_RETRY_MAX_S`.
+DEFAULT_READ_FAILURES = 5
+_RETRY_S = 1.0
+_RETRY_MAX_S = 10.0
+# How often the prefetcher, paused because the spool holds `spool.max.bytes`, trims what readers have passed.
+_FULL_TRIM_EVERY_S = 1.0
+
+
+class ReadAheadError(WeirflowError):
+    """Reading a shard ahead failed ``read.failures`` times in a row (each `GetRecords` call already retried by
+    boto3): the message names the stream, the shard and the last error. Fix what it names (AWS credentials or
+    IAM policy, the spool directory's disk, the service's reachability); the task restarts from its checkpoint.
+    """
+
+
+@dataclass
+class _Failing:
+    """A shard whose reads ahead keep failing: how many in a row, the last error, when it failed and when to
+    try again."""
+
+    count: int
+    error: BaseException
+    failed_at: float
+    retry_at: float
 
 
 @dataclass
@@ -81,11 +112,25 @@ class _WalkState:
 class SliceReader:
     """Reads the slices of one stream. ``shard_map(force)`` lists the stream's shards (cached unless forced)."""
 
-    def __init__(self, spool: Spool, shard_map: Callable[[bool], ShardMap], virtual_tasks: int) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        shard_map: Callable[[bool], ShardMap],
+        virtual_tasks: int,
+        read_failures: int = DEFAULT_READ_FAILURES,
+        retry_s: float = _RETRY_S,
+    ) -> None:
         self.spool = spool
         self.shard_map = shard_map
         self.virtual_tasks = virtual_tasks
+        self.read_failures = read_failures
+        self.retry_s = retry_s
         self._interest: dict[str, float] = {}  # shard → when a walk last read it
+        self._failing: dict[str, _Failing] = {}
+        self._full = False  # reading ahead is paused: the spool holds `spool.max.bytes`
+        # While the spool is full, how often the prefetcher trims what readers have passed to make room.
+        self.full_trim_every_s = _FULL_TRIM_EVERY_S
+        self._full_trimmed = float("-inf")
         self._prefetcher: threading.Thread | None = None
         self._guard = threading.Lock()
         self._closed = threading.Event()
@@ -120,19 +165,85 @@ class SliceReader:
                         self._interest.pop(shard, None)
                     else:
                         wanted.append(shard)
-                if not any(list(pool.map(self._fetch_quietly, wanted))):  # nothing due: wait a little
+                if not any(list(pool.map(self.fetch_ahead, wanted))):  # nothing due: wait a little
                     self._closed.wait(max(_PREFETCH_TICK_S, self.spool.read_interval_ms / 4000))
 
-    def _fetch_quietly(self, shard: str) -> bool:
-        """One read ahead of ``shard`` if it is still open; failures are left to the next walk that needs it."""
+    def fetch_ahead(self, shard: str) -> bool:
+        """One read ahead of ``shard`` if it is still open and the spool has room; returns whether it read.
+        A failure is logged and counted (`_failed`), a corrupt spool rebuilt; success clears the count."""
         if self._closed.is_set():
             return False
-        try:
-            run = self.spool.run(shard)
-            return run is not None and not run.ended and self.spool.fetch(shard, wait=False)
-        except Exception as exc:
-            log.debug("kinesis %s/%s: reading ahead failed: %s", self.spool.stream, shard, exc)
+        failing = self._failing.get(shard)
+        if failing is not None and time.monotonic() < failing.retry_at:
             return False
+        db = self.spool.db
+        try:
+            try:
+                run = self.spool.run(shard)
+                if run is None or run.ended or not self._room():
+                    return False
+                fetched = self.spool.fetch(shard, wait=False)
+            except sqlite3.DatabaseError as exc:
+                if not is_corrupt(exc):
+                    raise
+                self.spool.rebuild(exc, db)
+                return False
+        except Exception as exc:
+            self._failed(shard, exc)
+            return False
+        self._failing.pop(shard, None)
+        return fetched
+
+    def _room(self) -> bool:
+        """Whether the spool may grow: below ``spool.max.bytes``, after trimming what every reader has passed
+        when it is not. Only reading ahead stops at the bound; a task's own reads go on."""
+        spool = self.spool
+        if spool.size() >= spool.max_bytes and time.monotonic() - self._full_trimmed >= self.full_trim_every_s:
+            self._full_trimmed = time.monotonic()
+            spool.trim(every_s=0)
+        full = spool.size() >= spool.max_bytes
+        if full != self._full:
+            self._full = full
+            log.info(
+                "kinesis spool %s %s reading ahead: it holds %d bytes of records (spool.max.bytes: %d)",
+                spool.stream,
+                "pauses" if full else "resumes",
+                spool.size(),
+                spool.max_bytes,
+            )
+        return not full
+
+    def _failed(self, shard: str, exc: BaseException) -> None:
+        previous = self._failing.get(shard)
+        count = previous.count + 1 if previous is not None else 1
+        pause = min(_RETRY_MAX_S, self.retry_s * 2 ** (count - 1))
+        now = time.monotonic()
+        self._failing[shard] = _Failing(count, exc, now, now + pause)
+        log.warning(
+            "kinesis %s/%s: reading ahead failed (%d in a row; the task reading it fails at %d): %s: %s; "
+            "trying again in %.1f s",
+            self.spool.stream,
+            shard,
+            count,
+            self.read_failures,
+            type(exc).__name__,
+            exc,
+            pause,
+        )
+
+    def _raise_if_failing(self, shard: str) -> None:
+        failing = self._failing.get(shard)
+        if failing is None or failing.count < self.read_failures:
+            return
+        if time.monotonic() - failing.failed_at > _INTEREST_S + _RETRY_MAX_S:  # not tried since: not news
+            self._failing.pop(shard, None)
+            return
+        raise ReadAheadError(
+            f"kinesis stream '{self.spool.stream}' shard {shard}: reading ahead failed {failing.count} times in a "
+            f"row (the limit, systems.<name>.read.failures: {self.read_failures}); the last error: "
+            f"{type(failing.error).__name__}: {failing.error}. Fix its cause (AWS credentials or IAM policy, disk "
+            "space under systems.<name>.spool.dir, the service's reachability)"
+        ) from failing.error
 
     def walk(
         self,
@@ -147,9 +258,29 @@ class SliceReader:
         """The task's records after ``start``: at most ``limit``, and only up to ``end`` when given. A
         ``patient`` walk without an end waits out a shard's read interval when the spool has nothing for it
         (a poll right after a write sees the write); planning a micro-batch is not patient: the next trigger
-        plans again, and the prefetcher keeps the spool filled meanwhile."""
+        plans again, and the prefetcher keeps the spool filled meanwhile. Raises `ReadAheadError` when reading
+        a shard it needs ahead keeps failing."""
         if not patient:
             self._start_prefetcher()
+        db = self.spool.db
+        try:
+            return self._walk(task, start, limit, end, values, positions_before, patient)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            self.spool.rebuild(exc, db)
+        return self._walk(task, start, limit, end, values, positions_before, patient)
+
+    def _walk(
+        self,
+        task: int,
+        start: str,
+        limit: int,
+        end: str | None,
+        values: bool,
+        positions_before: bool,
+        patient: bool,
+    ) -> Walk:
         state = _WalkState(
             task,
             positions.decode(start),
@@ -201,6 +332,7 @@ class SliceReader:
                 return False, False
         if not shards.readable(shards.by_id[shard_id], state.position, state.task, self.virtual_tasks):
             return False, False
+        self._raise_if_failing(shard_id)
         if current is not None and current.startswith("@"):
             current = self.spool.resolve_time(shard_id, int(current[1:]))
             if current is None:  # no record at or after that time yet
@@ -245,20 +377,27 @@ class SliceReader:
         """Up to ``room`` records of the task's slice in ``shard`` after ``state`` (up to ``goal`` when given);
         whether the shard is then processed to its end, and whether the goal is reached."""
         task, values, deadline = walk.task, walk.values, walk.deadline
-        self.spool.ensure(shard, state)
         upto = goal.upto if goal is not None else None
         inclusive = goal.inclusive if goal is not None else True
+
+        def spooled() -> tuple[list[SpooledRecord], Run]:
+            """The records after ``state`` and the run they were taken from (one snapshot); the run ensured
+            again whenever it no longer covers ``state`` (trimmed or restarted meanwhile), so what is taken is
+            everything the run holds."""
+            while True:
+                taken = self.spool.take(shard, task, state, room, upto, values, inclusive)
+                if taken is not None:
+                    return taken
+                self.spool.ensure(shard, state, task)
+
+        self.spool.ensure(shard, state, task)
         while True:
-            took = self.spool.records(shard, task, state, room, upto, values, inclusive)
-            run = self.spool.run(shard)
-            assert run is not None
+            took, run = spooled()
             if len(took) >= room:
                 return took, False, False
             if goal is None or goal.now:  # a poll: what is spooled (a patient one reads once when nothing is)
                 if not run.ended and walk.patient and self.spool.fetch(shard, wait=not took):
-                    took = self.spool.records(shard, task, state, room, upto, values, inclusive)
-                    run = self.spool.run(shard)
-                    assert run is not None
+                    took, run = spooled()
                 finished = run.ended and len(took) < room  # took holds everything the run has
                 if not run.caught_up and not run.ended:
                     walk.behind = True

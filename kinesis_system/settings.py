@@ -22,6 +22,8 @@ class KinesisSettings:
     spool_retention_ms: int
     send_attempts: int
     record_id_field: str = "weirflow_id"
+    spool_max_bytes: int = 256 * 1024 * 1024
+    read_failures: int = 5
 
     @classmethod
     def from_config(cls, system: str, config: ConfigView) -> KinesisSettings:
@@ -38,6 +40,9 @@ class KinesisSettings:
         attempts = int(config.get(prefix + "send.attempts"))
         if attempts < 1:
             raise config.error(prefix + "send.attempts", "must be at least 1")
+        for key in ("spool.max.bytes", "read.failures"):
+            if int(config.get(prefix + key)) < 1:
+                raise config.error(prefix + key, f"{config.get(prefix + key)} is not a positive count")
         spool = (
             config.path(prefix + "spool.dir")
             if config.get(prefix + "spool.dir")
@@ -55,6 +60,8 @@ class KinesisSettings:
             spool_retention_ms=int(config.get(prefix + "spool.retention.ms")),
             send_attempts=attempts,
             record_id_field=str(config.get(prefix + "record.id.field") or ""),
+            spool_max_bytes=int(config.get(prefix + "spool.max.bytes")),
+            read_failures=int(config.get(prefix + "read.failures")),
         )
 
     @property

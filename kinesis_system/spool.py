@@ -6,11 +6,20 @@ no query reads Kinesis for itself: each asks the spool, a SQLite file per stream
 ``systems.<name>.spool.dir`` shared by every process of the processor (and of the machine), for the records
 of its slice after its position. The spool keeps, per shard, one contiguous run of records
 (``lo`` < sequence ≤ ``hi``) with every record's virtual task precomputed, and extends it with one
-`GetRecords` call at a time, under a per-shard file lock and at most once per ``read.interval.ms``. A task
-asking for records before the run starts (it moved here with an older checkpoint) restarts the run there;
-records older than ``spool.retention.ms`` are trimmed. After a call that read n bytes the shard's next call waits
-at least n / 2 MiB seconds (the service's 2 MB/s per shard). Losing the spool costs reads, never records: every
-position a task checkpoints is a Kinesis sequence number.
+`GetRecords` call at a time, under a per-shard file lock and at most once per ``read.interval.ms``. After a
+call that read n bytes the shard's next call waits at least n / 2 MiB seconds (the service's 2 MB/s per shard).
+
+A run changes only under its shard's lock: `ensure` restarts it there (a task asking for records before it
+starts, e.g. one that moved here with an older checkpoint), `fetch` extends it there and stores its records
+only if the run is still the one it read (a compare-and-set on ``lo`` and ``hi``), and `trim` moves its start
+there. So a run never claims records it does not hold. Every reader holds a **read mark** per shard and task
+(the position it last asked for, kept `_MARK_TTL_MS`): `trim` drops only records below every fresh mark, once
+they were read longer than ``spool.retention.ms`` ago, or at once while the spool holds more than
+``spool.max.bytes``. `records` checks the run still covers the position it reads after in the same snapshot
+as it reads, and says so when it does not (the caller ensures the run again): what a read takes is complete.
+
+Losing the spool costs reads, never records: every position a task checkpoints is a Kinesis sequence number.
+So a spool file SQLite finds corrupt is moved aside (``<file>.corrupt``) and recreated (`Spool.rebuild`).
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ import fcntl
 import json
 import logging
 import os
+import sqlite3
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +52,9 @@ CREATE TABLE IF NOT EXISTS records (shard TEXT NOT NULL, seq TEXT NOT NULL, task
 CREATE INDEX IF NOT EXISTS records_by_task ON records (shard, task, seq);
 CREATE TABLE IF NOT EXISTS runs (shard TEXT PRIMARY KEY, lo TEXT NOT NULL, hi TEXT NOT NULL,
     ended INTEGER NOT NULL, iterator TEXT, iterator_ms INTEGER NOT NULL, next_call_ms INTEGER NOT NULL,
-    caught_up INTEGER NOT NULL DEFAULT 0);
+    caught_up INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS marks (shard TEXT NOT NULL, task INTEGER NOT NULL, reader TEXT NOT NULL,
+    floor TEXT NOT NULL, asked_ms INTEGER NOT NULL, PRIMARY KEY (shard, task, reader)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS probes (shard TEXT NOT NULL, at_ms INTEGER NOT NULL, found TEXT,
     next_call_ms INTEGER NOT NULL, PRIMARY KEY (shard, at_ms)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS losses (shard TEXT NOT NULL, after TEXT NOT NULL, oldest TEXT NOT NULL,
@@ -56,10 +69,18 @@ _OLDEST_PROBES = 20
 # least n / this many seconds, so a processor alone stays within it.
 _BYTES_PER_S = 2 * 1024 * 1024
 _TRIM_EVERY_S = 30.0
+# A read mark older than this is a reader gone (or idle): it no longer holds records back. Refreshed by every
+# `ensure` of its reader at least every `_MARK_REFRESH_S`, so a reader busy with a long micro-batch keeps it.
+_MARK_TTL_MS = 120_000
+_MARK_REFRESH_S = 5.0
+# Bytes of record data a spool holds before its prefetcher stops reading ahead (`spool.max.bytes`' default).
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# SQLite's primary result codes of a file that is not (or no longer) a sound database.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
 # Where `raw_get_records` puts a GetRecords response's records.
 RAW_RECORDS = "WeirflowRawRecords"
 # Part of the spool file's name: a spool written by another layout is not read (it is a cache).
-SPOOL_VERSION = "s2"
+SPOOL_VERSION = "s3"
 
 
 def _order(state: str) -> tuple[str, int]:
@@ -70,6 +91,24 @@ def _order(state: str) -> tuple[str, int]:
     if state.startswith("<"):
         return (positions.sequence_key(state[1:]), 0)
     return (positions.sequence_key(state), 1)
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """Whether SQLite reported ``exc`` because the file is not, or no longer, a sound database (as opposed to
+    busy, full or read-only): told by its result code, never its text."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (
+        isinstance(exc, sqlite3.DatabaseError)
+        and code is not None
+        and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    )
+
+
+def _floor(state: str) -> str:
+    """The lowest ``seq`` a reader at ``state`` may still need: records below it are passed."""
+    if not state:
+        return ""
+    return positions.sequence_key(state[1:] if state.startswith("<") else state)
 
 
 def _records(response: dict[str, Any]) -> list[tuple[str, str, bytes, int]]:
@@ -129,7 +168,9 @@ class SpooledRecord:
 
 
 class Spool:
-    """The spool of one stream. ``client`` is a boto3 Kinesis client; ``virtual_tasks`` fixes the slices."""
+    """The spool of one stream. ``client`` is a boto3 Kinesis client (the spool calls its `get_shard_iterator`
+    and `get_records` and catches its ``exceptions``); ``virtual_tasks`` fixes the slices; ``max_bytes`` bounds
+    the record data kept (`spool.max.bytes`)."""
 
     def __init__(
         self,
@@ -140,6 +181,7 @@ class Spool:
         read_interval_ms: int,
         retention_ms: int,
         probe_client: Any = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.directory = Path(directory)
         self.stream = stream
@@ -147,9 +189,70 @@ class Spool:
         self.virtual_tasks = virtual_tasks
         self.read_interval_ms = read_interval_ms
         self.retention_ms = retention_ms
-        self.db = Database(self.directory / f"{stream}.v{virtual_tasks}.{SPOOL_VERSION}.sqlite", SCHEMA)
+        self.max_bytes = max_bytes
+        self.path = self.directory / f"{stream}.v{virtual_tasks}.{SPOOL_VERSION}.sqlite"
         self.probe_client = probe_client  # a client with a short read timeout, for `resolve_time`
         self._last_trim = time.monotonic()
+        # (shard, task, thread) → (floor, when written) of the read marks this spool wrote: a mark is a reader's,
+        # and a planner and a task's read of the same task may run in two threads of one process
+        self._marks: dict[tuple[str, int, int], tuple[str, float]] = {}
+        self._guard = threading.Lock()
+        # Test hooks, called at the two points where another process's change would race: `fetch` between
+        # its GetRecords call and storing what it read (holding the shard's lock); `ensure` after it made the
+        # run cover the asked state; `_locked` when it is about to wait for a shard's lock held elsewhere.
+        self.before_store: Callable[[str], None] | None = None
+        self.after_ensure: Callable[[str], None] | None = None
+        self.on_lock_wait: Callable[[str], None] | None = None
+        self._inode = 0
+        self.db = self._open()
+
+    # --- the file ---------------------------------------------------------------------------------------------
+    def _open(self) -> Database:
+        try:
+            db = Database(self.path, SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            self._move_aside(exc)
+            db = Database(self.path, SCHEMA)
+        self._inode = os.stat(self.path).st_ino
+        return db
+
+    def _move_aside(self, exc: BaseException) -> None:
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        log.warning(
+            "kinesis spool %s is corrupt (%s): moved aside to %s and recreated; it is only a cache, so the "
+            "records it held are read from Kinesis again",
+            self.path,
+            exc,
+            aside,
+        )
+        os.replace(self.path, aside)  # the last corrupt copy only: kept to look at, bounded on disk
+        for suffix in ("-wal", "-shm"):  # a WAL of the old file must not be replayed into the new one
+            self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+
+    def rebuild(self, exc: BaseException, seen: Database | None = None) -> None:
+        """Replace a spool file SQLite found corrupt (`is_corrupt`) with an empty one; ``seen`` is the database
+        the failing call used (`db` before it). Every process of the processor shares the file, so the first
+        to find it corrupt moves it aside (under a lock); the others find the file at the path is no longer the
+        one they opened and only reopen, and a thread whose database was already replaced does nothing."""
+        lock = os.open(self.directory / f"{self.stream}.rebuild.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with self._guard:
+                if seen is not None and seen is not self.db:
+                    return
+                try:
+                    same = os.stat(self.path).st_ino == self._inode
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    self._move_aside(exc)
+                old, self.db = self.db, self._open()
+                self._marks.clear()
+            old.close()
+        finally:
+            os.close(lock)
 
     # --- what is there ------------------------------------------------------------------------------------
     def run(self, shard: str) -> Run | None:
@@ -160,6 +263,10 @@ class Spool:
         )
         return Run(row[0], row[1], bool(row[2]), bool(row[3])) if row else None
 
+    def size(self) -> int:
+        """Bytes of record data the spool holds (what `spool.max.bytes` bounds)."""
+        return int(self.db.connection().execute("SELECT COALESCE(SUM(bytes), 0) FROM runs").fetchone()[0])
+
     def records(
         self,
         shard: str,
@@ -169,9 +276,27 @@ class Spool:
         upto: str | None = None,
         values: bool = True,
         inclusive: bool = True,
-    ) -> list[SpooledRecord]:
+    ) -> list[SpooledRecord] | None:
         """Spooled records of ``task``'s slice in ``shard`` after state ``after`` ("" = from the beginning, "<q" =
-        from q inclusive, "q" = after q), up to sequence number ``upto`` (inclusive or not), in order."""
+        from q inclusive, "q" = after q), up to sequence number ``upto`` (inclusive or not), in order; None when
+        the shard's run no longer covers ``after`` (trimmed or restarted since `ensure`): the caller ensures it
+        again, since what the run holds would not be all the records after ``after``."""
+        taken = self.take(shard, task, after, limit, upto, values, inclusive)
+        return None if taken is None else taken[0]
+
+    def take(
+        self,
+        shard: str,
+        task: int,
+        after: str,
+        limit: int,
+        upto: str | None = None,
+        values: bool = True,
+        inclusive: bool = True,
+    ) -> tuple[list[SpooledRecord], Run] | None:
+        """`records` and the run they were taken from, in one snapshot: a run said caught up or ended holds
+        exactly the records taken (read separately, a read ahead committed in between would make a run caught
+        up whose last records were not taken, and a bounded input would end early)."""
         low, after_it = _order(after)
         clauses = ["shard = ?", "task = ?", "seq >= ?" if after_it == 0 else "seq > ?"]
         args: list[Any] = [shard, task, low]
@@ -179,42 +304,70 @@ class Spool:
             clauses.append("seq <= ?" if inclusive else "seq < ?")
             args.append(positions.sequence_key(upto))
         columns = "sequence_number, partition_key, data, arrival_ms" if values else "sequence_number, '', x'', 0"
-        rows = (
-            self.db.connection()
-            .execute(
-                f"SELECT {columns} FROM records WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?", (*args, limit)
-            )
-            .fetchall()
-        )
-        return [SpooledRecord(r[0], r[1], bytes(r[2]), int(r[3]), task) for r in rows]
+        conn = self.db.connection()
+        conn.execute("BEGIN")  # one snapshot: the run and its records read together
+        try:
+            row = conn.execute("SELECT lo, hi, ended, caught_up FROM runs WHERE shard = ?", (shard,)).fetchone()
+            covered = row is not None and _order(after) >= _order(row[0])
+            query = f"SELECT {columns} FROM records WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?"
+            rows = conn.execute(query, (*args, limit)).fetchall() if covered else []
+        except BaseException:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        if not covered:
+            return None
+        run = Run(row[0], row[1], bool(row[2]), bool(row[3]))
+        return [SpooledRecord(r[0], r[1], bytes(r[2]), int(r[3]), task) for r in rows], run
 
     # --- reading Kinesis ------------------------------------------------------------------------------------
-    def ensure(self, shard: str, state: str) -> Run:
-        """The shard's run, restarted at ``state`` when it starts after it (its records are dropped)."""
+    def ensure(self, shard: str, state: str, task: int | None = None) -> Run:
+        """The shard's run, restarted at ``state`` when it starts after it (its records are dropped, under the
+        shard's lock, so no `fetch` in flight can store a read of the old run into the new one). With ``task``
+        the reader's read mark for the task moves to ``state`` first, so `trim` keeps what it is about to read.
+        """
+        if task is not None:
+            self._mark(shard, task, state)
         run = self.run(shard)
-        if run is not None and run.covers(state):
-            return run
-        with self.db.transaction() as conn:
-            row = conn.execute("SELECT lo FROM runs WHERE shard = ?", (shard,)).fetchone()
-            if row is None or _order(state) < _order(row[0]):
-                if row is not None:
-                    log.info(
-                        "kinesis spool %s/%s: a task needs records from %r, before the spooled run (%r); "
-                        "reading the shard again from there",
-                        self.stream,
-                        shard,
-                        state,
-                        row[0],
+        if run is None or not run.covers(state):
+            with self._locked(shard, wait=True), self.db.transaction() as conn:
+                row = conn.execute("SELECT lo FROM runs WHERE shard = ?", (shard,)).fetchone()
+                if row is None or _order(state) < _order(row[0]):
+                    if row is not None:
+                        log.info(
+                            "kinesis spool %s/%s: a task needs records from %r, before the spooled run (%r); "
+                            "reading the shard again from there",
+                            self.stream,
+                            shard,
+                            state,
+                            row[0],
+                        )
+                    conn.execute("DELETE FROM records WHERE shard = ?", (shard,))
+                    conn.execute(
+                        "INSERT OR REPLACE INTO runs (shard, lo, hi, ended, iterator, iterator_ms, next_call_ms, "
+                        "caught_up, bytes) VALUES (?, ?, '', 0, NULL, 0, 0, 0, 0)",
+                        (shard, state),
                     )
-                conn.execute("DELETE FROM records WHERE shard = ?", (shard,))
-                conn.execute(
-                    "INSERT OR REPLACE INTO runs (shard, lo, hi, ended, iterator, iterator_ms, next_call_ms, "
-                    "caught_up) VALUES (?, ?, '', 0, NULL, 0, 0, 0)",
-                    (shard, state),
-                )
-        run = self.run(shard)
-        assert run is not None
+            run = self.run(shard)
+            assert run is not None
+        if self.after_ensure is not None:
+            self.after_ensure(shard)
         return run
+
+    def _mark(self, shard: str, task: int, state: str) -> None:
+        """Hold this reader's read mark of ``task`` in ``shard`` at ``state``: written when it moves and
+        refreshed every `_MARK_REFRESH_S` while it stays (a mark left lower a moment is only conservative)."""
+        floor, now, thread = _floor(state), time.monotonic(), threading.get_ident()
+        with self._guard:
+            written = self._marks.get((shard, task, thread))
+            if written is not None and written[0] == floor and now - written[1] < _MARK_REFRESH_S:
+                return
+            self._marks[(shard, task, thread)] = (floor, now)
+        reader = f"{os.getpid()}.{id(self):x}.{thread}"
+        self.db.connection().execute(
+            "INSERT OR REPLACE INTO marks VALUES (?, ?, ?, ?, ?)", (shard, task, reader, floor, now_ms())
+        )
 
     def fetch(self, shard: str, wait: bool) -> bool:
         """One `GetRecords` call extending the shard's run (which `ensure` made). Without ``wait`` it gives up
@@ -242,6 +395,8 @@ class Spool:
             if resuming:  # the first read after a checkpointed record: has retention dropped what followed it?
                 self._check_retention(shard, lo)
             response = self._get_records(shard, iterator, lo, hi)
+            if self.before_store is not None:
+                self.before_store(shard)
             if response is None:  # throttled: try again a second later
                 conn.execute("UPDATE runs SET next_call_ms = ? WHERE shard = ?", (now_ms() + 1000, shard))
                 return False
@@ -266,22 +421,36 @@ class Spool:
                 )
                 for seq, key, data, arrival in records
             ]
+            size = sum(len(r[2]) for r in records)
             with self.db.transaction() as tx:
-                tx.executemany("INSERT OR IGNORE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                tx.execute(
+                # extend the run only if it is still the one read (lo, hi): one restarted or trimmed meanwhile
+                # must not claim records this read never stored
+                stored = tx.execute(
                     "UPDATE runs SET hi = ?, ended = ?, iterator = ?, iterator_ms = ?, next_call_ms = ?, "
-                    "caught_up = ? WHERE shard = ?",
+                    "caught_up = ?, bytes = bytes + ? WHERE shard = ? AND lo = ? AND hi = ?",
                     (
                         records[-1][0] if records else hi,
                         int(following is None),
                         following,
                         now,
-                        now + max(self.read_interval_ms, sum(len(r[2]) for r in records) * 1000 // _BYTES_PER_S),
+                        now + max(self.read_interval_ms, size * 1000 // _BYTES_PER_S),
                         int(caught_up),
+                        size,
                         shard,
+                        lo,
+                        hi,
                     ),
+                ).rowcount
+                if stored:
+                    tx.executemany("INSERT OR IGNORE INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if not stored:
+                log.info(
+                    "kinesis spool %s/%s: the run changed while a read of it was in flight; that read is dropped",
+                    self.stream,
+                    shard,
                 )
-        self._trim()
+                return False
+        self.trim()
         return bool(records) or following is None
 
     def _check_retention(self, shard: str, after: str) -> None:
@@ -411,29 +580,59 @@ class Spool:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                yield False
-                return
+                if not wait:
+                    yield False
+                    return
+                if self.on_lock_wait is not None:
+                    self.on_lock_wait(shard)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             yield True
         finally:
             os.close(fd)  # releases the lock
 
-    def _trim(self) -> None:
-        """Drop records read longer than the retention ago; each run then starts after its last dropped record."""
-        if time.monotonic() - self._last_trim < _TRIM_EVERY_S:
-            return
+    def trim(self, every_s: float = _TRIM_EVERY_S) -> int:
+        """Drop records no reader needs (at most once per ``every_s``): those below every fresh read mark of
+        their shard, once read longer than ``spool.retention.ms`` ago, or whatever their age while the spool
+        holds more than ``spool.max.bytes``. A shard with no fresh mark has no reader: its records go by age
+        alone. Each run then starts after its last dropped record; a shard being read (its lock held) is left
+        for the next trim. Returns the bytes dropped."""
+        if time.monotonic() - self._last_trim < every_s:
+            return 0
         self._last_trim = time.monotonic()
-        cutoff = now_ms() - self.retention_ms
-        with self.db.transaction() as conn:
-            for shard, seq in conn.execute(
-                "SELECT shard, MAX(seq) FROM records WHERE read_ms < ? GROUP BY shard", (cutoff,)
-            ).fetchall():
-                last = conn.execute(
-                    "SELECT sequence_number FROM records WHERE shard = ? AND seq = ?", (shard, seq)
-                ).fetchone()[0]
-                conn.execute("DELETE FROM records WHERE shard = ? AND seq <= ?", (shard, seq))
-                conn.execute("UPDATE runs SET lo = ? WHERE shard = ?", (last, shard))
+        now = now_ms()
+        fresh = now - _MARK_TTL_MS
+        cutoff = now + 1 if self.size() > self.max_bytes else now - self.retention_ms
+        conn = self.db.connection()
+        conn.execute("DELETE FROM marks WHERE asked_ms < ?", (fresh,))
+        dropped = 0
+        for (shard,) in conn.execute("SELECT shard FROM runs").fetchall():
+            with self._locked(shard, wait=False) as locked:
+                if not locked:
+                    continue
+                with self.db.transaction() as tx:
+                    floor = tx.execute(
+                        "SELECT MIN(floor) FROM marks WHERE shard = ? AND asked_ms >= ?", (shard, fresh)
+                    ).fetchone()[0]
+                    below = "" if floor is None else " AND seq < ?"
+                    last = tx.execute(
+                        f"SELECT seq, sequence_number FROM records WHERE shard = ? AND read_ms < ?{below} "
+                        "ORDER BY seq DESC LIMIT 1",
+                        (shard, cutoff) if floor is None else (shard, cutoff, floor),
+                    ).fetchone()
+                    if last is None:
+                        continue
+                    size = tx.execute(
+                        "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM records WHERE shard = ? AND seq <= ?",
+                        (shard, last[0]),
+                    ).fetchone()[0]
+                    tx.execute("DELETE FROM records WHERE shard = ? AND seq <= ?", (shard, last[0]))
+                    tx.execute(
+                        "UPDATE runs SET lo = ?, bytes = MAX(bytes - ?, 0) WHERE shard = ?", (last[1], size, shard)
+                    )
+                    dropped += int(size)
+        return dropped
 
     def forget(self, shards: Sequence[str]) -> None:
         """Drop the runs of shards that left the stream (expired)."""

@@ -140,6 +140,13 @@ def status(config: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> 
             p["error"] or "",
         )
     console.print(table)
+    for entry in doc.get("malformed", []):  # documents no reader can use (docs/architecture.md)
+        from rich.markup import escape
+
+        console.print(
+            f"[yellow]malformed document[/] {escape(entry['document'])}: {escape(entry['reason'])} "
+            "(skipped; fix or delete it)"
+        )
 
 
 @app.command()

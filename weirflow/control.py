@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from weirflow.errors import MalformedMessageError
+from weirflow.errors import MalformedDocumentError, MalformedMessageError
 
 CONTROL_VERSION = 1
 # 9999-12-31T00:00:00Z in ms: "no more data, ever". Spark accepts it as a timestamp and a watermark.
@@ -120,7 +120,7 @@ def decode(raw: bytes) -> tuple[MessageType, bytes | ControlMessage]:
             run_id=str(data.get("run-id", "")),
             version=int(data.get("version", CONTROL_VERSION)),
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # OverflowError: int() of JSON's Infinity
         raise MalformedMessageError(f"bad {kind.name.lower()} control payload: {exc}") from exc
 
 
@@ -288,7 +288,16 @@ class TaskControl:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> TaskControl:
-        data = data or {}
+        """The control state of a checkpoint's ``control`` (None or empty: a fresh one);
+        `MalformedDocumentError` when it is not one (a field of the wrong type), so a reader never takes a
+        checkpoint it cannot read for an empty one."""
+        try:
+            return cls._from_json(data or {})
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise MalformedDocumentError(f"malformed task control state: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_json(cls, data: Mapping[str, Any]) -> TaskControl:
         return cls(
             streams={k: StreamControl.from_json(v) for k, v in dict(data.get("streams", {})).items()},
             injected={str(k): int(v) for k, v in dict(data.get("injected", {})).items()},

@@ -8,7 +8,9 @@ meant for (``run_id``, the job's `app.run.id`): a notification for another run i
 restarted under a new run id for its upgrade is not drained again by the old request.
 
 `DrainUtils` writes, reads and removes notifications (named after Samza's ``DrainUtils``); the leader removes the
-notification of its run once every task drained.
+notification of its run once every task drained. A malformed document under ``drain/`` (not a notification of
+this format: ``{}``, a field of the wrong type) is reported once (`weirflow.malformed`) and skipped by every
+read: it neither drains the job nor fails the processors that poll for notifications.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock
+from weirflow import clock, malformed
 from weirflow.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
@@ -79,16 +81,25 @@ class DrainNotification:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DrainNotification:
-        try:
-            return cls(
-                uuid=str(data["uuid"]),
-                run_id=str(data["run-id"]),
-                mode=DrainMode(data.get("mode", DrainMode.DEFAULT.value)),
-                created_ms=int(data.get("created-ms", 0)),
+    def from_json(cls, data: Any) -> DrainNotification:
+        """The notification of a stored document; `MalformedDocumentError` for anything that is not one (the
+        ``uuid`` and ``run-id`` strings are required; ``mode`` and ``created-ms`` default)."""
+        if not isinstance(data, dict):
+            raise MalformedDocumentError(f"not a drain notification: a JSON object is needed, not {data!r:.200}")
+        missing = [name for name in ("uuid", "run-id") if not isinstance(data.get(name), str) or not data[name]]
+        if missing:
+            raise MalformedDocumentError(
+                f"not a drain notification: {' and '.join(missing)} must be non-empty strings in {data!r:.200}"
             )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise MalformedDocumentError(f"not a drain notification ({exc}): {data!r}") from exc
+        created = data.get("created-ms", 0)
+        if isinstance(created, bool) or not isinstance(created, int):
+            raise MalformedDocumentError(f"not a drain notification: created-ms {created!r:.90} is no integer")
+        try:
+            mode = DrainMode(data.get("mode", DrainMode.DEFAULT.value))
+        except ValueError as exc:
+            mode_text = f"{data.get('mode')!r:.100}"
+            raise MalformedDocumentError(f"not a drain notification: mode {mode_text} is unknown") from exc
+        return cls(uuid=data["uuid"], run_id=data["run-id"], mode=mode, created_ms=created)
 
 
 class DrainUtils:
@@ -104,8 +115,14 @@ class DrainUtils:
         return notification
 
     def all(self) -> list[DrainNotification]:
-        """Every notification stored, oldest first (one listing of the ``drain/`` prefix)."""
-        found = [DrainNotification.from_json(doc.value) for doc in self._metadata.list(PREFIX)]
+        """Every notification stored, oldest first (one listing of the ``drain/`` prefix). A malformed document
+        is reported (`weirflow.malformed.report`, logged once) and left out."""
+        found = []
+        for doc in self._metadata.list(PREFIX):
+            try:
+                found.append(DrainNotification.from_json(doc.value))
+            except MalformedDocumentError as exc:
+                malformed.report(doc.key, exc, doc.value, action="skipped (it drains nothing)")
         return sorted(found, key=lambda n: (n.created_ms, n.uuid))
 
     def for_run(self, run_id: str) -> DrainNotification | None:

@@ -7,13 +7,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow import malformed
 from weirflow.control import TaskControl
 from weirflow.coordination.state import ProcessorState
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import ProcessorInfo
+from weirflow.job_model import JobModel
 
 # a task's drain state: what `weirflow status` shows per task
-RUNNING, DRAINING, DRAINED, FINISHED = "running", "draining", "drained", "finished"
+RUNNING, DRAINING, DRAINED, FINISHED, MALFORMED = "running", "draining", "drained", "finished", "malformed"
 _EXITED = {ProcessorState.STOPPED.value, ProcessorState.FAILED.value}
 
 
@@ -21,11 +24,18 @@ def task_drain_states(
     checkpoints: CheckpointManager, tasks: Iterable[str], run_id: str, draining: bool
 ) -> dict[str, str]:
     """Per task: ``drained`` (checkpointed drained in ``run_id``), ``finished`` (its bounded inputs ended), else
-    ``draining`` while a drain of the run is requested, or ``running``. One checkpoint read per task."""
+    ``draining`` while a drain of the run is requested, or ``running``; ``malformed`` when its checkpoint cannot
+    be read (reported: `weirflow.malformed`; such a task is not run, so it never drains). One checkpoint read
+    per task."""
     states = {}
     for task in sorted(tasks):
-        checkpoint = checkpoints.read_last_checkpoint(task)
-        control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        try:
+            checkpoint = checkpoints.read_last_checkpoint(task)
+            control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+        except MalformedDocumentError as exc:
+            malformed.report(f"checkpoint/{task}", exc, action="its drain state is unknown")
+            states[task] = MALFORMED
+            continue
         if control.drained == run_id:
             states[task] = DRAINED
         elif control.finished:
@@ -73,9 +83,11 @@ class DrainProgress:
 def read_progress(ctx: Any, run_id: str, liveness_timeout_ms: int, draining: bool = True) -> DrainProgress:
     """The drain of deployment ``run_id`` as the job's stores show it now (``ctx``: an open `JobContext`)."""
     from weirflow import clock
-    from weirflow.coordination.job_model_store import read_job_model
+    from weirflow.coordination.job_model_store import read_job_model_or_report
 
-    model, _ = read_job_model(ctx.metadata)
+    model, _ = read_job_model_or_report(ctx.metadata)
+    if model is None:
+        model = JobModel.empty()
     rows = ctx.coordination.processor_registry().processors()
     now = clock.now_ms()
     return DrainProgress(

@@ -68,21 +68,38 @@ class JobModel:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobModel:
+    def from_json(cls, data: Any) -> JobModel:
+        """The model of a stored document; `MalformedDocumentError` for anything that is not one of this format
+        (the processor then keeps the model it has: `weirflow.coordination.processor`)."""
+        if not isinstance(data, dict):
+            raise MalformedDocumentError(f"job model document is not a JSON object: {data!r:.200}")
         if data.get("format") != FORMAT:
             raise MalformedDocumentError(
-                f"job model document has format {data.get('format')!r}; this weirflow reads {FORMAT}"
+                f"job model document has format {data.get('format')!r:.100}; this weirflow reads {FORMAT}"
             )
         try:
             tasks = {
-                name: TaskModel(
-                    name, str(t["stage"]), tuple(SystemStreamPartition.from_json(s) for s in t["ssps"])
+                _text(name, "task name"): TaskModel(
+                    name,
+                    _text(_field(t, "stage"), "stage"),
+                    tuple(SystemStreamPartition.from_json(s) for s in _list(_field(t, "ssps"), "ssps")),
                 )
-                for name, t in data["tasks"].items()
+                for name, t in _object(data["tasks"], "tasks").items()
             }
-            assignment = {str(p): tuple(sorted(ts)) for p, ts in data["assignment"].items()}
-            model = cls(int(data["version"]), tasks, assignment, int(data["created_ms"]), str(data["leader"]))
-        except (KeyError, TypeError, AttributeError) as exc:
+            assignment = {
+                _text(p, "processor id"): tuple(sorted(_text(t, "task name") for t in _list(ts, "assigned tasks")))
+                for p, ts in _object(data["assignment"], "assignment").items()
+            }
+            model = cls(
+                _integer(data["version"], "version"),
+                tasks,
+                assignment,
+                _integer(data["created_ms"], "created_ms"),
+                _text(data["leader"], "leader"),
+            )
+        except MalformedDocumentError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:
             raise MalformedDocumentError(f"malformed job model document: missing or bad field {exc}") from exc
         seen: dict[str, str] = {}
         for processor, names in assignment.items():
@@ -97,3 +114,31 @@ class JobModel:
                     )
                 seen[name] = processor
         return model
+
+
+def _field(value: Any, name: str) -> Any:
+    return _object(value, "task")[name]
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MalformedDocumentError(f"malformed job model: {what} must be a JSON object, not {value!r:.100}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise MalformedDocumentError(f"malformed job model: {what} must be a JSON array, not {value!r:.100}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedDocumentError(f"malformed job model: {what} must be a string, not {value!r:.100}")
+    return value
+
+
+def _integer(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedDocumentError(f"malformed job model: {what} must be an integer, not {value!r:.100}")
+    return value

@@ -9,27 +9,32 @@ from typing import Any
 
 def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
     """The job's live picture: leader, job model and every registered processor (what `weirflow status --json`
-    prints and a processor serves at ``GET /status``). ``ctx``: an open `JobContext` to read through (a
-    running processor's own); without one a context is opened for the call and closed after it."""
-    from weirflow import clock
-    from weirflow.coordination.job_model_store import read_job_model
+    prints and a processor serves at ``GET /status``), and under ``malformed`` each document of the job's
+    stores these reads could not decode (``{"document", "reason"}``; skipped, never an error here). ``ctx``: an
+    open `JobContext` to read through (a running processor's own); without one a context is opened for the call
+    and closed after it."""
+    from weirflow import clock, malformed
+    from weirflow.coordination.job_model_store import read_job_model_or_report
     from weirflow.coordination.state import is_live
     from weirflow.coordination.timings import CoordinationTimings
     from weirflow.drain_notice import DrainUtils, run_id_of
     from weirflow.drain_progress import task_drain_states
     from weirflow.job_context import JobContext
+    from weirflow.job_model import JobModel
 
     own = ctx is None
     if own:
         ctx = JobContext.open(cfg, owner=f"status-{os.getpid()}")
     run_id = run_id_of(cfg)
     try:
-        timings = CoordinationTimings.from_config(cfg)
-        leader = ctx.coordination.leader_elector().current_leader()
-        model, _ = read_job_model(ctx.metadata)
-        rows = ctx.coordination.processor_registry().processors()
-        notice = DrainUtils(ctx.metadata).for_run(run_id)
-        tasks = task_drain_states(ctx.checkpoints, model.tasks, run_id, draining=notice is not None)
+        with malformed.collect() as found:  # every document these reads could not decode, each skipped
+            timings = CoordinationTimings.from_config(cfg)
+            leader = ctx.coordination.leader_elector().current_leader()
+            stored, _ = read_job_model_or_report(ctx.metadata)
+            model = JobModel.empty() if stored is None else stored
+            rows = ctx.coordination.processor_registry().processors()
+            notice = DrainUtils(ctx.metadata).for_run(run_id)
+            tasks = task_drain_states(ctx.checkpoints, model.tasks, run_id, draining=notice is not None)
     finally:
         if own:
             ctx.close()
@@ -58,4 +63,6 @@ def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
         # the drain of this run, when one was requested: its notification and each task's drain state
         "drain": notice.to_json() if notice is not None else None,
         "tasks": tasks,
+        # documents in the job's stores that this weirflow cannot read, skipped (weirflow.malformed)
+        "malformed": [entry.to_json() for entry in found],
     }

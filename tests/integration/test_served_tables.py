@@ -160,7 +160,7 @@ def check_reads(url: str, token: str | None, expected: dict[str, dict[str, Any]]
 
 def post(url: str, token: str | None, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
     data = raw if raw is not None else json.dumps(body).encode()
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     request = urllib.request.Request(url, data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:

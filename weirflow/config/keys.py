@@ -95,6 +95,54 @@ KEYS: tuple[ConfigKey, ...] = (
         "/http/<stream>` waits for its response (then 504); a request may set `?timeout_ms=`.",
         _E,
     ),
+    ConfigKey(
+        "endpoints.rpc.timeout.max.ms",
+        "duration_ms",
+        300_000,
+        "The largest `?timeout_ms=` a request to `POST /rpc/<stream>` or `/http/<stream>` may ask for; a larger "
+        "or non-positive one is refused with 400.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.request.max.bytes",
+        "int",
+        1_048_576,
+        "Largest request body the HTTP server accepts (`POST /rpc`, `POST /http`, WebSocket messages); a larger "
+        "one is refused with 413 before it is read, so nothing of it is kept or written.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.tap.max",
+        "int",
+        16,
+        "Taps (`WS /tap/<stream>`) one processor serves at a time; one more is refused with 429.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.conversations.max",
+        "int",
+        1_000,
+        "Requests to `/rpc/<stream>` and `/http/<stream>` one processor waits on at a time (HTTP and WebSocket "
+        "together); one more is refused with 429 and `Retry-After`.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.allowed.origins",
+        "list",
+        [],
+        "Browser origins (`https://ops.example.com`) allowed to open WebSockets and send `POST` requests, besides "
+        "the server's own (its bound and advertised addresses). A request whose `Origin` is neither is refused "
+        "with 403, so a web page open on the machine cannot tap streams or call the job.",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.read.threads",
+        "int",
+        4,
+        "Threads of the pool that taps and conversations read streams on; lookups and the processor's own work "
+        "use other threads, so readers can never starve them.",
+        _E,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True

@@ -28,8 +28,10 @@ import time
 from collections.abc import Callable
 
 from weirflow import clock as wall_clock
+from weirflow import malformed
 from weirflow.control import TaskControl
 from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel
@@ -41,10 +43,14 @@ JOB_FINISHED_KEY = "job-finished"
 
 def _done(checkpoints: CheckpointManager, task: str, run_id: str) -> tuple[bool, bool]:
     """(finished or drained in ``run_id``, drained) per the task's last checkpoint."""
-    checkpoint = checkpoints.read_last_checkpoint(task)
-    if checkpoint is None:
+    try:
+        checkpoint = checkpoints.read_last_checkpoint(task)
+        if checkpoint is None:
+            return False, False
+        control = TaskControl.from_json(checkpoint.control)
+    except MalformedDocumentError as exc:  # not finished: its processor does not run it until it is repaired
+        malformed.report(f"checkpoint/{task}", exc, action="the task does not count as finished")
         return False, False
-    control = TaskControl.from_json(checkpoint.control)
     return control.done_in(run_id), control.drained == run_id
 
 
@@ -108,10 +114,18 @@ class FinishedWatch:
 def read_job_finished(metadata: MetadataStore, model: JobModel, run_id: str = DEFAULT_RUN_ID) -> bool:
     """Whether the leader recorded every task of ``model`` as finished or drained in run ``run_id`` (one small
     read)."""
-    document = metadata.get(JOB_FINISHED_KEY)
-    return (
-        bool(model.tasks)
-        and document is not None
-        and sorted(document.value.get("tasks", [])) == sorted(model.tasks)
-        and str(document.value.get("run_id", DEFAULT_RUN_ID)) == run_id
-    )
+    if not model.tasks:
+        return False
+    try:
+        document = metadata.get(JOB_FINISHED_KEY)
+    except MalformedDocumentError as exc:  # not JSON
+        malformed.report(JOB_FINISHED_KEY, exc, action="ignored")
+        return False
+    if document is None:
+        return False
+    value = document.value
+    tasks = value.get("tasks", []) if isinstance(value, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+        malformed.report(JOB_FINISHED_KEY, f"not a job-finished document: {value!r:.200}", value, action="ignored")
+        return False
+    return sorted(tasks) == sorted(model.tasks) and str(value.get("run_id", DEFAULT_RUN_ID)) == run_id

@@ -6,6 +6,8 @@ leader writes it, always conditionally on the etag it read, so a deposed leader'
 
 from __future__ import annotations
 
+from weirflow import malformed
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel
 
@@ -18,6 +20,31 @@ def read_job_model(store: MetadataStore) -> tuple[JobModel, str | None]:
     if document is None:
         return JobModel.empty(), None
     return JobModel.from_json(document.value), document.etag
+
+
+# what every reader does with a malformed model; one text, since the first reader's report is the one logged
+MALFORMED_MODEL_ACTION = (
+    "not used: each processor keeps the job model it runs and waits, and the leader publishes none until the "
+    "document is readable again"
+)
+
+
+def read_job_model_or_report(store: MetadataStore) -> tuple[JobModel | None, str | None]:
+    """Like `read_job_model`, but a malformed document is reported (`weirflow.malformed.report`, logged once)
+    and the model returned is None: a reader never acts on a model it cannot read, and never fails for it
+    either (`MALFORMED_MODEL_ACTION` says what the readers do instead)."""
+    try:
+        document = store.get(JOB_MODEL_KEY)
+    except MalformedDocumentError as exc:  # not JSON
+        malformed.report(JOB_MODEL_KEY, exc, action=MALFORMED_MODEL_ACTION)
+        return None, None
+    if document is None:
+        return JobModel.empty(), None
+    try:
+        return JobModel.from_json(document.value), document.etag
+    except MalformedDocumentError as exc:
+        malformed.report(JOB_MODEL_KEY, exc, document.value, action=MALFORMED_MODEL_ACTION)
+        return None, document.etag
 
 
 def publish_job_model(store: MetadataStore, model: JobModel, etag: str | None) -> str:

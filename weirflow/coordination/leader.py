@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from weirflow import clock as wall_clock
 from weirflow.assignment import assign
-from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model
+from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model_or_report
 from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import EtagMismatchError
@@ -57,7 +57,9 @@ class LeaderDuties:
     def tick(self) -> JobModel | None:
         """One round of leader work; returns the model it published, if any."""
         now = self._clock()
-        model, etag = read_job_model(self._metadata)
+        model, etag = read_job_model_or_report(self._metadata)
+        if model is None:  # its version is unknown: a model published now could go unnoticed (versions only grow)
+            return None
         rows = self._registry.processors()
         self._collect_garbage(rows, now)
         live = sorted(p.processor_id for p in rows if is_live(p, now, self._timings.liveness_timeout_ms))

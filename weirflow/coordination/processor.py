@@ -21,6 +21,12 @@ An exception in any loop is logged with its traceback, stored as the processor's
 the processor moves to FAILED and `run` returns non-zero. Nothing is swallowed. A task stop that takes longer
 than `task.stop.timeout.ms` is abandoned and reported.
 
+**Malformed documents** (`weirflow.malformed`: reported once, never a loop error, since no retry repairs them):
+a job model that cannot be read is not used (the processor keeps the model it works on and waits for a readable
+one); a task whose checkpoint cannot be read is not started (neither from the start nor from a guess) and is
+retried every `_TASK_RETRY_MS` while the other tasks run; drain notices and registry rows that cannot be read
+are skipped by their readers.
+
 **Shutdown** (`stop`, SIGTERM): the processor turns STOPPING, stops all its tasks in parallel while the keeper
 keeps renewing their locks, so each writes its final checkpoint under a valid lock, then releases each lock
 and leaves. Its registry row lists the tasks whose locks it still holds until they are released.
@@ -38,13 +44,13 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from weirflow import clock
+from weirflow import clock, malformed
 from weirflow.config.loader import Config
 from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.identity import Announcement, default_processor_id, ensure_sole_instance
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
-from weirflow.coordination.job_model_store import latch_name, read_job_model, task_lock_name
+from weirflow.coordination.job_model_store import latch_name, read_job_model_or_report, task_lock_name
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
@@ -53,7 +59,7 @@ from weirflow.coordination.server_hook import ProcessorServer, ServerFactory
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.drain_notice import run_id_of
-from weirflow.errors import LockLostError
+from weirflow.errors import LockLostError, MalformedDocumentError
 from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
 from weirflow.job_context import JobContext
 from weirflow.job_mode import JobMode
@@ -107,6 +113,7 @@ class StreamProcessor:
         self._latch_complete = False  # the working version's latch completed: its tasks may run
         self._keeper = LeaseKeeper(self.timings)  # the task locks held, by task name
         self._pending: dict[str, int] = {}  # gained task -> earliest next start attempt (ms); follower only
+        self._unreadable: dict[str, str] = {}  # pending task -> why its checkpoint cannot be read; follower only
         self._lost: set[str] = set()  # tasks the keeper abandoned (lock lost); the follower retries them
         self._lost_guard = threading.Lock()
         self._started_ms = clock.now_ms()
@@ -267,9 +274,10 @@ class StreamProcessor:
 
     def _follower_round(self) -> None:
         assert self.ctx is not None
-        model, _ = read_job_model(self.ctx.metadata)
-        if model.version > self._working_version:
-            self._begin_rebalance(model)
+        stored = self._read_model()
+        model = self._model if stored is None else stored
+        if stored is not None and stored.version > self._working_version:
+            self._begin_rebalance(stored)
         if self._awaiting_latch:
             self._await_latch()
         self._start_pending(model)
@@ -302,9 +310,17 @@ class StreamProcessor:
         self._next_finished_read = now + self.timings.finished_check_interval_ms / 1000
         return read_job_finished(self.ctx.metadata, model, run_id_of(self.config))
 
-    def _newer_model_published(self, version: int) -> bool:
+    def _read_model(self) -> JobModel | None:
+        """The published job model, or None when the stored document is malformed: it is reported once
+        (`weirflow.malformed`) and not used; the processor keeps the model it works on and waits for the leader
+        (or an operator) to publish a readable one, instead of failing over a document no retry can repair."""
         assert self.ctx is not None
-        return read_job_model(self.ctx.metadata)[0].version > version
+        model, _ = read_job_model_or_report(self.ctx.metadata)
+        return model
+
+    def _newer_model_published(self, version: int) -> bool:
+        model = self._read_model()
+        return model is not None and model.version > version
 
     def _begin_rebalance(self, model: JobModel) -> None:
         """Model v arrived: stop the tasks moved away, then wait on v's latch (`_await_latch`)."""
@@ -316,6 +332,7 @@ class StreamProcessor:
         log.info("job model v%d: %d tasks for this processor", model.version, len(mine))
         self._stop_tasks(sorted(self.runner.running() - mine), reason=f"moved away in v{model.version}")
         self._pending = {t: p for t, p in self._pending.items() if t in mine}
+        self._unreadable = {t: why for t, why in self._unreadable.items() if t in mine}
         self._model = model
         self._working_version = model.version
         self._latch_joined = False
@@ -366,11 +383,17 @@ class StreamProcessor:
                 sent_at = self._keeper.now()  # before the request: the lease's local deadline counts from here
                 if lock.try_acquire():
                     self._keeper.add(task, lock, sent_at)
-                    self.runner.start_task(model.tasks[task], lock)
+                    try:
+                        self.runner.start_task(model.tasks[task], lock)
+                    except MalformedDocumentError as exc:
+                        self._checkpoint_unreadable(task, exc)
+                        continue
                     del self._pending[task]
+                    if self._unreadable.pop(task, None) is not None and self.error.startswith(f"task {task} not "):
+                        self.error = ""  # its checkpoint was repaired
                     log.info("started task %s (v%d)", task, model.version)
                     self._heartbeat_now.set()
-            if deadline_ms is None or not self._pending:
+            if deadline_ms is None or not set(self._pending) - set(self._unreadable):
                 return
             if now >= deadline_ms:
                 self.error = f"could not take the locks of {sorted(self._pending)} within the lock timeout"
@@ -379,6 +402,20 @@ class StreamProcessor:
             if self._newer_model_published(model.version):
                 return
             self._wait(self.timings.poll_interval_ms)
+
+    def _checkpoint_unreadable(self, task: str, exc: MalformedDocumentError) -> None:
+        """The task's checkpoint is malformed: the task is not started (starting it as if it had none would
+        replay its inputs from the start, and guessing its positions could skip records), its lock is released
+        and it is tried again every `_TASK_RETRY_MS`, so a repaired checkpoint is picked up; the processor's
+        other tasks run on. Reported once per checkpoint content (`weirflow.malformed`)."""
+        self._release(task)
+        self._pending[task] = clock.now_ms() + _TASK_RETRY_MS
+        first = self._unreadable.get(task) != str(exc)
+        self._unreadable[task] = str(exc)
+        self.error = f"task {task} not started: its checkpoint cannot be read: {exc}"
+        malformed.report(f"checkpoint/{task}", exc, action=f"task {task} is not started until it is repaired")
+        if first:
+            log.error("%s; retrying every %d s", self.error, _TASK_RETRY_MS // 1000)
 
     def _stop_tasks(self, tasks: list[str], reason: str) -> None:
         """Stop ``tasks`` in parallel (each writes its final checkpoint) while the keeper renews their locks,

@@ -6,18 +6,49 @@ event loop was saturated, half of it inside aiohttp (py-spy, benchmarks/endpoint
 The peers speak one narrow dialect — ``GET`` with a handful of headers, answers with a ``Content-Length`` — so
 this client is an `asyncio.Protocol` per connection with httptools (uvicorn's parser) reading the answer,
 and a pool of idle connections per peer.
+
+The bearer token travels in every request, so an ``https://`` peer URL is spoken to over TLS (the system's trusted
+CAs, the certificate checked against the URL's host; ``SSL_CERT_FILE`` adds a private CA), never in plain text,
+and an answer is returned as it is: a redirect is not followed (docs/endpoints.md, "Peers").
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 
 from weirflow.errors import PeerError
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def peer_ssl_context() -> ssl.SSLContext:
+    """TLS for ``https`` peers: the system's trusted CAs (``SSL_CERT_FILE``/``SSL_CERT_DIR`` name a private CA's
+    certificates), certificates verified and matched to the URL's host."""
+    return ssl.create_default_context()
+
+
+def peer_target(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path prefix) of a peer's URL; the port defaults to the scheme's (80, 443)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise PeerError(
+            f"peer URL {url!r} is neither http:// nor https://: "
+            "set that processor's endpoints.advertised.url to one"
+        )
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError as exc:
+        raise PeerError(
+            f"peer URL {url!r} has no valid port ({exc}): fix that processor's endpoints.advertised.url"
+        ) from exc
+    return scheme, parts.hostname or "127.0.0.1", port, parts.path.rstrip("/")
 
 
 class _Connection(asyncio.Protocol):
@@ -82,21 +113,30 @@ class _Connection(asyncio.Protocol):
 
 
 class PeerClient:
-    """GET requests to peers' URLs over pooled keep-alive connections; one per event loop."""
+    """GET requests to peers' URLs over pooled keep-alive connections; one per event loop.
 
-    def __init__(self, headers: dict[str, str], timeout_s: float = 5.0, connect_timeout_s: float = 1.0) -> None:
+    ``ssl_context``: how ``https`` peers are verified (default `peer_ssl_context`, made on first use).
+    """
+
+    def __init__(
+        self,
+        headers: dict[str, str],
+        timeout_s: float = 5.0,
+        connect_timeout_s: float = 1.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._headers = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[tuple[str, int], collections.deque[_Connection]] = {}
+        self._ssl = ssl_context
+        self._idle: dict[tuple[str, str, int], collections.deque[_Connection]] = {}
 
     async def get(self, url: str, path_and_query: str) -> tuple[int, bytes]:
         """(status, body) of ``GET url + path_and_query``; `PeerError` when the peer cannot answer."""
-        parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        prefix = parts.path.rstrip("/")
-        raw = f"GET {prefix}{path_and_query} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._headers}\r\n".encode()
-        idle = self._idle.setdefault((host, port), collections.deque())
+        scheme, host, port, prefix = peer_target(url)
+        netloc = urlsplit(url).netloc
+        raw = f"GET {prefix}{path_and_query} HTTP/1.1\r\nHost: {netloc}\r\n{self._headers}\r\n".encode()
+        idle = self._idle.setdefault((scheme, host, port), collections.deque())
         while idle:
             conn = idle.pop()
             if conn.closed:
@@ -108,10 +148,17 @@ class PeerClient:
             self._release(idle, conn)
             return answer
         loop = asyncio.get_running_loop()
-        try:
-            connecting = loop.create_connection(_Connection, host, port)
+        tls = None
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = peer_ssl_context()
+            tls = self._ssl
+        try:  # with TLS the handshake (certificate checked against `host`) completes before anything is sent
+            connecting = loop.create_connection(
+                _Connection, host, port, ssl=tls, server_hostname=host if tls else None
+            )
             _, conn = await asyncio.wait_for(connecting, self.connect_timeout_s)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: an untrusted certificate lands here
             raise PeerError(f"cannot connect to {url}: {exc}") from exc
         answer = await conn.request(raw, self.timeout_s)
         self._release(idle, conn)

@@ -16,6 +16,7 @@ from weirflow.coordination.processor import StreamProcessor
 from weirflow.coordination.state import ProcessorState
 from weirflow.endpoints.conversations import Conversations
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
+from weirflow.endpoints.read_pool import ReadPool
 from weirflow.endpoints.server import EndpointServer, create_app
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService
@@ -64,14 +65,22 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
         doc["task_reports"] = gather(urls, processor.processor_id, tasks, settings.token)
         return doc
 
+    pool = ReadPool(settings.read_threads)  # taps' and conversations' blocking reads, apart from the rest
     app = create_app(
         settings,
         status,
         health,
         metrics_exposition(snapshot),
         _table_service(processor, settings),
-        TapService(processor.config, ctx.systems, runner.intermediate_streams, settings.tap_queue_size),
-        _conversations(processor, settings),
+        TapService(
+            processor.config,
+            ctx.systems,
+            runner.intermediate_streams,
+            settings.tap_queue_size,
+            read_pool=pool,
+            max_taps=settings.tap_max,
+        ),
+        _conversations(processor, settings, pool),
         tasks,
     )
     server = EndpointServer(settings, app)
@@ -103,11 +112,19 @@ def _table_service(processor: StreamProcessor, settings: EndpointSettings) -> Ta
     )
 
 
-def _conversations(processor: StreamProcessor, settings: EndpointSettings) -> Conversations | None:
+def _conversations(processor: StreamProcessor, settings: EndpointSettings, pool: ReadPool) -> Conversations | None:
     """Clients' requests to the job's ``http`` streams, and its responses (None: the job has none)."""
     config, ctx = processor.config, processor.ctx
     assert ctx is not None
     streams = {s: ctx.systems.resolve(s).system for s in config.names("streams") if is_http_stream(config, s)}
     if not streams:
         return None
-    return Conversations(ctx.systems, streams, processor.processor_id, settings.rpc_timeout_ms / 1000)
+    return Conversations(
+        ctx.systems,
+        streams,
+        processor.processor_id,
+        settings.rpc_timeout_ms / 1000,
+        read_pool=pool,
+        max_pending=settings.conversations_max,
+        timeout_max_s=settings.rpc_timeout_max_ms / 1000,
+    )

@@ -8,20 +8,20 @@ Routes so far (docs/endpoints.md):
 * ``GET /tasks`` — this processor's tasks: records in/out, batches, last batch duration and checkpoint, dead
   letters, lag per SSP (`weirflow.endpoints.task_report`; the status page gathers every processor's);
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
+* ``GET /openapi.json`` — the OpenAPI document of these routes (`weirflow.endpoints.openapi`; not the WebSockets);
 * ``GET /tables/<name>/<key>``, ``GET /tables/<name>?prefix=&after=&limit=`` — served tables, routed to the
   owner of the key (`weirflow.endpoints.tables`);
 * ``WS /tap/<stream>?match=&field=`` — a stream's matching records while connected (`weirflow.endpoints.taps`);
 * ``POST /rpc/<stream>``, ``POST /http/<stream>``, ``WS /http/<stream>`` — requests to the job through an
   ``http`` stream, and its responses (`weirflow.endpoints.conversations`).
 
-Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set; errors are JSON
-``{"error": ...}`` with a 4xx status.
+Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set, and passes the
+request guards first (`weirflow.endpoints.guards`); errors are JSON ``{"error": ...}`` with a 4xx status.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import socket
 import threading
@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from weirflow.endpoints.advertise import advertised_url, unspecified
 from weirflow.endpoints.conversations import Conversations, add_conversation_routes
+from weirflow.endpoints.guards import BodyLimit, Refusal, RequestGuard, too_large
+from weirflow.endpoints.openapi import describe_api
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
 from weirflow.endpoints.taps import TapService, add_tap_routes
@@ -55,7 +58,9 @@ def create_app(
 
     from weirflow.endpoints.page import render_status_page
 
-    app = FastAPI(title="weirflow processor", docs_url=None, redoc_url=None, openapi_url=None)
+    # the OpenAPI document (weirflow.endpoints.openapi), behind the bearer token like every route (`_front`)
+    app = FastAPI(title="weirflow processor", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    describe_api(app, settings)
 
     @app.get("/")
     def page() -> Any:
@@ -87,32 +92,68 @@ def create_app(
     async def not_found(request: Request, exc: Exception) -> Any:
         return JSONResponse({"error": f"no route {request.method} {request.url.path}"}, status_code=404)
 
-    return _front(settings.token, app, tables)
+    return _front(settings, app, tables)
 
 
-def _front(token: str | None, app: Any, tables: TableService | None) -> Any:
-    """The ASGI application in front of FastAPI: the bearer check on every request and WebSocket, and the
+def _front(settings: EndpointSettings, app: Any, tables: TableService | None) -> Any:
+    """The ASGI application in front of FastAPI: the request guards (`weirflow.endpoints.guards`: ``Host``,
+    ``Origin``, ``Content-Type``, body size) and the bearer check on every request and WebSocket, and the
     served-table lookups answered without FastAPI's per-request machinery (routing, dependency solving,
     middleware task groups), which cost most of a proxied lookup's time (benchmarks/endpoints.py)."""
-    expected = f"Bearer {token}".encode() if token else None
-    denied = json.dumps({"error": "missing or wrong bearer token (Authorization: Bearer <token>)"}).encode()
+    expected = f"Bearer {settings.token}".encode() if settings.token else None
+    guard = RequestGuard(settings)
+    limit = settings.request_max_bytes
+
+    def admit(scope: dict[str, Any], headers: dict[bytes, bytes]) -> Refusal | None:
+        refusal = guard.check_host(scope, headers)
+        if refusal is None and expected is not None:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
+                return _NO_TOKEN_WS if scope["type"] == "websocket" else _NO_TOKEN
+        return refusal or guard.check_rest(scope, headers)
 
     async def front(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket") and expected is not None:
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, expected):
-                if scope["type"] == "websocket":  # refuse the handshake (the client sees 403)
-                    await receive()
-                    await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong token"})
-                    return
-                await send_json(send, 401, denied, {"www-authenticate": "Bearer"})
-                return
-        if tables is not None and scope["type"] == "http" and scope["path"].startswith("/tables/"):
-            await table_request(tables, scope, send)
+        if scope["type"] not in ("http", "websocket"):
+            await app(scope, receive, send)
             return
-        await app(scope, receive, send)
+        refusal = admit(scope, dict(scope["headers"]))
+        if refusal is not None:
+            await _refuse(scope, receive, send, refusal)
+        elif tables is not None and scope["type"] == "http" and scope["path"].startswith("/tables/"):
+            await table_request(tables, scope, send)
+        elif scope["type"] == "websocket":  # its messages: uvicorn's ws_max_size (`EndpointServer.start`)
+            await app(scope, receive, send)
+        else:
+            body = BodyLimit(limit, receive, send)
+            try:
+                await app(scope, body.receive, body.send)
+            except Exception:
+                if not body.refused:
+                    raise
+            if body.refused and not body.started:
+                await _refuse(scope, receive, send, too_large(limit))
 
     return front
+
+
+_NO_TOKEN = Refusal(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+_NO_TOKEN_WS = Refusal(403, "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+
+async def _refuse(scope: dict[str, Any], receive: Any, send: Any, refusal: Refusal) -> None:
+    """Answer ``refusal``: a JSON response, or for a WebSocket the handshake's HTTP response (403 with a
+    plain close where the server cannot send one)."""
+    body = refusal.body()
+    if scope["type"] == "http":
+        extra = {"www-authenticate": "Bearer"} if refusal.status == 401 else None
+        await send_json(send, refusal.status, body, extra)
+        return
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "websocket.http.response.start", "status": refusal.status, "headers": raw})
+        await send({"type": "websocket.http.response.body", "body": body})
+        return
+    await send({"type": "websocket.close", "code": 1008, "reason": refusal.error[:120]})
 
 
 class EndpointServer:
@@ -128,11 +169,25 @@ class EndpointServer:
     def start(self, timeout_s: float = 10) -> str:
         import uvicorn
 
-        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET)
+        host = self.settings.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.settings.host, self.settings.port))
+        if ":" in host and unspecified(host):  # "::" takes IPv4 too, whatever the OS default: see advertised_url
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, self.settings.port))
         port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off")
+        try:  # before serving: never register an address no peer can reach (0.0.0.0, ::)
+            url = advertised_url(host, port, self.settings.advertised_url)
+        except StartupError:
+            sock.close()
+            raise
+        config = uvicorn.Config(
+            self._app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws_max_size=self.settings.request_max_bytes,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="endpoints", daemon=True
@@ -144,7 +199,7 @@ class EndpointServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise StartupError(f"the endpoint server did not start on {self.settings.host}:{port}")
             pause.wait(0.02)
-        self.url = self.settings.advertised_url or f"http://{self.settings.host}:{port}"
+        self.url = url
         log.info("endpoints at %s", self.url)
         return self.url
 

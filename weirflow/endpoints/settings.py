@@ -32,6 +32,12 @@ class EndpointSettings:
     route_wait_ms: int = 2000
     tap_queue_size: int = 10_000
     rpc_timeout_ms: int = 10_000
+    rpc_timeout_max_ms: int = 300_000
+    request_max_bytes: int = 1_048_576
+    tap_max: int = 16
+    conversations_max: int = 1_000
+    allowed_origins: tuple[str, ...] = ()
+    read_threads: int = 4
 
     @classmethod
     def from_config(cls, config: ConfigView) -> EndpointSettings:
@@ -55,4 +61,17 @@ class EndpointSettings:
             route_wait_ms=int(config.get("endpoints.route.wait.ms")),
             tap_queue_size=int(config.get("endpoints.tap.queue.size")),
             rpc_timeout_ms=int(config.get("endpoints.rpc.timeout.ms")),
+            rpc_timeout_max_ms=_positive(config, "endpoints.rpc.timeout.max.ms"),
+            request_max_bytes=_positive(config, "endpoints.request.max.bytes"),
+            tap_max=_positive(config, "endpoints.tap.max"),
+            conversations_max=_positive(config, "endpoints.conversations.max"),
+            allowed_origins=tuple(str(o).rstrip("/") for o in config.get("endpoints.allowed.origins") or ()),
+            read_threads=_positive(config, "endpoints.read.threads"),
         )
+
+
+def _positive(config: ConfigView, key: str) -> int:
+    value = int(config.get(key))
+    if value <= 0:
+        raise config.error(key, f"{value} must be positive")
+    return value

@@ -166,6 +166,18 @@ class TableService:
             return None
         return [(r["key"], json.dumps(r["row"])) for r in json.loads(answer.body)["rows"]]
 
+    def _bad_page(self, table: str, limit: int, tasks: list[str] | None, hop: bool) -> Answer | None:
+        """A listing's 400: ``limit`` out of range, or ``tasks`` (what a forwarding processor asks for) naming a
+        task the table does not have, which no wait would ever find (a 503 after ``endpoints.route.wait.ms``)."""
+        if not 1 <= limit <= MAX_PAGE + (1 if hop else 0):
+            return Answer.error(400, f"limit must be 1-{MAX_PAGE}, got {limit}")
+        every = self.plan.table_tasks(table)
+        if tasks is not None and (stray := sorted(set(tasks) - set(every))):
+            return Answer.error(
+                400, f"tasks={','.join(stray)}: not tasks of table '{table}' (its tasks: {','.join(every)})"
+            )
+        return None
+
     async def scan(
         self, table: str, prefix: str, after: str | None, limit: int, tasks: list[str] | None, hop: bool
     ) -> Answer:
@@ -174,8 +186,9 @@ class TableService:
         unknown = self._unknown(table)
         if unknown is not None:
             return unknown
-        if not 1 <= limit <= MAX_PAGE + (1 if hop else 0):
-            return Answer.error(400, f"limit must be 1-{MAX_PAGE}, got {limit}")
+        refused = self._bad_page(table, limit, tasks, hop)
+        if refused is not None:
+            return refused
         wanted = tasks if tasks is not None else self.plan.table_tasks(table)
         pages: list[list[tuple[str, str]]] = []
         deadline = time.monotonic() + self.wait_s

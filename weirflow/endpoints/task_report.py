@@ -4,7 +4,9 @@ A processor knows its own tasks: the runner's counts (`TaskRunner.task_stats`: b
 duration, last checkpoint, dead letters, next offset per SSP) and, from the systems' admins, each SSP's
 **lag** — the records between the task's next offset and the partition's end. The status page of any
 processor shows every task of the job by asking each live processor's ``GET /tasks`` (in parallel, with a
-short time limit); a processor that does not answer shows as such instead of holding the page.
+short time limit); a processor that does not answer shows as such instead of holding the page. The request
+carries the bearer token, so a redirect is refused rather than followed (the token would go to wherever it
+points): the peer's 3xx is its error in the report.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +27,23 @@ log = logging.getLogger("weirflow.endpoints")
 
 _ENDS_TTL_S = 2.0
 _PEER_TIMEOUT_S = 2.0
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 3xx with every header of the request, ``Authorization`` included, to any host."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(
+            req.full_url,
+            code,
+            f"{msg}: redirect to {newurl} not followed (peers are called with the bearer token); "
+            "the processor's registered endpoint (endpoints.advertised.url) must be its own address",
+            headers,
+            fp,
+        )
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects())
 
 
 class TaskReport:
@@ -81,7 +101,7 @@ def gather(
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         request = urllib.request.Request(url + "/tasks", headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=_PEER_TIMEOUT_S) as response:
+            with _OPENER.open(request, timeout=_PEER_TIMEOUT_S) as response:
                 return processor, json.loads(response.read())
         except Exception as exc:
             return processor, {"error": f"{type(exc).__name__}: {exc}"}

@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.timings import CoordinationTimings
 
@@ -176,9 +177,44 @@ class ProcessorInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProcessorInfo:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data: Any) -> ProcessorInfo:
+        """The row of a stored JSON object (unknown fields ignored); `MalformedDocumentError` when it is not one
+        of a processor: ``processor_id``, ``host``, ``pid`` and ``state`` missing, or a field of the wrong type
+        (a registry reader skips such a row and reports it, `weirflow.malformed`)."""
+        if not isinstance(data, dict):
+            raise MalformedDocumentError(f"processor row is not a JSON object: {data!r:.200}")
+        row = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        missing = [name for name in ("processor_id", "host", "pid", "state") if name not in row]
+        if missing:
+            raise MalformedDocumentError(f"processor row lacks {', '.join(missing)}: {data!r:.200}")
+        for name, value in row.items():
+            expected = _ROW_TYPES[name]
+            if expected is list:
+                good = isinstance(value, list) and all(isinstance(t, str) for t in value)
+            else:
+                good = isinstance(value, expected) and not isinstance(value, bool)
+            if not good:
+                raise MalformedDocumentError(
+                    f"processor row field {name} must be {_ROW_TYPE_NAMES[expected]}, not {value!r:.100}"
+                )
+        return cls(**row)
+
+
+_ROW_TYPES: dict[str, type] = {
+    "processor_id": str,
+    "host": str,
+    "pid": int,
+    "state": str,
+    "job_model_version": int,
+    "tasks": list,
+    "endpoint": str,
+    "heartbeat_ms": int,
+    "started_ms": int,
+    "error": str,
+    "instance": str,
+    "beat": int,
+}
+_ROW_TYPE_NAMES: dict[type, str] = {str: "a string", int: "an integer", list: "a list of task names"}
 
 
 class ProcessorRegistry(ABC):

@@ -6,11 +6,23 @@ believe they lead cannot both publish: the one holding a stale etag gets `EtagMi
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
+
+
+def decode_value(key: str, raw: str | bytes) -> Any:
+    """A stored document's JSON; `MalformedDocumentError` naming ``key`` when it is not JSON. A store's ``get``
+    raises it; its ``list`` leaves the document out and reports it (`weirflow.malformed`), so one unreadable
+    document does not hide the others."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise MalformedDocumentError(f"metadata document {key} is not JSON ({exc})") from exc
 
 
 @dataclass(frozen=True)

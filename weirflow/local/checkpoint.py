@@ -16,7 +16,7 @@ from typing import Any
 
 from weirflow import clock
 from weirflow.coordination.job_model_store import task_lock_name
-from weirflow.errors import FencedOffError
+from weirflow.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.database import Database
@@ -80,9 +80,9 @@ class SqliteCheckpointManager(CheckpointManager):
         where, args = ("WHERE task = ?", (task,)) if task is not None else ("", ())
         offsets: dict[str, dict[SystemStreamPartition, str]] = {}
         for name, ssp, offset in conn.execute(f"SELECT task, ssp, next_offset FROM checkpoints {where}", args):
-            offsets.setdefault(name, {})[SystemStreamPartition.parse(ssp)] = offset
+            offsets.setdefault(name, {})[_ssp(name, ssp)] = offset
         controls = {
-            name: json.loads(control)
+            name: _control(name, control)
             for name, control in conn.execute(f"SELECT task, control FROM checkpoint_control {where}", args)
         }
         epochs = {
@@ -104,3 +104,20 @@ class SqliteCheckpointManager(CheckpointManager):
 
     def stop(self) -> None:
         self._db.close()
+
+
+def _ssp(task: str, key: Any) -> SystemStreamPartition:
+    """An offset row's SSP; `MalformedDocumentError` naming the task when the row's key is not one."""
+    try:
+        return SystemStreamPartition.parse(key)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise MalformedDocumentError(f"checkpoint of task {task}: offset row key {key!r:.60} is no SSP") from exc
+
+
+def _control(task: str, text: Any) -> Any:
+    """A control row's JSON; `MalformedDocumentError` naming the task when it is not JSON (a reader must not
+    take an unreadable checkpoint for none: the task would replay its inputs from the start)."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise MalformedDocumentError(f"checkpoint of task {task}: its control state is not JSON ({exc})") from exc

@@ -21,7 +21,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock
+from weirflow import clock, malformed
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     Latch,
@@ -209,8 +209,15 @@ class SqliteProcessorRegistry(ProcessorRegistry):
         )
 
     def processors(self) -> list[ProcessorInfo]:
-        rows = self._db.connection().execute("SELECT info FROM processors ORDER BY processor_id").fetchall()
-        return [ProcessorInfo.from_json(json.loads(r[0])) for r in rows]
+        """Every readable row; a malformed one is reported once (`weirflow.malformed`) and left out."""
+        rows = self._db.connection().execute("SELECT processor_id, info FROM processors ORDER BY processor_id")
+        found = []
+        for processor_id, info in rows.fetchall():
+            try:
+                found.append(ProcessorInfo.from_json(json.loads(info)))
+            except (ValueError, TypeError) as exc:  # not JSON, or MalformedDocumentError
+                malformed.report(f"processor/{processor_id}", exc, info, action="skipped (not a member)")
+        return found
 
     def unregister(self, processor_id: str) -> None:
         self._db.connection().execute("DELETE FROM processors WHERE processor_id = ?", (processor_id,))

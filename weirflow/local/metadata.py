@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock
-from weirflow.errors import EtagMismatchError, LockLostError
-from weirflow.interfaces.metadata import Document, LeaseHolder, MetadataStore
+from weirflow import clock, malformed
+from weirflow.errors import EtagMismatchError, LockLostError, MalformedDocumentError
+from weirflow.interfaces.metadata import Document, LeaseHolder, MetadataStore, decode_value
 from weirflow.local.database import Database
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL, etag TEXT NOT NULL);"
@@ -26,7 +26,7 @@ class SqliteMetadataStore(MetadataStore):
 
     def get(self, key: str) -> Document | None:
         row = self._db.connection().execute("SELECT value, etag FROM metadata WHERE key = ?", (key,)).fetchone()
-        return Document(key, json.loads(row[0]), row[1]) if row else None
+        return Document(key, decode_value(key, row[0]), row[1]) if row else None
 
     def put(
         self, key: str, value: dict[str, Any], *, if_match: str | None = None, if_none_match: bool = False
@@ -94,7 +94,13 @@ class SqliteMetadataStore(MetadataStore):
             )
             .fetchall()
         )
-        return [Document(k, json.loads(v), e) for k, v, e in rows]
+        documents = []
+        for key, value, etag in rows:
+            try:
+                documents.append(Document(key, decode_value(key, value), etag))
+            except MalformedDocumentError as exc:
+                malformed.report(key, exc, value, action="skipped")
+        return documents
 
     def stop(self) -> None:
         self._db.close()

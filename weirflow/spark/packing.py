@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from weirflow.control import encode_rows
+from weirflow.errors import MalformedMessageError
 
 MAX_ROWS = 4096
 # Arrow's IPC framing: schema message, batch header and padding, counted generously.
@@ -57,7 +58,16 @@ def pack(
         start += piece.num_rows
 
 
+class MalformedRowsError(MalformedMessageError, pa.ArrowInvalid):
+    """A ``rows`` record that is not an Arrow IPC stream (cut short, corrupted, not written by `pack`). A
+    `pa.ArrowInvalid` too, which readers caught before it existed."""
+
+
 def unpack(record: bytes) -> pa.Table:
-    """The rows of one framed ``rows`` record (type byte included; nothing is copied)."""
-    with pa.ipc.open_stream(pa.py_buffer(memoryview(record)[1:])) as reader:
-        return reader.read_all()
+    """The rows of one framed ``rows`` record (type byte included; nothing is copied). Raises
+    `MalformedRowsError` (a `MalformedMessageError`) for bytes that are not such a record."""
+    try:
+        with pa.ipc.open_stream(pa.py_buffer(memoryview(record)[1:])) as reader:
+            return reader.read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise MalformedRowsError(f"bad packed rows ({len(record)} bytes): {exc}") from exc
