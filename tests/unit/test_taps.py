@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from weirflow.config.loader import Config
-from weirflow.control import ControlMessage, MessageType, encode_user
+from weirflow.control import ControlMessage, MessageType, encode_rows, encode_user
 from weirflow.endpoints.server import EndpointServer, create_app
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.taps import TapService
@@ -87,6 +87,7 @@ def test_an_intermediate_stream_is_tapped_row_by_row_without_its_control_message
             [
                 *packed,
                 OutgoingRecord("j-1-by-user", control, partition=1),
+                OutgoingRecord("j-1-by-user", encode_rows(b"not arrow"), partition=1),  # corrupt: the tap goes on
                 OutgoingRecord("j-1-by-user", encode_user(json.dumps(view(4000)).encode()), partition=1),
             ]
         )

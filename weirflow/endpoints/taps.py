@@ -191,7 +191,12 @@ def _values(target: TapTarget, record: IncomingRecord) -> Iterator[Any]:
         if kind is MessageType.ROWS:
             from weirflow.spark.packing import unpack
 
-            yield from unpack(raw).to_pylist()
+            try:
+                rows = unpack(raw).to_pylist()
+            except MalformedMessageError:  # a corrupt rows record: shown as text, the tap goes on
+                yield raw.decode("utf-8", "replace")
+                return
+            yield from rows
             return
         if kind is not MessageType.USER:
             return  # watermark, end-of-stream, drain: the runtime's, not the stream's records
