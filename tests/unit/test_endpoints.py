@@ -46,6 +46,18 @@ def test_loopback_needs_no_token_and_any_other_address_requires_one() -> None:
         settings(**{"endpoints.port": 70000})
 
 
+def test_limits_and_origins_are_checked_where_they_are_configured() -> None:
+    with pytest.raises(ConfigError, match=r"endpoints.rpc.timeout.ms' in job.yaml: 600000 ms .*timeout.max.ms"):
+        settings(**{"endpoints.rpc.timeout.ms": 600_000})
+    with pytest.raises(ConfigError, match=r"endpoints.tap.max' in job.yaml: 0 must be positive"):
+        settings(**{"endpoints.tap.max": 0})
+    for bad in ("ops.example.com", "https://ops.example.com/path", "ftp://x", "https://x:99999"):
+        with pytest.raises(ConfigError, match=r"endpoints.allowed.origins' in job.yaml: .* is not an origin"):
+            settings(**{"endpoints.allowed.origins": [bad]})
+    allowed = settings(**{"endpoints.allowed.origins": "https://ops.example.com/, http://localhost:8080"})
+    assert allowed.allowed_origins == ("https://ops.example.com", "http://localhost:8080")
+
+
 def test_routes_answer_json_and_prometheus_text() -> None:
     client = app()
     assert client.get("/healthz").json() == {"state": "RUNNING"}

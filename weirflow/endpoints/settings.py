@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from weirflow.interfaces.config import ConfigView
 
@@ -52,6 +53,23 @@ class EndpointSettings:
         port = int(config.get("endpoints.port"))
         if not 0 <= port <= 65535:
             raise config.error("endpoints.port", f"{port} is not a port (0-65535; 0 picks a free one)")
+        timeout_ms, timeout_max_ms = (
+            int(config.get("endpoints.rpc.timeout.ms")),
+            int(config.get("endpoints.rpc.timeout.max.ms")),
+        )
+        if not 0 < timeout_ms <= timeout_max_ms:
+            raise config.error(
+                "endpoints.rpc.timeout.ms",
+                f"{timeout_ms} ms must be positive and at most endpoints.rpc.timeout.max.ms ({timeout_max_ms} ms)",
+            )
+        origins = tuple(str(o).rstrip("/") for o in config.get("endpoints.allowed.origins") or ())
+        for origin in origins:
+            if not _is_origin(origin):
+                raise config.error(
+                    "endpoints.allowed.origins",
+                    f"'{origin}' is not an origin: write scheme, host and port only, e.g. https://ops.example.com "
+                    "or http://localhost:8080",
+                )
         return cls(
             enabled=bool(config.get("endpoints.enabled")),
             host=host,
@@ -60,14 +78,28 @@ class EndpointSettings:
             token=token,
             route_wait_ms=int(config.get("endpoints.route.wait.ms")),
             tap_queue_size=int(config.get("endpoints.tap.queue.size")),
-            rpc_timeout_ms=int(config.get("endpoints.rpc.timeout.ms")),
+            rpc_timeout_ms=timeout_ms,
             rpc_timeout_max_ms=_positive(config, "endpoints.rpc.timeout.max.ms"),
             request_max_bytes=_positive(config, "endpoints.request.max.bytes"),
             tap_max=_positive(config, "endpoints.tap.max"),
             conversations_max=_positive(config, "endpoints.conversations.max"),
-            allowed_origins=tuple(str(o).rstrip("/") for o in config.get("endpoints.allowed.origins") or ()),
+            allowed_origins=origins,
             read_threads=_positive(config, "endpoints.read.threads"),
         )
+
+
+def _is_origin(text: str) -> bool:
+    """Whether ``text`` is a browser origin: ``http`` or ``https``, a host, perhaps a port, nothing else."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and not (parts.path or parts.query or parts.fragment or parts.username)
+    )
 
 
 def _positive(config: ConfigView, key: str) -> int:
