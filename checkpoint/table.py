@@ -107,6 +107,26 @@ def _transact(table: Any, operations: list[Any], fence: tuple[str, dict[str, Any
         raise
 
 
+def checkpoint_rows(task_name: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
+    """The entities a checkpoint of ``task_name`` is stored as, without the fence row: one per input position
+    (ordered by SSP) and the control row when there is one."""
+    pk = escape_key(task_name)
+    rows: list[dict[str, Any]] = [
+        {
+            "PartitionKey": pk,
+            "RowKey": SSP_PREFIX + escape_key(ssp.key()),
+            "system": ssp.system,
+            "stream": ssp.stream,
+            "partition": ssp.partition,
+            "offset": str(offset),
+        }
+        for ssp, offset in sorted(checkpoint.offsets.items(), key=lambda item: item[0].key())
+    ]
+    if checkpoint.control:
+        rows.append(_control_row(pk, checkpoint.control))
+    return rows
+
+
 class TableCheckpointManager(CheckpointManager):
     """Checkpoints of one job in Table Storage.
 
@@ -150,19 +170,7 @@ class TableCheckpointManager(CheckpointManager):
     def write_checkpoint(self, task_name: str, checkpoint: Checkpoint) -> None:
         """The fence row first (conditional on what was read), then the rows: one transaction when they fit."""
         pk = escape_key(task_name)
-        rows: list[dict[str, Any]] = [
-            {
-                "PartitionKey": pk,
-                "RowKey": SSP_PREFIX + escape_key(ssp.key()),
-                "system": ssp.system,
-                "stream": ssp.stream,
-                "partition": ssp.partition,
-                "offset": str(offset),
-            }
-            for ssp, offset in sorted(checkpoint.offsets.items(), key=lambda item: item[0].key())
-        ]
-        if checkpoint.control:
-            rows.append(_control_row(pk, checkpoint.control))
+        rows = checkpoint_rows(task_name, checkpoint)
         fence = self._fence_operation(task_name, pk, checkpoint.epoch)
         self._submit(self.table_name, rows, f"{self.table_name}/{task_name}", first=fence)
         if not self._eventhubs:

@@ -40,7 +40,7 @@ from weirflow_azure.checkpoint.table import (
     FENCE_ROW,
     SSP_PREFIX,
     TableCheckpointManager,
-    _control_row,
+    checkpoint_rows,
 )
 from weirflow_azure.coordinator.registry import _from_entity, _to_entity
 from weirflow_azure.coordinator.storage import escape_key
@@ -310,20 +310,8 @@ def test_a_sqlite_checkpoint_round_trips(
 
 def azure_rows(task: str, checkpoint: Checkpoint) -> list[dict[str, Any]]:
     """The rows `TableCheckpointManager.write_checkpoint` stores for ``checkpoint`` (and the fence row)."""
-    pk = escape_key(task)
-    rows: list[dict[str, Any]] = [
-        {
-            "PartitionKey": pk,
-            "RowKey": SSP_PREFIX + escape_key(ssp.key()),
-            "system": ssp.system,
-            "stream": ssp.stream,
-            "partition": ssp.partition,
-            "offset": offset,
-        }
-        for ssp, offset in checkpoint.offsets.items()
-    ]
-    rows.append(_control_row(pk, checkpoint.control))
-    return [*rows, {"PartitionKey": pk, "RowKey": FENCE_ROW, "epoch": checkpoint.epoch}]
+    fence = {"PartitionKey": escape_key(task), "RowKey": FENCE_ROW, "epoch": checkpoint.epoch}
+    return [*checkpoint_rows(task, checkpoint), fence]
 
 
 azure_row_docs = st.fixed_dictionaries(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from weirflow.endpoints.settings import EndpointSettings
+from weirflow.endpoints.settings import EndpointSettings, is_loopback
 from weirflow.errors import WeirflowError
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -46,16 +46,6 @@ class Refusal:
 
     def body(self) -> bytes:
         return json.dumps({"error": self.error}).encode()
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_ip(host: str) -> bool:
@@ -109,7 +99,7 @@ class RequestGuard:
 
     def __post_init__(self) -> None:
         host = self.settings.host.lower()
-        self._loopback = _is_loopback(host)
+        self._loopback = is_loopback(host)
         self._hosts.add(_bracketed(host))
         if self._loopback:
             self._hosts.update(LOOPBACK_NAMES)
@@ -135,7 +125,7 @@ class RequestGuard:
         if not server:
             return ()
         bound, port = str(server[0]), server[1]
-        names = {self.settings.host, bound, *(LOOPBACK_NAMES if self._loopback or _is_loopback(bound) else ())}
+        names = {self.settings.host, bound, *(LOOPBACK_NAMES if self._loopback or is_loopback(bound) else ())}
         return (_origin("http", name.strip("[]"), port) for name in names)  # the server speaks no TLS itself
 
     def check_host(self, scope: Message, headers: dict[bytes, bytes]) -> Refusal | None:

@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 from weirflow.interfaces.config import ConfigView
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
+    host = host.strip("[]")
     if host == "localhost":
         return True
     try:
@@ -44,7 +46,7 @@ class EndpointSettings:
     def from_config(cls, config: ConfigView) -> EndpointSettings:
         host = str(config.get("endpoints.host"))
         token = config.get("endpoints.auth.token") or None
-        if not _loopback(host) and not token:
+        if not is_loopback(host) and not token:
             raise config.error(
                 "endpoints.host",
                 f"'{host}' is reachable from other machines: set endpoints.auth.token (from the environment, "
