@@ -46,15 +46,20 @@ $(NODE_STAMP): package.json package-lock.json | node
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $(NODE_STAMP)
 
+# Bytecode for the project's own packages: an editable install leaves none, and where PYTHONDONTWRITEBYTECODE is
+# set (as on the project's CI machine) every Python process Spark starts compiled weirflow from source again.
 install: $(STAMP) java
+	@$(PY) -m compileall -q -j 0 weirflow azure_coordinator checkpoint eventhub_system kinesis_system >/dev/null
 
+# A class-data-sharing archive of Spark's classes (weirflow/spark/class_archive.py): processors start Spark in
+# about half the time. Dumped once per Java runtime and PySpark install.
 spark-archive: install
-	@$(PY) -m tests.spark_jvm
+	@$(VENV)/bin/weirflow spark-archive
 
-run: install
+run: install spark-archive
 	$(PY) examples/pageviews/demo.py
 
-# The suite's Spark class archive (tests/spark_jvm.py, once per venv) is dumped while npm installs Azurite: one
+# Spark's class archive (`weirflow spark-archive`, once per venv) is dumped while npm installs Azurite: one
 # waits on a core, the other mostly on the network.
 test: install faketime chromium
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) spark-archive

@@ -58,7 +58,10 @@ def _stamps(logs: list[Path], *needles: str) -> list[float]:
 
 
 def _keeps_up(config: Any, feeder: drain_job.Feeder, rate: int) -> bool:
-    return results.consumed(config) >= feeder.sent - rate  # less than a second of input behind
+    """Less than a second of input behind, with at least five seconds of it consumed: right after a start
+    nothing is consumed and less than a second is sent, which is not keeping up."""
+    consumed = results.consumed(config)
+    return consumed >= 5 * rate and consumed >= feeder.sent - rate
 
 
 def main() -> None:
@@ -84,6 +87,7 @@ def main() -> None:
     try:
         _progress(f"feeding {args.rate} events/s; starting 2 processors (work dir {work})")
         procs = [start_processor(config_path, f"p{i}", overrides, log_dir=work / "logs-1") for i in range(2)]
+        wait_until(lambda: all("started task" in p.log_text() for p in procs), 300, "the start", 0.5)
         wait_until(lambda: _keeps_up(config, feeder, args.rate), 300, "the job to keep up", 0.5)
         time.sleep(3)  # steady state: windows closing, both stages busy (a measured phase, not a sync)
         _progress("keeping up; baseline: SIGTERM both processors")

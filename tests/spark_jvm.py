@@ -8,56 +8,27 @@ processors a test spawns included):
 - ``-XX:TieredStopAtLevel=1``: the quick (C1) compiler only; a JVM that lives a minute never earns back what
   the optimising compiler costs;
 - ``-XX:+UseSerialGC``: one collector thread instead of one per core;
-- ``-XX:SharedArchiveFile``: a class-data-sharing archive of the classes a Spark session loads, dumped once per
-  Java runtime and PySpark version into the virtual environment (``<venv>/spark-cds/``); each JVM maps it
-  instead of parsing and verifying those classes again.
+- ``-XX:SharedArchiveFile``: the class-data-sharing archive processors use too (`weirflow.spark.class_archive`),
+  dumped once per Java runtime and PySpark install; here it also reaches JVMs a test starts by other means.
 
 Measured on the 2-core machine, one Spark session running one small job: 34 s of CPU with Spark's defaults,
 17 s with the first two options, 9 s with all three. Nothing about what a test checks depends on the JIT or the
 collector. Processors use the quick compiler too (``spark.driver.defaultJavaOptions``, docs/pipelines.md); the
-serial collector and the archive stay the suite's own.
+archive too (`task.spark.class.archive`); the serial collector stays the suite's own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import subprocess
-import sys
 import warnings
-from pathlib import Path
 
-from weirflow.errors import JavaMissingError
+from weirflow.errors import JavaMissingError, StartupError
+from weirflow.spark import class_archive
 
 BASE_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 ENV = "PYSPARK_SUBMIT_ARGS"
-
-# What the archive is dumped from: a session that plans and runs a shuffle, as every test job does.
-_DUMP = """
-from weirflow.spark.session import prepare_environment
-prepare_environment()
-from pyspark.sql import SparkSession
-spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "1").getOrCreate())
-spark.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
-gateway = spark.sparkContext._gateway
-spark.stop()
-gateway.shutdown()
-gateway.proc.stdin.close()  # the JVM exits on EOF, writing the archive on its way out: wait for it
-gateway.proc.wait()
-"""
-
-
-def _archive_path() -> Path:
-    """Where the archive of this Java runtime and PySpark install lives (another of either needs its own)."""
-    import pyspark
-
-    from weirflow.spark.session import check_java
-
-    java = subprocess.run([check_java(), "-version"], capture_output=True, text=True, check=True).stderr
-    key = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{Path(pyspark.__file__).parent}".encode()).hexdigest()
-    return Path(sys.prefix) / "spark-cds" / f"{key[:16]}.jsa"
 
 
 def _submit_args(options: list[str]) -> str:
@@ -79,26 +50,16 @@ def prepare(build: bool) -> None:
         return
     options = list(BASE_OPTIONS)
     try:
-        archive = _archive_path()
+        archive = class_archive.find_archive()
     except (JavaMissingError, OSError, subprocess.CalledProcessError) as exc:  # the Spark tests report it too
         warnings.warn(f"no class-data-sharing archive for the suite's Spark JVMs: {exc}", stacklevel=1)
-        archive = None
-    if archive is not None and not archive.exists() and build:
-        print(f"dumping the Spark class archive for the suite's JVMs into {archive.parent} (once)", flush=True)
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        partial = archive.with_suffix(f".{os.getpid()}.partial")
-        env = {**os.environ, ENV: _submit_args([*options, f"-XX:ArchiveClassesAtExit={partial}"])}
-        done = subprocess.run(
-            [sys.executable, "-c", _DUMP], env=env, capture_output=True, text=True, timeout=600, check=False
-        )
-        if done.returncode == 0 and partial.exists():
-            partial.rename(archive)
-        else:
-            partial.unlink(missing_ok=True)
-            warnings.warn(
-                f"dumping the Spark class archive failed (exit {done.returncode}): {done.stderr[-2000:]}",
-                stacklevel=1,
-            )
+        archive, build = None, False
+    if archive is None and build:
+        print("dumping the Spark class archive (weirflow spark-archive, once per venv)", flush=True)
+        try:
+            archive = class_archive.dump(" ".join(options))
+        except (StartupError, OSError, subprocess.SubprocessError) as exc:
+            warnings.warn(str(exc), stacklevel=1)
     if archive is not None and archive.exists():
         options.append(f"-XX:SharedArchiveFile={archive}")
     os.environ[ENV] = _submit_args(options)

@@ -3,8 +3,9 @@ epoch that wrote it (`weirflow.tasks.record_task.current_task`), and the write t
 by the embedded log when it is appended) gives each tenure (task, processor, epoch) an interval. Two tenures
 of one task that overlap in time are two processors writing for one task at once: `overlap_ms` must be 0.
 
-* SIGTERM (SQLite): a processor with 4 busy tasks and a slow task function stops them in parallel while its
-  keeper still renews their locks, writes every final checkpoint, releases every lock; nothing overlaps.
+* SIGTERM (SQLite): a processor with 4 tasks busy with records that outlast the lease stops them in parallel
+  while its keeper still renews their locks, writes every final checkpoint, releases every lock; nothing
+  overlaps.
 * Blackhole (Azure, Azurite behind `tests/tcp_proxy.py`): one processor loses storage while another reaches it
   directly, until that other one has taken over and written for every task of the cut-off one (the outage
   outlasts the 15 s leases: a lock is taken only once it expired); the cut-off one fences itself (stops its
@@ -47,6 +48,7 @@ import uuid
 from weirflow.tasks.record_task import current_task
 
 DELAY_S = {delay}
+SLOW = {slow!r}  # the processor whose records take DELAY_S (None: every processor's)
 MARKS = {marks!r}
 _thread = threading.local()  # each start of a task is a new thread: a run id per tenure, whatever the epoch
 
@@ -56,17 +58,17 @@ def relay(record):
     if not hasattr(_thread, "run"):
         _thread.run = uuid.uuid4().hex
         open(os.path.join(MARKS, task.processor_id + "." + task.name), "w").close()  # the task began a poll
-    if DELAY_S:
+    if DELAY_S and SLOW in (None, task.processor_id):
         time.sleep(DELAY_S)
     tag = {{"task": task.name, "processor": task.processor_id, "epoch": task.epoch, "run": _thread.run}}
     return [{{"stream": "relayed", "value": {{"id": json.loads(record["value"])["id"], **tag}}}}]
 """
 
 
-def tag_outputs(job: Job, delay_s: float = 0.0) -> None:
+def tag_outputs(job: Job, delay_s: float = 0.0, slow: str | None = None) -> None:
     marks = job.root / "marks"
     marks.mkdir(exist_ok=True)
-    (job.root / "relay_task.py").write_text(TAGGED_RELAY.format(delay=delay_s, marks=str(marks)))
+    (job.root / "relay_task.py").write_text(TAGGED_RELAY.format(delay=delay_s, slow=slow, marks=str(marks)))
 
 
 def begun(job: Job, processor: str) -> set[str]:
@@ -154,11 +156,11 @@ class Producer:
 def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over_without_overlap(
     tmp_path: Path, measure
 ) -> None:
-    # 60 records per poll at 200 ms each: a task is busy for 12 s between two checks of its stop flag, twice
-    # the 6 s lease, so its locks must be renewed while it stops. One poll's worth per task: p3 is stopped as
-    # soon as each of its tasks began relaying it, and stops once they sent it.
-    job = Job(tmp_path, {**SHORT_TIMINGS, "task.poll.max.records": 60})
-    tag_outputs(job, delay_s=0.2)
+    # A stop waits for the record in hand (docs/architecture.md): on p3 one record takes 9 s, half as long
+    # again as the 6 s lease, so its locks must be renewed while it stops. p3 is stopped as soon as each of its
+    # tasks began its first record; p1 and p2 relay at full speed.
+    job = Job(tmp_path, SHORT_TIMINGS)
+    tag_outputs(job, delay_s=9.0, slow="p3")
     try:
         ids = {"p1", "p2", "p3"}
         for pid in sorted(ids):
@@ -167,7 +169,7 @@ def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over
         leaving = sorted(job.status()["assignment"]["p3"])
         assert len(leaving) == PARTITIONS // 3
         job.produce(PARTITIONS * 60)
-        wait_until(lambda: begun(job, "p3") == set(leaving), 60, "every task of p3 busy with its poll")
+        wait_until(lambda: begun(job, "p3") == set(leaving), 60, "every task of p3 busy with a record")
 
         terminated_at = time.monotonic()
         assert job.processes["p3"].terminate(timeout_s=90) == 0

@@ -376,23 +376,10 @@ class StreamProcessor:
             return
         while self._pending and not self._stop.is_set():
             now = clock.now_ms()
-            for task in sorted(self._pending):
-                if self._pending[task] > now:
-                    continue
-                lock = self.ctx.coordination.lock(task_lock_name(task))
-                sent_at = self._keeper.now()  # before the request: the lease's local deadline counts from here
-                if lock.try_acquire():
-                    self._keeper.add(task, lock, sent_at)
-                    try:
-                        self.runner.start_task(model.tasks[task], lock)
-                    except MalformedDocumentError as exc:
-                        self._checkpoint_unreadable(task, exc)
-                        continue
-                    del self._pending[task]
-                    if self._unreadable.pop(task, None) is not None and self.error.startswith(f"task {task} not "):
-                        self.error = ""  # its checkpoint was repaired
-                    log.info("started task %s (v%d)", task, model.version)
-                    self._heartbeat_now.set()
+            with self.runner.starting_together():
+                for task in sorted(self._pending):
+                    if self._pending[task] <= now:
+                        self._start_one(model, task)
             if deadline_ms is None or not set(self._pending) - set(self._unreadable):
                 return
             if now >= deadline_ms:
@@ -402,6 +389,25 @@ class StreamProcessor:
             if self._newer_model_published(model.version):
                 return
             self._wait(self.timings.poll_interval_ms)
+
+    def _start_one(self, model: JobModel, task: str) -> None:
+        """Take the task's lock and start it; it stays pending when the lock is held elsewhere."""
+        assert self.ctx is not None and self.runner is not None
+        lock = self.ctx.coordination.lock(task_lock_name(task))
+        sent_at = self._keeper.now()  # before the request: the lease's local deadline counts from here
+        if not lock.try_acquire():
+            return
+        self._keeper.add(task, lock, sent_at)
+        try:
+            self.runner.start_task(model.tasks[task], lock)
+        except MalformedDocumentError as exc:
+            self._checkpoint_unreadable(task, exc)
+            return
+        del self._pending[task]
+        if self._unreadable.pop(task, None) is not None and self.error.startswith(f"task {task} not "):
+            self.error = ""  # its checkpoint was repaired
+        log.info("started task %s (v%d)", task, model.version)
+        self._heartbeat_now.set()
 
     def _checkpoint_unreadable(self, task: str, exc: MalformedDocumentError) -> None:
         """The task's checkpoint is malformed: the task is not started (starting it as if it had none would

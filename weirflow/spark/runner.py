@@ -27,8 +27,9 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ class SparkTaskRunner(TaskRunner):
         self._tasks: dict[str, TaskState] = {}  # accepted and not stopped, finished or failed
         self._pending: set[str] = set()  # accepted, waiting for a query
         self._changed = 0.0  # monotonic time of the last change to _pending
+        self._rounds = 0  # rounds of starts under way (`starting_together`): no query starts meanwhile
         self._query_of: dict[str, StageQuery] = {}
         self._by_id: dict[str, StageQuery] = {}
         self._merged: dict[str, StageQuery] = {}  # stateless stage -> its query
@@ -196,6 +198,17 @@ class SparkTaskRunner(TaskRunner):
             self._pending.add(task.name)
             self._changed = time.monotonic()
         self._wake.set()
+
+    @contextmanager
+    def starting_together(self) -> Iterator[None]:
+        with self._guard:
+            self._rounds += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._rounds -= 1
+            self._wake.set()
 
     def leases_renewed(self) -> None:
         """Publish, for the workers' fence, until when each lock the keeper still keeps is confirmed; a lock
@@ -373,7 +386,7 @@ class SparkTaskRunner(TaskRunner):
             self._wake.wait(_MONITOR_S)
             self._wake.clear()
             with self._guard:
-                if not self._pending:
+                if not self._pending or self._rounds:
                     continue
                 wait = _SETTLE_S - (time.monotonic() - self._changed)
             if wait > 0:
@@ -381,6 +394,8 @@ class SparkTaskRunner(TaskRunner):
             with self._guard:
                 if self._closing.is_set():
                     return
+                if self._rounds:  # a round began during the settling wait: start after it
+                    continue
                 units: dict[str, list[TaskState]] = {}
                 for name in sorted(self._pending):
                     state = self._tasks.get(name)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
 from weirflow.errors import JavaMissingError
 from weirflow.fault_points import PROCESSOR_PID
+from weirflow.spark import forkserver
+from weirflow.spark.class_archive import java_options, java_version_text
 
 log = logging.getLogger("weirflow.spark")
 
@@ -73,7 +75,7 @@ def check_java() -> str:
             "or run `make run`, which installs it when missing."
         )
     try:
-        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+        java_version_text(java)
     except (OSError, subprocess.SubprocessError) as exc:
         raise JavaMissingError(f"'{java} -version' failed ({exc}); install a working Java 17+ runtime") from exc
     return java
@@ -94,6 +96,16 @@ done
 unset IFS
 PYTHONPATH="$kept"
 export PYTHONPATH
+# A query's planner process comes from the processor's fork server when it runs (weirflow/spark/forkserver.py).
+if [ "$1" = "-m" ] && [ "$2" = "{runner}" ] && [ -S "${{WEIRFLOW_FORK_SERVER:-}}" ]; then
+  exec "{python}" -I -S "{client}" "$@"
+fi
+# The daemons that fork the driver's data source planners preload their module (weirflow/spark/daemon.py).
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ] && [ $# -eq 3 ]; then
+  case "$3" in
+    pyspark.sql.worker.*) exec "{python}" -m weirflow.spark.daemon "$3" ;;
+  esac
+fi
 exec "{python}" "$@"
 """
 
@@ -111,21 +123,36 @@ def worker_python() -> str:
     package = Path(pyspark.__file__).resolve().parent
     if os.name != "posix" or not (package / "python" / "lib" / "pyspark.zip").exists():
         return sys.executable
-    text = _LAUNCHER.format(python=sys.executable, archives=str(package))
-    name = f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    client_name = f"fork-client-{hashlib.sha256(forkserver.CLIENT.encode()).hexdigest()[:16]}.py"
     for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"weirflow-{os.getuid()}"):
-        launcher = folder / name
         try:
-            if not launcher.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                partial = folder / f".{name}.{os.getpid()}"
-                partial.write_text(text)
-                partial.chmod(0o755)
-                os.replace(partial, launcher)
-            return str(launcher)
+            client = _write_once(folder, client_name, forkserver.CLIENT, 0o644)
+            text = _LAUNCHER.format(
+                python=sys.executable, archives=str(package), runner=forkserver.RUNNER, client=str(client)
+            )
+            name = f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+            return str(_write_once(folder, name, text, 0o755))
         except OSError as exc:
             log.debug("cannot write the worker launcher in %s: %s", folder, exc)
     return sys.executable
+
+
+def _write_once(folder: Path, name: str, text: str, mode: int) -> Path:
+    """``folder/name`` holding ``text`` (its name is a hash of it, so an existing file is the same one)."""
+    path = folder / name
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{name}.{os.getpid()}"
+        partial.write_text(text)
+        partial.chmod(mode)
+        os.replace(partial, path)
+    return path
+
+
+def _spark_runs_the_launcher() -> bool:
+    """Whether Spark starts Python through `worker_python`'s launcher (not the user's own ``PYSPARK_PYTHON``)."""
+    python = os.environ.get("PYSPARK_PYTHON")
+    return os.name == "posix" and python is not None and python != sys.executable and python == worker_python()
 
 
 def prepare_environment() -> None:
@@ -161,6 +188,10 @@ def spark_settings(config: Config) -> dict[str, str]:
     settings["spark.app.name"] = f"weirflow-{config.get('job.name')}-{config.get('job.id')}"
     for name, value in config.subset("spark").items():
         settings[f"spark.{name}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    archive = java_options(str(config.get("task.spark.class.archive")))
+    if archive:  # weirflow.spark.class_archive: in the default options too, so a job's own extra options add to it
+        options = settings.get("spark.driver.defaultJavaOptions", "")
+        settings["spark.driver.defaultJavaOptions"] = f"{options} {archive}".strip()
     return settings
 
 
@@ -168,13 +199,16 @@ def build_spark_session(config: Config) -> Any:
     """Start (or reuse) this process's SparkSession, configured for the job; quiet logs unless asked."""
     check_java()
     prepare_environment()
+    if config.get("task.spark.planner.fork") and _spark_runs_the_launcher():
+        forkserver.start_fork_server()  # before the JVM starts: Spark's Python processes inherit its environment
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_settings(config).items():
+    settings = spark_settings(config)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(spark_settings(config)["spark.log.level"])
+    spark.sparkContext.setLogLevel(settings["spark.log.level"])
     if not str(spark.sparkContext.master).startswith("local"):
         ship_job_code(spark, config)
     log.info("spark %s session ready (%s)", spark.version, spark.sparkContext.master)

@@ -2,7 +2,9 @@
 
 It is the data plane for jobs without Spark (coordination demos, simple relays) and the reference for what
 any runner must do: start from the task's checkpoint, write outputs before advancing offsets (at-least-once),
-checkpoint through the fence, and stop cleanly before the lock is released.
+checkpoint through the fence, and stop cleanly before the lock is released. It commits every `task.commit.ms`
+even in the middle of a read, and a stop waits for the record in hand, not for the rest of the read
+(docs/architecture.md, "Record tasks: commits and stops").
 
 The task function (``task.function: module:callable``; the config file's directory is importable) gets one dict
 per record::
@@ -41,7 +43,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from weirflow.errors import ConfigError, LockLostError, WeirflowError
@@ -49,7 +51,7 @@ from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import Lock
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.interfaces.system import IncomingRecord, OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.served_tables import MemoryTable
 from weirflow.start_position import parse_start, start_offset
@@ -83,6 +85,57 @@ _current = threading.local()
 def current_task() -> TaskContext | None:
     """The task whose thread is calling (from inside `task.function`), or None outside a record task."""
     return getattr(_current, "task", None)
+
+
+@dataclass
+class _Pending:
+    """Outputs of records processed since the task last sent: what the next send writes."""
+
+    outgoing: dict[str, list[OutgoingRecord]] = field(default_factory=dict)  # by system
+    rows: list[tuple[str, str, str]] = field(default_factory=list)  # served-table rows: table, key, row
+
+    def clear(self) -> None:
+        self.outgoing = {}
+        self.rows = []
+
+
+class _Progress:
+    """Where a running task is: the next offset of each SSP, the systems' native positions of the last records
+    (for their own checkpoint layouts), and whether anything moved since the last checkpoint."""
+
+    def __init__(
+        self, runner: RecordTaskRunner, handle: _TaskThread, offsets: dict[SystemStreamPartition, str]
+    ) -> None:
+        self.runner = runner
+        self.handle = handle
+        self.offsets = offsets
+        self.positions: dict[SystemStreamPartition, Mapping[str, str]] = {}
+        self.dirty = False
+        self.last_commit = time.monotonic()
+
+    def due(self) -> bool:
+        """`task.commit.ms` has passed since the last checkpoint."""
+        return (time.monotonic() - self.last_commit) * 1000 >= self.runner.commit_ms
+
+    def advance(self, ssp: SystemStreamPartition, pending: _Pending, last: IncomingRecord) -> None:
+        """Send ``pending``, then move the offset of ``ssp`` past ``last``: no checkpoint names an output
+        that was not sent."""
+        handle = self.handle
+        handle.guarded(functools.partial(self.runner._send, pending.outgoing))
+        for table, key, row in pending.rows:  # sent to the changelog: now the table may show them
+            handle.tables[table].put(key, row)
+        pending.clear()
+        self.offsets[ssp] = last.next_offset
+        position = self.runner.systems.admin(ssp.system).native_position(last)
+        if position:
+            self.positions[ssp] = position
+        self.dirty = True
+
+    def commit(self) -> None:
+        checkpoint = Checkpoint(offsets=dict(self.offsets), positions=dict(self.positions))
+        self.handle.guarded(lambda: self.handle.writer.write(checkpoint), hold=False)
+        self.dirty = False
+        self.last_commit = time.monotonic()
 
 
 class _Abandoned(WeirflowError):
@@ -325,82 +378,82 @@ class RecordTaskRunner(TaskRunner):
             log.info("task %s: table %s rebuilt from its changelog (%d keys)", handle.task.name, name, len(table))
 
     def run_task(self, handle: _TaskThread) -> None:
+        """Read, process, send, checkpoint, until stopped. Time, not the size of a read, decides when progress
+        is committed (`_read_through`), so a stop waits for one record, never for the rest of a read."""
         task = handle.task
-        offsets = self._start_offsets(handle)
+        progress = _Progress(self, handle, self._start_offsets(handle))
         self._restore_tables(handle)
-        log.info("task %s started at %s", task.name, {str(k): v for k, v in offsets.items()})
-        # the systems' own description of each SSP's last record, for their native checkpoint layouts
-        positions: dict[SystemStreamPartition, Mapping[str, str]] = {}
-
-        def checkpoint() -> Checkpoint:
-            return Checkpoint(offsets=dict(offsets), positions=dict(positions))
-
-        dirty = False
-        last_commit = time.monotonic()
+        log.info("task %s started at %s", task.name, {str(k): v for k, v in progress.offsets.items()})
         while not handle.stop_event.is_set():
             progressed = False
             for ssp in task.ssps:
-                records = self.systems.consumer(ssp.system).read(ssp, offsets[ssp], self.max_records)
-                if not records:
-                    continue
-                outgoing, rows = self._process(ssp, records)
-                handle.guarded(functools.partial(self._send, outgoing))
-                for table, key, row in rows:  # sent to the changelog: now the table may show them
-                    handle.tables[table].put(key, row)
-                offsets[ssp] = records[-1].next_offset
-                position = self.systems.admin(ssp.system).native_position(records[-1])
-                if position:
-                    positions[ssp] = position
-                progressed = dirty = True
-            if dirty and (time.monotonic() - last_commit) * 1000 >= self.commit_ms:
-                handle.guarded(lambda: handle.writer.write(checkpoint()), hold=False)
-                dirty = False
-                last_commit = time.monotonic()
+                if handle.stop_event.is_set():
+                    break
+                records = self.systems.consumer(ssp.system).read(ssp, progress.offsets[ssp], self.max_records)
+                if records:
+                    self._read_through(handle, progress, ssp, records)
+                    progressed = True
+            if progress.dirty and progress.due():
+                progress.commit()
             if not progressed:
                 handle.stop_event.wait(_IDLE_WAIT_S)
-        if dirty:
-            handle.guarded(lambda: handle.writer.write(checkpoint()), hold=False)
-        log.info("task %s stopped at %s", task.name, {str(k): v for k, v in offsets.items()})
+        if progress.dirty:
+            progress.commit()
+        log.info("task %s stopped at %s", task.name, {str(k): v for k, v in progress.offsets.items()})
+
+    def _read_through(
+        self, handle: _TaskThread, progress: _Progress, ssp: SystemStreamPartition, records: list[IncomingRecord]
+    ) -> None:
+        """Process one read's records. After each record the task checks its stop flag and whether `commit_ms`
+        has passed; if either, it sends what it has processed, moves its offset past those records only, and
+        (the interval passed) writes the checkpoint. A stop leaves the rest of the read after the checkpoint,
+        for the next holder to read again (docs/architecture.md, "Record tasks: commits and stops")."""
+        stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
+        pending = _Pending()
+        for index, record in enumerate(records):
+            self._process(stream_id, ssp, record, pending)
+            stopping = handle.stop_event.is_set()
+            due = progress.due()
+            if stopping or due or index == len(records) - 1:
+                progress.advance(ssp, pending, record)
+            if stopping:
+                return
+            if due:
+                progress.commit()
 
     def _process(
-        self, ssp: SystemStreamPartition, records: list[Any]
-    ) -> tuple[dict[str, list[OutgoingRecord]], list[tuple[str, str, str]]]:
-        """The records' outputs by system, and the served-table rows among them (table, key, row as JSON)."""
-        stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
-        by_system: dict[str, list[OutgoingRecord]] = {}
-        rows: list[tuple[str, str, str]] = []
-        for record in records:
-            try:
-                value: str | bytes = record.value.decode()
-            except UnicodeDecodeError:
-                value = record.value
-            message = {
-                "stream": stream_id,
-                "partition": ssp.partition,
-                "offset": record.offset,
-                "key": record.key.decode(errors="replace") if record.key is not None else None,
-                "value": value,
-                "timestamp_ms": record.timestamp_ms,
-            }
-            for out in self.fn(message) or ():
-                if "table" in out:
-                    rows.append(self._table_row(out, ssp.partition, by_system))
-                    continue
-                if "stream" not in out or "value" not in out:
-                    raise ConfigError(
-                        f"task.function returned {out!r}; each outgoing dict needs 'stream' and 'value'"
-                    )
-                ref = self.systems.resolve(out["stream"])
-                key = out.get("key")
-                by_system.setdefault(ref.system, []).append(
-                    OutgoingRecord(
-                        stream=ref.physical,
-                        value=_encode(out["value"]),
-                        key=_encode(key) if key is not None else None,
-                        partition=out.get("partition"),
-                    )
+        self, stream_id: str, ssp: SystemStreamPartition, record: IncomingRecord, pending: _Pending
+    ) -> None:
+        """Call the record function on one record; its outputs (by system) and served-table rows (table, key,
+        row as JSON) join ``pending``."""
+        try:
+            value: str | bytes = record.value.decode()
+        except UnicodeDecodeError:
+            value = record.value
+        message = {
+            "stream": stream_id,
+            "partition": ssp.partition,
+            "offset": record.offset,
+            "key": record.key.decode(errors="replace") if record.key is not None else None,
+            "value": value,
+            "timestamp_ms": record.timestamp_ms,
+        }
+        for out in self.fn(message) or ():
+            if "table" in out:
+                pending.rows.append(self._table_row(out, ssp.partition, pending.outgoing))
+                continue
+            if "stream" not in out or "value" not in out:
+                raise ConfigError(f"task.function returned {out!r}; each outgoing dict needs 'stream' and 'value'")
+            ref = self.systems.resolve(out["stream"])
+            key = out.get("key")
+            pending.outgoing.setdefault(ref.system, []).append(
+                OutgoingRecord(
+                    stream=ref.physical,
+                    value=_encode(out["value"]),
+                    key=_encode(key) if key is not None else None,
+                    partition=out.get("partition"),
                 )
-        return by_system, rows
+            )
 
     def _table_row(
         self, out: dict[str, Any], partition: int, by_system: dict[str, list[OutgoingRecord]]

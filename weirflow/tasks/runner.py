@@ -25,7 +25,8 @@ Contract:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from weirflow.interfaces.coordination import Lock
@@ -72,6 +73,13 @@ class TaskRunner(ABC):
     def leases_renewed(self) -> None:
         """Called by the processor's keeper after each round (from its thread; must return promptly): the
         values of `lease_valid_until` may have moved on. The default does nothing."""
+
+    @contextmanager
+    def starting_together(self) -> Iterator[None]:
+        """The processor starts a round of tasks inside this: a runner that starts them in the background
+        waits for the round's end, so a stage whose tasks share one query starts that query once, with all of
+        them, rather than once with the first few and again with the rest. The default does nothing."""
+        yield
 
     @abstractmethod
     def stop_task(self, task_name: str) -> None: ...

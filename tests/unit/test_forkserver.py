@@ -1,0 +1,115 @@
+"""The planner fork server (weirflow/spark/forkserver.py) with real processes: a client started the way
+weirflow's launcher starts it gets a forked child that runs the module as ``python -m`` would, with the client's
+arguments, environment, directory and standard streams; the client's exit code, signals and death are the
+child's; and anything the server does not serve runs in the client itself, as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from weirflow.local.launcher import wait_until
+from weirflow.spark import forkserver
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = "tests.unit.forkserver_target"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Path]:
+    socket_path = tmp_path / "planner.sock"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weirflow.spark.forkserver", str(socket_path), TARGET, "json"],
+        stdin=subprocess.PIPE,
+        env=env,
+    )
+    wait_until(socket_path.exists, 30, "the fork server's socket", 0.05)
+    yield socket_path
+    assert proc.stdin is not None
+    proc.stdin.close()  # as when the processor exits
+    assert proc.wait(10) == 0
+
+
+def _client(tmp_path: Path, socket_path: Path | None, module: str = TARGET, **env: str) -> subprocess.Popen[str]:
+    client = tmp_path / "client.py"
+    client.write_text(forkserver.CLIENT)
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", **env}
+    environment[forkserver.ENV] = str(socket_path or tmp_path / "absent.sock")
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", str(client), "-m", module, "an-argument"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=tmp_path,
+        env=environment,
+        text=True,
+    )
+
+
+def _report(client: subprocess.Popen[str]) -> dict[str, object]:
+    assert client.stdout is not None
+    return json.loads(client.stdout.readline())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for its parent counts as gone
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_the_child_runs_with_the_clients_arguments_environment_directory_streams_and_exit_code(server, tmp_path):
+    client = _client(tmp_path, server, FORK_TARGET="from-the-client", FORK_TARGET_EXIT="7")
+    report = _report(client)
+    assert client.wait(30) == 7
+    assert report["pid"] != client.pid  # forked by the server, not run in the client
+    assert report == {**report, "cwd": str(tmp_path), "argv": ["an-argument"], "env": "from-the-client"}
+
+
+def test_sigterm_to_the_client_ends_the_child_and_the_client_reports_it(server, tmp_path):
+    client = _client(tmp_path, server)
+    child = int(_report(client)["pid"])  # type: ignore[call-overload]
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(30) == -signal.SIGTERM
+    wait_until(lambda: _gone(child), 30, "the child to end", 0.05)
+
+
+def test_a_killed_client_takes_its_child_with_it(server, tmp_path):
+    client = _client(tmp_path, server)
+    child = int(_report(client)["pid"])  # type: ignore[call-overload]
+    client.kill()
+    client.wait(30)
+    wait_until(lambda: _gone(child), 30, "the child of a SIGKILLed client to be killed", 0.05)
+
+
+def test_closing_the_childs_stdin_ends_it_normally(server, tmp_path):
+    client = _client(tmp_path, server)
+    child = int(_report(client)["pid"])  # type: ignore[call-overload]
+    assert client.stdin is not None
+    client.stdin.close()
+    assert client.wait(30) == 0
+    assert child != client.pid
+
+
+def test_a_request_the_server_declines_runs_in_the_client_itself(server, tmp_path):
+    # another hash seed than the server's: a forked child could not honour it
+    client = _client(tmp_path, server, PYTHONHASHSEED="1", FORK_TARGET_EXIT="3")
+    report = _report(client)
+    assert client.wait(30) == 3
+    assert report["pid"] == client.pid  # the client exec'd the module itself
+
+
+def test_without_a_server_the_client_runs_the_module_itself(tmp_path):
+    client = _client(tmp_path, None, FORK_TARGET_EXIT="3")
+    report = _report(client)
+    assert client.wait(30) == 3
+    assert report["pid"] == client.pid
