@@ -66,7 +66,7 @@ def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for its parent counts as gone
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:  # reaped since the signal above
+    except (FileNotFoundError, ProcessLookupError):  # reaped since the signal above (open or read fails)
         return True
 
 
