@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_record_task_fence import HeldLock  # a lock the test holds throughout
 from weirflow.config import load_config
 from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.local.checkpoint import SqliteCheckpointManager
@@ -29,25 +29,6 @@ BACKLOG = 100
 COMMIT_MS = 200
 INPUT = SystemStreamPartition("local", "in", 0)
 TASK = TaskModel("main-0", "main", (INPUT,))
-
-
-class HeldLock(Lock):
-    name = "task-main-0"
-    owner = "p1"
-    instance = "i1"
-    epoch = 1
-
-    def try_acquire(self) -> bool:
-        return True
-
-    def renew(self) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
-
-    def is_held(self) -> bool:
-        return True
 
 
 class Harness:
@@ -105,7 +86,7 @@ def test_a_stop_ends_the_task_after_the_record_in_hand_and_checkpoints_exactly_w
             harness.runner._tasks[TASK.name].stop_event.set()
 
     harness.on_record = on_record
-    harness.runner.start_task(TASK, HeldLock())
+    harness.runner.start_task(TASK, HeldLock("task-main-0"))
     wait_until(lambda: harness.runner.running() == set(), 10, "the task to stop")
     assert harness.runner.failures() == {}
     assert harness.relayed() == list(range(stop_at + 1)), "the stop waited for the rest of the read"
@@ -125,7 +106,7 @@ def test_a_long_read_is_checkpointed_every_commit_interval_with_its_outputs_sent
             looked.set()
 
     harness.on_record = on_record
-    harness.runner.start_task(TASK, HeldLock())
+    harness.runner.start_task(TASK, HeldLock("task-main-0"))
     assert looked.wait(10)
     checkpoint = seen["checkpoint"]
     assert checkpoint is not None, "no checkpoint was written inside a read that outlasted task.commit.ms"
