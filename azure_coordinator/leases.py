@@ -21,6 +21,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.blob import BlobLeaseClient
 
@@ -142,6 +143,35 @@ class BlobLease:
             return epoch is None or int((props.metadata or {}).get("epoch") or 0) == epoch
 
         return bool(self._call("check lease on", attempt))
+
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        """Break the lease at once (break period 0) if the blob's metadata names (``owner``, ``instance``) as the
+        holder of the active lease; conditional on the blob's ETag read with that metadata, so a tenure begun
+        since (a new holder writes its epoch, which changes the ETag) is never broken."""
+
+        def attempt() -> bool:
+            try:
+                props = self._blob.get_blob_properties()
+            except ResourceNotFoundError:
+                return False
+            metadata = props.metadata or {}
+            if (
+                props.lease.state != "leased"
+                or metadata.get("owner") != owner
+                or metadata.get("instance", "") != instance
+            ):
+                return False
+            try:
+                BlobLeaseClient(self._blob).break_lease(
+                    lease_break_period=0, etag=props.etag, match_condition=MatchConditions.IfNotModified
+                )
+            except (ResourceNotFoundError, HttpResponseError) as exc:
+                if isinstance(exc, ResourceNotFoundError) or exc.status_code in (*_LOST, 412):
+                    return False
+                raise
+            return True
+
+        return bool(self._call("break lease on", attempt))
 
     def holder(self) -> str | None:
         def attempt() -> str | None:

@@ -61,6 +61,46 @@ def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_by_a_survi
     assert_no_lock_held_twice(job.lock_history())
 
 
+# A lease far longer than the liveness timeout: a killed processor's leases can only move sooner by being broken.
+LONG_LEASES = {
+    **SHORT_TIMINGS,
+    "job.coordinator.lease.duration.ms": 60000,
+    "job.coordinator.lease.renew.interval.ms": 5000,
+}
+
+
+@pytest.mark.parametrize("job", [LONG_LEASES], indirect=True, ids=["60 s leases"])
+def test_a_killed_leaders_leases_are_broken_once_it_is_silent_not_when_they_expire(job: Job, measure) -> None:
+    """The survivors break the leadership lease and the task locks of a processor silent past the liveness
+    timeout (4 s here) instead of waiting for its 60 s leases to expire; nothing is lost or held twice."""
+    ids = {"p1", "p2", "p3"}
+    for pid in sorted(ids):
+        job.start(pid)
+    job.produce(3000)
+    wait_until(lambda: job.all_tasks_running_once(ids), 60, "12 tasks running once on 3 processors")
+    leader = job.status()["leader"]
+    held = {row["name"] for row in job.lock_history() if row["owner"] == leader and row["ended_ms"] is None}
+    assert "leader" in held and len(held) == 5, held
+    job.processes[leader].kill()
+    killed_at = time.monotonic()
+    job.produce(3000)
+    survivors = ids - {leader}
+    # well inside the 60 s the leases would last: only a break moves them this soon
+    wait_until(lambda: job.all_tasks_running_once(survivors), 45, "all tasks running on the survivors")
+    took = time.monotonic() - killed_at
+    measure(f"leader {leader} SIGKILLed, 60 s leases: all tasks running again after {took:.1f} s")
+    assert job.status()["leader"] in survivors
+    ended = {
+        row["name"]: row["end_reason"]
+        for row in job.lock_history()
+        if row["owner"] == leader and row["name"] in held
+    }
+    assert ended == dict.fromkeys(held, "broken"), ended
+    wait_until(lambda: len(job.relayed_ids()) >= job.sent, 60, "every event relayed")
+    assert job.relayed_ids() == set(range(job.sent)), "an event was lost"
+    assert_no_lock_held_twice(job.lock_history())
+
+
 def test_a_fourth_processor_joining_moves_only_the_tasks_needed_for_balance(job: Job, measure) -> None:
     first = {"p1", "p2", "p3"}
     for pid in sorted(first):

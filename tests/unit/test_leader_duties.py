@@ -110,7 +110,9 @@ def test_a_burst_of_joins_causes_one_rebalance_after_the_last_join(world: World)
     assert world.model().version == 2
 
 
-def test_a_silent_processor_is_removed_once_past_liveness_plus_debounce(world: World) -> None:
+def test_a_silent_processor_is_removed_as_soon_as_it_is_past_the_liveness_timeout(world: World) -> None:
+    """No debounce after the liveness timeout: the silence itself waited longer than any debounce, and deaths
+    come with silences spread over a heartbeat interval, which a debounce of joins would not batch anyway."""
     duties = world.duties()
     world.beat("p1")
     world.beat("p2")
@@ -119,14 +121,34 @@ def test_a_silent_processor_is_removed_once_past_liveness_plus_debounce(world: W
     assert duties.tick().version == 1
     world.join_latch(1, "p1", "p2")
     duties.tick()
-    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + 1000
+    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms
     world.beat("p1")
-    assert duties.tick() is None  # p2 dead for 1 s only: still debouncing
-    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + TIMINGS.debounce_ms
+    assert duties.tick() is None  # not yet past the timeout
+    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + 1
     world.beat("p1")
     model = duties.tick()
     assert model.version == 2 and model.processors == ("p1",)
     assert set(model.tasks_of("p1")) == set(TASKS)
+
+
+def test_a_death_right_after_a_join_waits_for_the_joins_debounce(world: World) -> None:
+    duties = world.duties()
+    world.beat("p1")
+    world.beat("p2")
+    last_p2 = world.clock.now
+    world.clock.now += 2000
+    assert duties.tick().version == 1
+    world.join_latch(1, "p1", "p2")
+    duties.tick()
+    world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + 1
+    world.beat("p1")
+    world.beat("p3")  # joins as p2 is found silent
+    assert duties.tick() is None
+    world.clock.now += TIMINGS.debounce_ms
+    world.beat("p1")
+    world.beat("p3")
+    model = duties.tick()
+    assert model.version == 2 and model.processors == ("p1", "p3")
 
 
 def test_a_leader_elected_after_a_death_publishes_without_waiting_again(world: World) -> None:

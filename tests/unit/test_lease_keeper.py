@@ -153,6 +153,11 @@ def test_a_renewal_refused_by_the_store_reports_the_lease_lost() -> None:
             "job.coordinator.lease.renew.interval.ms",
             "margin",
         ),
+        (
+            {"job.coordinator.heartbeat.interval.ms": 8500, "job.coordinator.liveness.timeout.ms": 10000},
+            "job.coordinator.heartbeat.interval.ms",
+            "self-fence margin",
+        ),
     ],
 )
 def test_a_margin_that_cannot_work_is_a_config_error_naming_the_key(
@@ -237,3 +242,71 @@ def test_a_deposed_leader_cannot_publish_even_when_its_own_deadline_says_it_may(
         deposed.close()
         current.close()
         store.stop()
+
+
+# --- the heartbeat's self-fence -----------------------------------------------------------------------------
+ALIVE_S = (TIMINGS.liveness_timeout_ms - TIMINGS.liveness_margin_ms()) / 1000  # 8 s with these timings
+
+
+def test_leases_are_given_up_when_no_heartbeat_was_confirmed_within_liveness_minus_margin() -> None:
+    """Another processor may break the leases of one silent past the liveness timeout: its keeper gives them up
+    before that, counted from the send time of its last confirmed heartbeat, whatever the leases' own deadlines."""
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    keeper.heartbeat_confirmed(sent_at=clock.t)
+    lock = FakeLock("a")
+    keeper.add("a", lock, sent_at=clock.t)
+    clock.t += 5
+    keeper.tick()
+    settle(keeper, [lock], 1)  # the lease is renewed: its own deadline is 1020 s
+    assert keeper.tick().unheard == []
+    clock.t = 1000 + ALIVE_S - 0.1
+    assert keeper.valid("a") and keeper.tick().unheard == []
+    assert keeper.valid_until("a") == pytest.approx(1000 + ALIVE_S)
+    clock.t = 1000 + ALIVE_S
+    assert not keeper.valid("a"), "a task may write after the processor's silence let its lock be broken"
+    result = keeper.tick()
+    assert result.unheard == ["a"] and result.expiring == []
+    assert keeper.names() == set()
+    keeper.close()
+
+
+def test_a_heartbeat_confirmed_in_time_keeps_the_leases() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    keeper.heartbeat_confirmed(sent_at=clock.t)
+    keeper.add("a", FakeLock("a"), sent_at=clock.t)
+    clock.t += 3
+    keeper.heartbeat_confirmed(sent_at=clock.t)
+    clock.t = 1000 + ALIVE_S + 1
+    assert keeper.valid("a") and keeper.tick().unheard == []
+    assert keeper.lapses == 0
+    keeper.close()
+
+
+def test_a_heartbeat_confirmed_after_a_gap_revives_no_lease_held_across_it() -> None:
+    """A process paused past its alive deadline (SIGSTOP) wakes with a heartbeat that may succeed before the
+    keeper ticks: the leases it held across the gap are given up all the same, since a reader may have seen
+    the silence and broken them; a lease taken afterwards is kept."""
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    keeper.heartbeat_confirmed(sent_at=clock.t)
+    keeper.add("a", FakeLock("a"), sent_at=clock.t)
+    clock.t += ALIVE_S + 2  # paused
+    keeper.heartbeat_confirmed(sent_at=clock.t)  # the first thing done on waking
+    assert keeper.lapses == 1
+    assert not keeper.valid("a")
+    keeper.add("b", FakeLock("b"), sent_at=clock.t)
+    result = keeper.tick()
+    assert result.unheard == ["a"]
+    assert keeper.names() == {"b"} and keeper.valid("b")
+    keeper.close()
+
+
+def test_before_the_first_heartbeat_only_the_leases_own_deadlines_count() -> None:
+    clock = FakeClock()
+    keeper = LeaseKeeper(TIMINGS, clock)
+    keeper.add("a", FakeLock("a"), sent_at=clock.t)
+    clock.t += ALIVE_S + 0.5
+    assert keeper.valid("a") and keeper.alive_until() == float("inf")
+    keeper.close()

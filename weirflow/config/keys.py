@@ -185,9 +185,10 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.coordinator.lease.duration.ms",
         "duration_ms",
         15000,
-        "Lease of the leader and of each task lock. A killed leader is replaced after at most this "
-        "long; a killed processor's tasks can start elsewhere after at most this long. The `azure` "
-        "coordinator's blob leases take 15000 to 60000, in whole seconds.",
+        "Lease of the leader and of each task lock. A killed processor's leases are broken once it is "
+        "silent past `job.coordinator.liveness.timeout.ms`; this is how long they last when nobody breaks "
+        "them (a backend that cannot). The `azure` coordinator's blob leases take 15000 to 60000, in whole "
+        "seconds.",
         _C,
     ),
     ConfigKey(
@@ -201,14 +202,18 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.coordinator.heartbeat.interval.ms",
         "duration_ms",
         3000,
-        "How often a processor writes its heartbeat row.",
+        "How often a processor writes its heartbeat row. Must be shorter than the liveness timeout minus "
+        "its self-fence margin (a fifth of it); a third of the liveness timeout is a good value.",
         _C,
     ),
     ConfigKey(
         "job.coordinator.liveness.timeout.ms",
         "duration_ms",
         10000,
-        "A processor silent for longer is considered dead and its tasks are reassigned.",
+        "A processor silent for longer (by the store's clock) is considered dead: its tasks are reassigned "
+        "at once and the processors that gain them break its leases rather than wait for them to expire. "
+        "A failover takes about this long plus a second. A processor whose heartbeat was not confirmed for "
+        "this minus a fifth of it gives up its tasks and leadership first, so that breaking is safe.",
         _C,
     ),
     ConfigKey(

@@ -9,6 +9,16 @@ reports the lease as *expiring*: the processor abandons the task at once (`TaskR
 further output or checkpoint), so it has stopped before anyone else can take the lease. A renewal answered
 False (the lease is someone else's) reports it as *lost*, to the same effect.
 
+**The heartbeat's self-fence.** A processor silent past the liveness timeout by the store's clock may have its
+leases *broken* by others (`weirflow.coordination.silence`), which moves its tasks without waiting for the
+leases to expire. So the heartbeat is a lease too: the keeper keeps an *alive* deadline, the moment the last
+confirmed heartbeat was sent plus ``liveness - liveness margin`` (`CoordinationTimings.liveness_margin_ms`);
+the store stamped that heartbeat no earlier than it was sent, so the deadline passes before any reader can see
+the row silent. When it passes, every held lease is reported *unheard* and given up, like an expiring one. A
+heartbeat confirmed after the deadline passed (a process paused past it: SIGSTOP, a stalled host) revives
+nothing: the leases held across the gap are given up all the same (a reader may have judged the silence in
+it), and only leases taken afterwards are kept.
+
 **Independence.** Renewals run on a small thread pool, at most one in flight per lease, each with its own
 error handling: a renewal that hangs or fails delays neither the other leases nor the heartbeat (which the
 processor also runs on this pool through `submit`). A failed renewal is retried after
@@ -47,6 +57,7 @@ class KeeperRound:
 
     lost: list[str] = field(default_factory=list)  # a renewal said the lease is not ours
     expiring: list[str] = field(default_factory=list)  # not confirmed by deadline - margin
+    unheard: list[str] = field(default_factory=list)  # no heartbeat confirmed by liveness - liveness margin
     errors: list[tuple[str, BaseException]] = field(default_factory=list)  # renewals that raised (retried)
 
 
@@ -60,6 +71,10 @@ class LeaseKeeper:
         self._retry_s = timings.renew_retry_ms() / 1000
         self._clock = clock
         self._held: dict[str, _Held] = {}
+        self._alive_s = (timings.liveness_timeout_ms - timings.liveness_margin_ms()) / 1000
+        self._alive_until: float | None = None  # monotonic s; None until the first heartbeat is confirmed
+        self._gap: set[str] = set()  # leases held while the alive deadline passed: given up on the next tick
+        self.lapses = 0  # times the alive deadline passed (a leader steps down on a change)
         self.renewals = 0  # lock renewals confirmed by the store (GET /metrics)
         self._guard = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="lease-keeper")
@@ -69,16 +84,40 @@ class LeaseKeeper:
     def now(self) -> float:
         return self._clock()
 
+    # --- the heartbeat -------------------------------------------------------------------------------
+    def heartbeat_confirmed(self, sent_at: float) -> None:
+        """A heartbeat sent at monotonic ``sent_at`` (read *before* the call) was written: the processor is
+        heard until ``sent_at + liveness - liveness margin``. When that deadline had already passed, the leases
+        held across the gap are given up on the next tick however fresh the heartbeat is."""
+        with self._guard:
+            if self._alive_until is not None and self._clock() >= self._alive_until:
+                self._gap.update(self._held)
+                self.lapses += 1
+            until = sent_at + self._alive_s
+            self._alive_until = until if self._alive_until is None else max(self._alive_until, until)
+
+    def alive_until(self) -> float:
+        """The monotonic time until which this processor is heard (``inf`` before its first heartbeat)."""
+        with self._guard:
+            return float("inf") if self._alive_until is None else self._alive_until
+
+    def _limit(self, held: _Held) -> float:
+        """Until when ``held`` may be used: its own deadline - margin, and never past the alive deadline."""
+        own = held.deadline - self._margin_s
+        return own if self._alive_until is None else min(own, self._alive_until)
+
     # --- what is held ---------------------------------------------------------------------------------
     def add(self, name: str, lock: Lock, sent_at: float) -> None:
         """Keep ``lock``, acquired by a request sent at monotonic time ``sent_at`` (read *before* the call)."""
         with self._guard:
             self._held[name] = _Held(lock, deadline=sent_at + self._lease_s, next_at=sent_at + self._renew_s)
+            self._gap.discard(name)
 
     def remove(self, name: str) -> Lock | None:
         """Stop keeping ``name``; returns its lock (to release), or None when it was not kept."""
         with self._guard:
             held = self._held.pop(name, None)
+            self._gap.discard(name)
         return held.lock if held is not None else None
 
     def names(self) -> set[str]:
@@ -88,6 +127,7 @@ class LeaseKeeper:
     def remove_all(self) -> list[Lock]:
         with self._guard:
             held, self._held = self._held, {}
+            self._gap.clear()
         return [h.lock for h in held.values()]
 
     def valid(self, name: str) -> bool:
@@ -95,13 +135,15 @@ class LeaseKeeper:
         checks before each write)."""
         with self._guard:
             held = self._held.get(name)
-            return held is not None and self._clock() < held.deadline - self._margin_s
+            return held is not None and name not in self._gap and self._clock() < self._limit(held)
 
     def valid_until(self, name: str) -> float | None:
         """The monotonic time until which ``name`` is confirmed (deadline - margin), or None when not kept."""
         with self._guard:
             held = self._held.get(name)
-            return held.deadline - self._margin_s if held is not None else None
+            if held is None:
+                return None
+            return float("-inf") if name in self._gap else self._limit(held)
 
     def deadline(self, name: str) -> float | None:
         with self._guard:
@@ -110,8 +152,8 @@ class LeaseKeeper:
 
     # --- one round ------------------------------------------------------------------------------------
     def tick(self) -> KeeperRound:
-        """Collect finished renewals, report leases lost or past ``deadline - margin`` (and stop keeping them),
-        and send the renewals that are due. Never waits for the store."""
+        """Collect finished renewals, report leases lost, past ``deadline - margin`` or unheard (and stop keeping
+        them), and send the renewals that are due. Never waits for the store."""
         result = KeeperRound()
         now = self._clock()
         with self._guard:
@@ -120,7 +162,11 @@ class LeaseKeeper:
                     if not self._collect(name, held, now, result):
                         del self._held[name]
                         continue
-                if now >= held.deadline - self._margin_s:
+                if name in self._gap or (self._alive_until is not None and now >= self._alive_until):
+                    result.unheard.append(name)
+                    del self._held[name]
+                    self._gap.discard(name)
+                elif now >= held.deadline - self._margin_s:
                     result.expiring.append(name)
                     del self._held[name]
                 elif held.in_flight is None and now >= held.next_at:

@@ -3,9 +3,13 @@ debounce them, and publish job model v+1 with a sticky balanced assignment.
 
 Debounce is derived from the registry, not from the leader's memory, so a leader elected a moment ago acts
 as promptly as one that watched the change happen: membership is *stable since* the latest change visible in
-the registry — the `started_ms` of a processor that joined, or ``heartbeat_ms + liveness timeout`` of one
-that went silent. A new model is published once that is at least `job.debounce.time.ms` ago. A burst of joins
-thus causes one rebalance, and a failover costs only lease expiry + one poll.
+the registry — the `started_ms` of a processor that joined, or the `heartbeat_ms` of one that left (STOPPING).
+A new model is published once that is at least `job.debounce.time.ms` ago. A burst of joins thus causes one
+rebalance. A processor that went *silent* is dropped as soon as it is past the liveness timeout, with no
+debounce on top: the timeout already waited longer, and the silences of processors that die together spread
+over a heartbeat interval, which a debounce would not batch. A failover thus costs the liveness timeout, one
+poll and the latch; the silent processor's leases are broken rather than waited for
+(`weirflow.coordination.silence`).
 """
 
 from __future__ import annotations
@@ -89,7 +93,9 @@ class LeaderDuties:
             if row is not None and has_departed(row.state):
                 changes.append(row.heartbeat_ms)
             elif row is not None:
-                changes.append(row.heartbeat_ms + self._timings.liveness_timeout_ms)
+                # silent: no debounce past the liveness timeout, which already waited longer than a debounce
+                # (and deaths' silences spread over a heartbeat interval: a debounce would not batch them)
+                changes.append(row.heartbeat_ms + self._timings.liveness_timeout_ms - self._timings.debounce_ms)
         return max(changes)
 
     def _adopt(self, model: JobModel, now: int) -> None:

@@ -36,6 +36,7 @@ class Leadership:
         self.finished: FinishedWatch | None = None
         self.deadline = 0.0  # monotonic s: sent time of the last confirming request + lease
         self.last_sent = 0.0
+        self.lapses = 0  # the keeper's heartbeat lapses when leadership was won (`LeaseKeeper.lapses`)
 
     def confirm(self, sent_at: float, lease_s: float) -> None:
         self.deadline = sent_at + lease_s

@@ -56,6 +56,7 @@ from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
 from weirflow.coordination.server_hook import ProcessorServer, ServerFactory
+from weirflow.coordination.silence import SilentHolders
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.drain_notice import run_id_of
@@ -238,7 +239,15 @@ class StreamProcessor:
 
     def _write_heartbeat(self) -> None:
         assert self.ctx is not None
+        sent_at = self._keeper.now()  # before the request: the alive deadline counts from here
         self.ctx.coordination.processor_registry().heartbeat(self._info())
+        self._keeper.heartbeat_confirmed(sent_at)
+
+    def _silent_holders(self) -> SilentHolders:
+        assert self.ctx is not None
+        return SilentHolders(
+            self.ctx.coordination.processor_registry(), self.timings.liveness_timeout_ms, self.processor_id
+        )
 
     def _loop_error(self, loop: str, errors: LoopErrors, exc: BaseException) -> None:
         elapsed = errors.failed(clock.now_ms())
@@ -377,9 +386,11 @@ class StreamProcessor:
         while self._pending and not self._stop.is_set():
             now = clock.now_ms()
             with self.runner.starting_together():
-                for task in sorted(self._pending):
-                    if self._pending[task] <= now:
-                        self._start_one(model, task)
+                refused = [
+                    t for t in sorted(self._pending) if self._pending[t] <= now and not self._start_one(model, t)
+                ]
+                for task in self._break_silent_locks(refused):
+                    self._start_one(model, task)
             if deadline_ms is None or not set(self._pending) - set(self._unreadable):
                 return
             if now >= deadline_ms:
@@ -390,24 +401,44 @@ class StreamProcessor:
                 return
             self._wait(self.timings.poll_interval_ms)
 
-    def _start_one(self, model: JobModel, task: str) -> None:
-        """Take the task's lock and start it; it stays pending when the lock is held elsewhere."""
+    def _start_one(self, model: JobModel, task: str) -> bool:
+        """Take the task's lock and start it; it stays pending when the lock is held elsewhere (False)."""
         assert self.ctx is not None and self.runner is not None
         lock = self.ctx.coordination.lock(task_lock_name(task))
         sent_at = self._keeper.now()  # before the request: the lease's local deadline counts from here
         if not lock.try_acquire():
-            return
+            return False
         self._keeper.add(task, lock, sent_at)
         try:
             self.runner.start_task(model.tasks[task], lock)
         except MalformedDocumentError as exc:
             self._checkpoint_unreadable(task, exc)
-            return
+            return True
         del self._pending[task]
         if self._unreadable.pop(task, None) is not None and self.error.startswith(f"task {task} not "):
             self.error = ""  # its checkpoint was repaired
         log.info("started task %s (v%d)", task, model.version)
         self._heartbeat_now.set()
+        return True
+
+    def _break_silent_locks(self, refused: list[str]) -> list[str]:
+        """Of the tasks whose locks were refused, those whose holder is silent past the liveness timeout, with
+        their locks broken (`weirflow.coordination.silence`): they can be taken at once. One registry read."""
+        assert self.ctx is not None
+        if not refused:
+            return []
+        holders = self._silent_holders()
+        silent = holders.silent()
+        if not silent:
+            return []
+        broken = []
+        for task in refused:
+            lock = self.ctx.coordination.lock(task_lock_name(task))
+            if holders.break_lease(
+                f"the lock of task {task}", lock.current_holder(), silent, lock.break_if_held_by
+            ):
+                broken.append(task)
+        return broken
 
     def _checkpoint_unreadable(self, task: str, exc: MalformedDocumentError) -> None:
         """The task's checkpoint is malformed: the task is not started (starting it as if it had none would
@@ -500,12 +531,16 @@ class StreamProcessor:
         lease_s = self.timings.lease_ms / 1000
         if tenure.duties is None:
             sent_at = time.monotonic()
-            if elector.try_become_leader():
+            won = elector.try_become_leader()
+            if not won and self._break_silent_leader(elector):
+                sent_at = time.monotonic()
+                won = elector.try_become_leader()
+            if won:
                 log.info("became leader")
                 tenure.confirm(sent_at, lease_s)
-                margin_s = self.timings.renew_margin_ms / 1000
+                tenure.lapses = self._keeper.lapses
                 fence = LeaderFence(
-                    self.processor_id, lambda: tenure.deadline - margin_s, instance=self.instance_id
+                    self.processor_id, lambda: self._leadership_until(tenure), instance=self.instance_id
                 )
                 metadata = FencedMetadataStore(self.ctx.metadata, fence)
                 coordination = FencedCoordination(self.ctx.coordination, fence)
@@ -527,16 +562,40 @@ class StreamProcessor:
         if tenure.finished is not None and self._model.version == self._working_version:
             tenure.finished.check(self._model)
 
+    def _break_silent_leader(self, elector: LeaderElector) -> bool:
+        """Break the leadership lease when its holder is silent past the liveness timeout; whether it was."""
+        holders = self._silent_holders()
+        silent = holders.silent()
+        if not silent:
+            return False
+        return holders.break_lease(
+            "the leadership lease", elector.current_leader(), silent, elector.break_if_held_by
+        )
+
+    def _leadership_until(self, tenure: Leadership) -> float:
+        """Until when this leader may write: its lease's deadline - margin, never past the alive deadline, and
+        never after a heartbeat gap (`LeaseKeeper.heartbeat_confirmed`) in its tenure."""
+        if self._keeper.lapses != tenure.lapses:
+            return float("-inf")
+        return min(tenure.deadline - self.timings.renew_margin_ms / 1000, self._keeper.alive_until())
+
     def _fence_leadership(self, tenure: Leadership) -> None:
-        """Step down when the leadership lease was not confirmed by ``deadline - margin``."""
-        if tenure.duties is None:
+        """Step down when the leadership lease was not confirmed by ``deadline - margin``, or this processor was
+        not heard for ``liveness - liveness margin`` (a silent leader's lease may be broken by a follower)."""
+        if tenure.duties is None or time.monotonic() < self._leadership_until(tenure):
             return
         if time.monotonic() >= tenure.deadline - self.timings.renew_margin_ms / 1000:
             log.error(
                 "leadership lease not renewed within lease - margin (%d ms); stepping down before it can expire",
                 self.timings.lease_ms - self.timings.renew_margin_ms,
             )
-            tenure.step_down()
+        else:
+            log.error(
+                "no heartbeat of this processor confirmed within liveness - margin (%d ms); stepping down before "
+                "a follower may break the leadership lease",
+                self.timings.liveness_timeout_ms - self.timings.liveness_margin_ms(),
+            )
+        tenure.step_down()
 
     # --- keeper ---------------------------------------------------------------------------------------
     def _keeper_loop(self) -> None:
@@ -574,6 +633,13 @@ class StreamProcessor:
                 f"its lock's renewal was not confirmed within lease - margin "
                 f"({self.timings.lease_ms - self.timings.renew_margin_ms} ms)",
             )
+        if result.unheard:
+            self._fence(
+                result.unheard,
+                f"no heartbeat of this processor was confirmed within liveness - margin "
+                f"({self.timings.liveness_timeout_ms - self.timings.liveness_margin_ms()} ms), so another "
+                "processor may break its lock",
+            )
         return result.errors[0][1] if result.errors else None
 
     def _fence(self, tasks: list[str], why: str) -> None:
@@ -602,6 +668,8 @@ class StreamProcessor:
             or (now - self._last_heartbeat) * 1000 >= self.timings.heartbeat_interval_ms
         )
         self._heartbeat_now.clear()
+        if error is not None:
+            due = True  # a failed heartbeat is written again on the next tick, not an interval later
         if due and self._heartbeat_future is None:
             self._heartbeat_again = False
             self._last_heartbeat = now

@@ -61,6 +61,13 @@ class LeaderElector(ABC):
     def current_leader(self) -> str | None:
         """The owner of the unexpired lease, or None (a round trip; for status and tests)."""
 
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        """End the leadership lease at once if (``owner``, ``instance``) holds it; whether it was ended. Called
+        only for a holder silent past the liveness timeout (self-fenced by then), so that a dead leader is
+        replaced without waiting for its lease to expire. A backend that cannot break leases keeps this
+        default: the lease then expires as usual."""
+        return False
+
 
 class Lock(ABC):
     """A named lease held by one owner: one per task, taken before a task starts and checked as a fence
@@ -104,6 +111,17 @@ class Lock(ABC):
         same holder took the lock back since. A backend that keeps epochs answers from its store; this default
         only asks `is_held`, which the lock contract (`weirflow.testing`) finds too weak."""
         return self.is_held()
+
+    def current_holder(self) -> str | None:
+        """The owner of the unexpired lease, or None (a round trip). None also when the backend cannot tell."""
+        return None
+
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        """End the lease at once if (``owner``, ``instance``) holds it; whether it was ended. Called only for a
+        holder silent past the liveness timeout (self-fenced by then: `weirflow.coordination.keeper`), so its
+        tasks move without waiting for its leases to expire. A backend that cannot break leases keeps this
+        default: the lease then expires as usual."""
+        return False
 
 
 class LatchState(str, enum.Enum):

@@ -37,6 +37,11 @@ class Lease(Protocol):
     def holder(self) -> str | None:
         """Owner of the unexpired lease, or None."""
 
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        """End the lease at once if its unexpired holder is (``owner``, ``instance``), so another can take it
+        without waiting for it to expire; whether it was ended. The caller has established that this holder is
+        silent past the liveness timeout (`weirflow.coordination.silence`), hence self-fenced."""
+
 
 class LeaseLeaderElector(LeaderElector):
     def __init__(self, lease: Lease) -> None:
@@ -61,6 +66,9 @@ class LeaseLeaderElector(LeaderElector):
 
     def current_leader(self) -> str | None:
         return self._lease.holder()
+
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        return self._lease.break_if_held_by(owner, instance)
 
 
 class LeaseLock(Lock):
@@ -88,3 +96,9 @@ class LeaseLock(Lock):
 
     def is_held_in(self, epoch: int) -> bool:
         return self._lease.held(epoch)
+
+    def current_holder(self) -> str | None:
+        return self._lease.holder()
+
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        return self._lease.break_if_held_by(owner, instance)

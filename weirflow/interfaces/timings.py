@@ -79,10 +79,25 @@ class CoordinationTimings:
                 "or every task is fenced before its next renewal is due; shorten the renew interval or the "
                 f"margin ({MARGIN_KEY})",
             )
+        if self.heartbeat_interval_ms >= self.liveness_timeout_ms - self.liveness_margin_ms():
+            raise config.error(
+                "job.coordinator.heartbeat.interval.ms",
+                f"must be shorter than job.coordinator.liveness.timeout.ms minus its self-fence margin "
+                f"({self.liveness_timeout_ms} - {self.liveness_margin_ms()} ms): a processor gives up its "
+                "leases when no heartbeat was confirmed for that long; a third of the liveness timeout is a good "
+                "value",
+            )
         if self.task_stop_timeout_ms <= 0:
             raise config.error("task.stop.timeout.ms", "must be positive")
         if self.finished_check_interval_ms <= 0:
             raise config.error("job.coordinator.finished.check.interval.ms", "must be positive")
+
+    def liveness_margin_ms(self) -> int:
+        """The heartbeat's self-fence margin: a processor whose last confirmed heartbeat was *sent* longer than
+        ``liveness_timeout_ms - liveness_margin_ms`` ago gives up every lease it holds, because from the liveness
+        timeout on (by the store's clock) other processors may break them (`weirflow.coordination.keeper`).
+        A fifth of the liveness timeout, never more than the lease renewal margin."""
+        return min(self.renew_margin_ms, self.liveness_timeout_ms // 5)
 
     def renew_retry_ms(self) -> int:
         """How soon a renewal that failed (an error, not a refusal) is tried again: soon enough for another

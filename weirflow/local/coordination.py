@@ -6,8 +6,9 @@ Tables (in the job database):
   ``lock/<name>``; the holder is (owner, instance); ``epoch`` is the tenure's fencing token.
 * ``lease_epochs(name PK, epoch)`` — the last epoch given out per lease name, kept across releases.
 * ``lease_history(name, owner, acquired_ms, ended_ms, end_reason)`` — every tenure of every lease, closed
-  with reason ``released`` or ``expired`` (``ended_ms`` = the lease's expiry when a new owner took over an
-  expired lease). Tests use it to prove that no lock was ever held by two owners at once.
+  with reason ``released``, ``expired`` (``ended_ms`` = the lease's expiry when a new owner took over an
+  expired lease) or ``broken`` (ended by another processor because its holder went silent). Tests use it to
+  prove that no lock was ever held by two owners at once.
 * ``latches(name PK, state)`` and ``latch_participants(name, participant)``.
 * ``processors(processor_id PK, info JSON)``.
 
@@ -144,6 +145,17 @@ class _Lease:
             .fetchone()
         )
         return row[0] if row is not None and row[1] > clock.now_ms() else None
+
+    def break_if_held_by(self, owner: str, instance: str) -> bool:
+        now = clock.now_ms()
+        with self._db.transaction() as conn:
+            cursor = conn.execute(
+                "DELETE FROM leases WHERE name = ? AND owner = ? AND instance = ? AND expires_ms > ?",
+                (self.lease_name, owner, instance, now),
+            )
+            if cursor.rowcount:
+                _close_history(conn, self.lease_name, owner, now, "broken")
+            return cursor.rowcount == 1
 
 
 def _upgrade_leases(db: Database) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from weirflow.local.launcher import wait_until
 from weirflow.testing.contracts._base import CoordinationContract
 
@@ -51,3 +53,17 @@ class LeaderElectorContract(CoordinationContract):
 
     def test_no_leader_before_anyone_tried(self, coordination) -> None:
         assert coordination("a").leader_elector().current_leader() is None
+
+    def test_a_silent_leaders_lease_is_broken_and_another_wins_at_once(self, coordination) -> None:
+        """What a follower does when the leader is silent past the liveness timeout: break its lease and win
+        without waiting for it to expire. A break naming another holder changes nothing; a backend that cannot
+        break leases returns False."""
+        old, new = coordination("a", "run-1").leader_elector(), coordination("b", "run-1").leader_elector()
+        assert old.try_become_leader()
+        assert not new.break_if_held_by("a", "run-2")
+        assert not new.try_become_leader()
+        if not new.break_if_held_by("a", "run-1"):
+            pytest.skip("this backend does not break leases")
+        assert new.try_become_leader()
+        assert not old.renew()
+        assert new.current_leader() == "b"

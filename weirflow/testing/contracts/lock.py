@@ -6,6 +6,8 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from weirflow.local.launcher import wait_until
 from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import (
@@ -145,6 +147,35 @@ class LockContract(CoordinationContract):
         second.release()  # not its lease: nothing happens
         assert first.is_held()
         assert first.instance == "run-1" and second.instance == "run-2"
+
+    def test_a_break_names_its_holder_and_ends_only_that_tenure(self, coordination) -> None:
+        """What a processor does to the lock of a processor silent past the liveness timeout: the break frees
+        the lock at once for another holder, who starts a greater tenure, and the broken holder learns it on its
+        next renew or fence check. A break naming anyone else (another owner, or another run of the same
+        processor id) changes nothing. A backend that cannot break leases returns False: the lock then
+        expires as usual."""
+        a, b = coordination("a", "run-1").lock("task-1"), coordination("b", "run-1").lock("task-1")
+        assert a.try_acquire()
+        first = a.epoch
+        assert a.current_holder() in ("a", None)
+        assert not b.break_if_held_by("a", "run-2"), "broke the lease of another run of a"
+        assert not b.break_if_held_by("c", "run-1"), "broke the lease of a holder that does not hold it"
+        assert a.is_held()
+        if not b.break_if_held_by("a", "run-1"):
+            pytest.skip("this backend does not break leases")
+        assert a.current_holder() is None
+        assert not a.is_held() and not a.is_held_in(first)
+        assert b.try_acquire() and b.epoch > first, "the next tenure after a break is greater"
+        assert not a.renew(), "the broken holder renewed a lease that is no longer its own"
+        assert not b.break_if_held_by("a", "run-1"), "a break of a holder that no longer holds it ended b's tenure"
+        assert b.is_held()
+
+    def test_a_free_lock_is_not_broken(self, coordination) -> None:
+        lock = coordination("a", "run-1").lock("task-1")
+        assert not lock.break_if_held_by("a", "run-1")
+        assert lock.try_acquire()
+        lock.release()
+        assert not coordination("b").lock("task-1").break_if_held_by("a", "run-1")
 
     def test_no_two_processes_hold_a_lock_at_once(self, weirflow_backend: Backend, job_name: str) -> None:
         require_processes(weirflow_backend)
