@@ -78,3 +78,20 @@ def test_the_leader_records_a_drained_run_as_done_and_removes_its_notice(metadat
     assert read_job_finished(metadata, model, "r1")
     assert not read_job_finished(metadata, model, "r2"), "a drained run's document must not stop the next run"
     checkpoints.stop()
+
+
+def test_a_drain_makes_the_leader_check_for_the_end_every_poll(metadata, tmp_path: Path) -> None:
+    """Every second between a drain's last task drained and `job-finished` is a second the drain takes."""
+    checkpoints = SqliteCheckpointManager(tmp_path / "checkpoints.db")
+    checkpoints.start()
+    model = JobModel(version=1, tasks={"a-0": TaskModel("a-0", "a", ())}, assignment={"p0": ("a-0",)})
+    now = [100.0]
+    watch = FinishedWatch(checkpoints, metadata, interval_ms=1000, run_id="r1", clock=lambda: now[0])
+    assert not watch.check(model)  # checked at 100.0: the next check is due at 101.0
+    checkpoints.write_checkpoint("a-0", Checkpoint({}, TaskControl(drained="r1").to_json()))
+    now[0] = 100.5
+    assert not watch.check(model), "checked before its interval"
+    watch.hurry(250)
+    now[0] = 100.75
+    assert watch.check(model), "a hurried watch did not check within its new interval"
+    checkpoints.stop()

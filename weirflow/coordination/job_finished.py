@@ -16,6 +16,8 @@ O(processors x tasks) storage reads per poll; instead:
 
   A drained job's leader then removes the drain notifications of its run (`DrainUtils.cleanup`).
 
+  While a drain is under way both checks run every poll (`job.coordinator.poll.interval.ms`) instead.
+
 * **every processor** (`read_job_finished`, at most once per check interval) reads that one document and stops
   once its ``tasks`` are exactly the tasks of the model it runs and its ``run_id`` is the processor's: the
   document a drained deployment left does not stop the next one.
@@ -74,6 +76,12 @@ class FinishedWatch:
         self._next_check = 0.0
         self._finished: set[str] = set()
         self._published: frozenset[str] | None = None
+
+    def hurry(self, interval_ms: int) -> None:
+        """Check at least every ``interval_ms`` from now on: a drain is under way, and every second between its
+        last task drained and ``job-finished`` is a second the drain takes (docs/drain.md)."""
+        self._interval_s = min(self._interval_s, interval_ms / 1000)
+        self._next_check = min(self._next_check, self._clock() + self._interval_s)
 
     def check(self, model: JobModel) -> bool:
         """Check (when due) whether every task of ``model`` finished; write ``job-finished`` once they have."""

@@ -297,8 +297,10 @@ class StreamProcessor:
         ):
             self._set_state(ProcessorState.RUNNING)  # a rebalance resumed after an error
         self._reap_failed_tasks()
-        if self._drain is not None:
-            self._drain.poll()
+        if self._drain is not None and self._drain.poll() is not None:
+            watch = self._tenure.finished if self._tenure is not None else None  # read once: the leader's thread
+            if watch is not None:  # may step down meanwhile
+                watch.hurry(self.timings.poll_interval_ms)
         if self._job_finished(model):
             if self._drain is not None and self._drain.notice is not None:
                 log.info("job drained: all %d tasks stopped at their cut with nothing in flight", len(model.tasks))
@@ -316,7 +318,11 @@ class StreamProcessor:
         now = time.monotonic()
         if now < self._next_finished_read:
             return False
-        self._next_finished_read = now + self.timings.finished_check_interval_ms / 1000
+        draining = self._drain is not None and self._drain.notice is not None
+        interval_ms = self.timings.finished_check_interval_ms
+        if draining:  # every second between the last task drained and the exit is a second the drain takes
+            interval_ms = min(interval_ms, self.timings.poll_interval_ms)
+        self._next_finished_read = now + interval_ms / 1000
         return read_job_finished(self.ctx.metadata, model, run_id_of(self.config))
 
     def _read_model(self) -> JobModel | None:
