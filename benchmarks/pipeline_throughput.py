@@ -103,7 +103,9 @@ def run_weirflow(
         config,
         "page-views",
         "page-counts",
-        task_count=8,
+        # one task per input partition, one per intermediate partition (the inputs' most by default)
+        task_count=config.get("streams.page-views.partitions")
+        + (config.get("job.intermediate.partitions") or config.get("streams.page-views.partitions")),
         last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page",
     )
     try:
@@ -113,6 +115,7 @@ def run_weirflow(
     if proc.terminate() != 0 or timeline.finished is None:
         raise SystemExit(f"weirflow run failed:\n{proc.log_text()[-3000:]}")
     figures = {
+        "tasks": watch.task_count,
         "value": timeline.steady_rate(events),
         "startup_s": timeline.startup_s(),
         "total_s": timeline.finished - started,
@@ -192,7 +195,8 @@ def main() -> None:
         json.dumps(
             {
                 "figure": (
-                    "pageviews job steady-state throughput (2 stages, 8 tasks, 1 processor, embedded default)"
+                    f"pageviews job steady-state throughput (2 stages, {ours['tasks']} tasks, 1 processor, "
+                    "embedded default)"
                 ),
                 "unit": "events/s",
                 "events": args.events,
