@@ -243,8 +243,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.coordinator.lock.timeout.ms",
         "duration_ms",
         60000,
-        "How long a processor keeps trying to take a gained task's lock (the previous owner's lease "
-        "must expire first) before it reports the task as failed to start.",
+        "How long a processor keeps trying to take a gained task's lock (the previous owner must release "
+        "it, go silent past the liveness timeout so that the lock is broken, or let it expire) before it "
+        "reports the task as failed to start.",
         _C,
     ),
     ConfigKey(
