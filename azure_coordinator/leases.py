@@ -166,7 +166,7 @@ class BlobLease:
                     lease_break_period=0, etag=props.etag, match_condition=MatchConditions.IfNotModified
                 )
             except (ResourceNotFoundError, HttpResponseError) as exc:
-                if isinstance(exc, ResourceNotFoundError) or exc.status_code in (*_LOST, 412):
+                if isinstance(exc, ResourceNotFoundError) or exc.status_code in _LOST:
                     return False
                 raise
             return True

@@ -26,6 +26,27 @@ def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Job]:
     finish(job)
 
 
+def start_running(job: Job, ids: set[str]) -> float:
+    """Start ``ids``, send 3,000 events, wait until every task runs once; seconds it took."""
+    for pid in sorted(ids):
+        job.start(pid)
+    job.produce(3000)
+    return wait_until(
+        lambda: job.all_tasks_running_once(ids), 60, f"12 tasks running once on {len(ids)} processors"
+    )
+
+
+def kill_and_fail_over(job: Job, victim: str, ids: set[str], within_s: float) -> tuple[set[str], float]:
+    """SIGKILL ``victim``, send 3,000 more events, wait up to ``within_s`` until the survivors run every task;
+    the survivors and the seconds from the kill."""
+    job.processes[victim].kill()
+    killed_at = time.monotonic()
+    job.produce(3000)
+    survivors = ids - {victim}
+    wait_until(lambda: job.all_tasks_running_once(survivors), within_s, "all tasks running on the survivors")
+    return survivors, time.monotonic() - killed_at
+
+
 @pytest.mark.parametrize(
     ("job", "profile"), [(SHORT_TIMINGS, "short"), ({}, "default")], indirect=["job"], ids=["short", "default"]
 )
@@ -33,21 +54,13 @@ def test_three_processors_share_tasks_and_a_killed_leader_is_replaced_by_a_survi
     job: Job, profile: str, measure
 ) -> None:
     ids = {"p1", "p2", "p3"}
-    for pid in sorted(ids):
-        job.start(pid)
-    job.produce(3000)
-    took = wait_until(lambda: job.all_tasks_running_once(ids), 60, "12 tasks running once on 3 processors")
+    took = start_running(job, ids)
     measure(f"3 processors running all tasks {took:.1f} s after start")
     assert {len(t) for t in job.status()["assignment"].values()} == {4}
 
     leader = job.status()["leader"]
     assert leader in ids
-    job.processes[leader].kill()
-    killed_at = time.monotonic()
-    job.produce(3000)
-    survivors = ids - {leader}
-    wait_until(lambda: job.all_tasks_running_once(survivors), 60, "all tasks running on the survivors")
-    failover_s = time.monotonic() - killed_at
+    survivors, failover_s = kill_and_fail_over(job, leader, ids, 60)
     new_leader = job.status()["leader"]
     timings = CoordinationTimings.from_config(job.config)
     measure(
@@ -74,20 +87,12 @@ def test_a_killed_leaders_leases_are_broken_once_it_is_silent_not_when_they_expi
     """The survivors break the leadership lease and the task locks of a processor silent past the liveness
     timeout (4 s here) instead of waiting for its 60 s leases to expire; nothing is lost or held twice."""
     ids = {"p1", "p2", "p3"}
-    for pid in sorted(ids):
-        job.start(pid)
-    job.produce(3000)
-    wait_until(lambda: job.all_tasks_running_once(ids), 60, "12 tasks running once on 3 processors")
+    start_running(job, ids)
     leader = job.status()["leader"]
     held = {row["name"] for row in job.lock_history() if row["owner"] == leader and row["ended_ms"] is None}
     assert "leader" in held and len(held) == 5, held
-    job.processes[leader].kill()
-    killed_at = time.monotonic()
-    job.produce(3000)
-    survivors = ids - {leader}
-    # well inside the 60 s the leases would last: only a break moves them this soon
-    wait_until(lambda: job.all_tasks_running_once(survivors), 45, "all tasks running on the survivors")
-    took = time.monotonic() - killed_at
+    # well inside the 55-60 s the leases would still last: only a break moves them this soon
+    survivors, took = kill_and_fail_over(job, leader, ids, 45)
     measure(f"leader {leader} SIGKILLed, 60 s leases: all tasks running again after {took:.1f} s")
     assert job.status()["leader"] in survivors
     ended = {

@@ -114,13 +114,8 @@ def test_a_silent_processor_is_removed_as_soon_as_it_is_past_the_liveness_timeou
     """No debounce after the liveness timeout: the silence itself waited longer than any debounce, and deaths
     come with silences spread over a heartbeat interval, which a debounce of joins would not batch anyway."""
     duties = world.duties()
-    world.beat("p1")
-    world.beat("p2")
-    last_p2 = world.clock.now
-    world.clock.now += 2000
-    assert duties.tick().version == 1
-    world.join_latch(1, "p1", "p2")
-    duties.tick()
+    settle(world, duties, "p1", "p2")
+    last_p2 = world.clock.now - TIMINGS.debounce_ms  # p2's only heartbeat
     world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms
     world.beat("p1")
     assert duties.tick() is None  # not yet past the timeout
@@ -133,13 +128,8 @@ def test_a_silent_processor_is_removed_as_soon_as_it_is_past_the_liveness_timeou
 
 def test_a_death_right_after_a_join_waits_for_the_joins_debounce(world: World) -> None:
     duties = world.duties()
-    world.beat("p1")
-    world.beat("p2")
-    last_p2 = world.clock.now
-    world.clock.now += 2000
-    assert duties.tick().version == 1
-    world.join_latch(1, "p1", "p2")
-    duties.tick()
+    settle(world, duties, "p1", "p2")
+    last_p2 = world.clock.now - TIMINGS.debounce_ms  # p2's only heartbeat
     world.clock.now = last_p2 + TIMINGS.liveness_timeout_ms + 1
     world.beat("p1")
     world.beat("p3")  # joins as p2 is found silent

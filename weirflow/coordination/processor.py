@@ -300,7 +300,7 @@ class StreamProcessor:
         if self._drain is not None and self._drain.poll() is not None:
             watch = self._tenure.finished if self._tenure is not None else None  # read once: the leader's thread
             if watch is not None:  # may step down meanwhile
-                watch.hurry(self.timings.poll_interval_ms)
+                watch.hurry(self._finished_check_ms())
         if self._job_finished(model):
             if self._drain is not None and self._drain.notice is not None:
                 log.info("job drained: all %d tasks stopped at their cut with nothing in flight", len(model.tasks))
@@ -318,12 +318,16 @@ class StreamProcessor:
         now = time.monotonic()
         if now < self._next_finished_read:
             return False
-        draining = self._drain is not None and self._drain.notice is not None
-        interval_ms = self.timings.finished_check_interval_ms
-        if draining:  # every second between the last task drained and the exit is a second the drain takes
-            interval_ms = min(interval_ms, self.timings.poll_interval_ms)
-        self._next_finished_read = now + interval_ms / 1000
+        self._next_finished_read = now + self._finished_check_ms() / 1000
         return read_job_finished(self.ctx.metadata, model, run_id_of(self.config))
+
+    def _finished_check_ms(self) -> int:
+        """How often the end of the job is checked (the leader) and read (everyone): every poll while a drain is
+        under way, since every second between its last task drained and the exit is a second the drain takes."""
+        interval_ms = self.timings.finished_check_interval_ms
+        if self._drain is not None and self._drain.notice is not None:
+            interval_ms = min(interval_ms, self.timings.poll_interval_ms)
+        return interval_ms
 
     def _read_model(self) -> JobModel | None:
         """The published job model, or None when the stored document is malformed: it is reported once
@@ -392,9 +396,10 @@ class StreamProcessor:
         while self._pending and not self._stop.is_set():
             now = clock.now_ms()
             with self.runner.starting_together():
-                refused = [
-                    t for t in sorted(self._pending) if self._pending[t] <= now and not self._start_one(model, t)
-                ]
+                refused = []  # locks held elsewhere
+                for task in sorted(self._pending):
+                    if self._pending[task] <= now and not self._start_one(model, task):
+                        refused.append(task)
                 for task in self._break_silent_locks(refused):
                     self._start_one(model, task)
             if deadline_ms is None or not set(self._pending) - set(self._unreadable):

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 
 from weirflow import clock as wall_clock
+from weirflow.coordination.state import is_silent
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 
 log = logging.getLogger("weirflow.coordination")
@@ -51,7 +52,7 @@ class SilentHolders:
         return {
             row.processor_id: row
             for row in self._registry.processors()
-            if row.processor_id != self._me and now - row.heartbeat_ms > self._liveness_ms
+            if row.processor_id != self._me and is_silent(row, now, self._liveness_ms)
         }
 
     def break_lease(

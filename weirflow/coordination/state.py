@@ -63,6 +63,12 @@ def has_departed(state: str | ProcessorState) -> bool:
     return (state.value if isinstance(state, ProcessorState) else state) in _DEPARTED_VALUES
 
 
+def is_silent(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
+    """Not heard from within the liveness timeout, whatever its state: such a processor has given up every
+    lease (its keeper's heartbeat fence), so others may break them (`weirflow.coordination.silence`)."""
+    return now_ms - info.heartbeat_ms > liveness_timeout_ms
+
+
 def is_live(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
     """A processor is live when it was heard from within the liveness timeout and has not departed — except
     that a STOPPING processor whose row still lists tasks is live: it is handing them over (final checkpoints
@@ -73,7 +79,7 @@ def is_live(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
     heartbeat is compared with the reader's clock, which assumes processors' clocks agree to well under the
     liveness timeout.
     """
-    if now_ms - info.heartbeat_ms > liveness_timeout_ms:
+    if is_silent(info, now_ms, liveness_timeout_ms):
         return False
     if info.state == ProcessorState.STOPPING.value and info.tasks:
         return True
