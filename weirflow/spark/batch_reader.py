@@ -14,8 +14,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from weirflow.control import CONTROL_KIND_NAMES, ControlMessage, MalformedMessageError, MessageType, decode
-from weirflow.errors import UnreadableRangeError
+from weirflow.control import (
+    CONTROL_KIND_NAMES,
+    ControlMessage,
+    MalformedMessageError,
+    MessageType,
+    StreamControl,
+    TaskControl,
+    decode,
+)
+from weirflow.errors import MalformedDocumentError, UnreadableRangeError
 from weirflow.interfaces.system import RecordColumns
 from weirflow.spark.packing import unpack
 from weirflow.spark.replay import PRODUCER_KEY, ROW_BITS, Marks, MarksCache, pss, strip
@@ -43,6 +51,10 @@ class BatchReader:
         self._dead: list[tuple[dict[str, Any], bytes | None]] = []
         self._marks: Marks | None = None  # the marks of the partition being read (intermediate streams)
         self._dropped = 0  # replayed rows the read dropped
+        # control messages of the partition being read, and the task's control state they are added to: the
+        # watermark this read moves Spark to (`_early_watermark`)
+        self._heard: list[tuple[str, ControlMessage]] = []
+        self._early: StreamControl | None = None
         if spec.serde == "json":
             self.json: JsonDecoder | None = JsonDecoder(spec.user_schema)
             self.kv: KeyValueDecoder | None = None
@@ -111,6 +123,12 @@ class BatchReader:
             yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)
             position = chunk.next_offset
+        if self._heard:
+            early = self._early_watermark()
+            if early is not None:
+                yield self._control_batch(
+                    [((early + self.spec.delay_ms) * 1000, self._ctl("inject", None, ctl_ms=early))]
+                )
         if self._marks is not None and cache is not None and int(end) > int(start):
             self._marks.at = end
             cache.save(key, self._marks, start)
@@ -119,6 +137,32 @@ class BatchReader:
         if marker:  # "eos" or "drain" (True from plans of earlier versions)
             kind = marker if isinstance(marker, str) else "eos"
             yield self._control_batch([(0, self._ctl(kind, key, f"{self.spec.stream_id}:{key}", 1, 0))])
+
+    # --- the watermark a read moves Spark to -----------------------------------------------------------
+    def _early_watermark(self) -> int | None:
+        """The reconciled watermark of the stream over the task's partitions once this read's control messages
+        are added to the task's checkpointed control state (`weirflow.control.StreamControl`); None while a
+        producer has not reported.
+
+        A stateful task's query otherwise moves Spark's watermark only in the batch after the processor
+        reconciled this one's messages (the ``inject`` partition), and emits the windows it closes in the batch
+        after that. Carried by a row of this batch, the same value is Spark's watermark from the next batch on:
+        a window leaves a batch sooner. It is never ahead of the truth: the checkpoint may lag the batches
+        before this one (the processor writes it after Spark's commit), and a lagging state only lowers a
+        minimum of per-producer maxima; replayed messages change nothing (`PartitionControl.apply`)."""
+        if self._early is None:
+            try:
+                checkpoint = checkpoints_for(self.spec.snapshot).read_last_checkpoint(self.spec.inject)
+                control = TaskControl.from_json(checkpoint.control if checkpoint else None)
+            except MalformedDocumentError:
+                control = TaskControl()
+            # a task drained in another deployment starts this one afresh (`TaskControl.for_new_run`)
+            fresh = control.drained or control.finished
+            self._early = StreamControl() if fresh else control.stream(self.spec.stream_id)
+        for key, message in self._heard:
+            self._early.apply(key, message)
+        self._heard.clear()
+        return self._early.watermark(self.spec.ssps)
 
     # --- marks of an intermediate partition (`weirflow.spark.replay`) -------------------------------------
     def _marks_at(self, key: str, ssp: Any, start: str, cache: MarksCache) -> Marks:
@@ -214,6 +258,8 @@ class BatchReader:
                 assert isinstance(message, ControlMessage)
                 if message.type is MessageType.DRAIN and message.run_id != self.spec.run_id:
                     continue  # another deployment's drain (docs/drain.md): not an end for this one
+                if self.spec.inject:
+                    self._heard.append((key, message))
                 controls.append(
                     (
                         0,

@@ -7,7 +7,8 @@ through the fence. On each report, per task of the query (`TaskProgress._apply`)
 
 1. the batch's control rows (collected by ``observe``) update the task's `TaskControl`; the reconciled
    watermark of each intermediate input, when it advanced, is stored as ``injected`` so the source feeds it
-   into Spark on its next batch;
+   into Spark on its next batch (a stateful task's reads have usually moved Spark there already, in the batch
+   that read the messages: `weirflow.spark.batch_reader.BatchReader._early_watermark`);
 2. when every input has ended, ``injected`` becomes +infinity; once Spark's watermark got there (at once for
    a stateless stage) the task sends end-of-stream downstream, checkpoints ``finished`` and stops; when an
    input ended by a **drain** (docs/drain.md) the task sends drain instead and checkpoints ``drained`` with
@@ -160,11 +161,10 @@ class TaskProgress:
                 finishing = self._all_inputs_ended(t)
                 out = self._stateless_watermark(t)
             else:
-                finishing = (
-                    self._all_inputs_ended(t)
-                    and injected_all
-                    and (not report.stateOperators or spark_watermark >= FLUSHED_WATERMARK_MS)
-                )
+                # windows are flushed once a batch ran at the end of time (the source moved Spark there as soon
+                # as it read the last end, `BatchReader._early_watermark`); without state, once it was injected
+                flushed = spark_watermark >= FLUSHED_WATERMARK_MS if report.stateOperators else injected_all
+                finishing = self._all_inputs_ended(t) and flushed
                 out = self._output_watermark(t, report, spark_watermark)
             if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
                 continue
