@@ -61,6 +61,7 @@ class Azurite:
         self.table_port = free_port()
         self.queue_port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._listened = False  # once it has listened, a restart keeps its ports (clients know them)
 
     @property
     def connection_string(self) -> str:
@@ -71,6 +72,27 @@ class Azurite:
         )
 
     def start(self, timeout_s: float = 60) -> Azurite:
+        """Start it and wait until blob and table accept connections. A free port can be taken between
+        `free_port` and Azurite's bind (an outgoing connection's ephemeral port, another test's server): a
+        first start that fails so (``EADDRINUSE`` in its log) is retried on fresh ports, up to three times; a
+        restart keeps its ports, which clients already know."""
+        for attempt in range(3):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError:
+                if self._listened or attempt == 2 or b"EADDRINUSE" not in self._log_since(logged):
+                    raise
+                self.blob_port, self.table_port, self.queue_port = free_port(), free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _log_since(self, offset: int) -> bytes:
+        try:
+            return self.log_path.read_bytes()[offset:]
+        except FileNotFoundError:
+            return b""
+
+    def _start_once(self, timeout_s: float) -> Azurite:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             azurite_executable(),
@@ -105,6 +127,7 @@ class Azurite:
                     f"Azurite did not listen on {self.blob_port}/{self.table_port} in {timeout_s} s"
                 )
             time.sleep(0.1)
+        self._listened = True
         return self
 
     def running(self) -> bool:
