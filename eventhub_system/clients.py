@@ -125,10 +125,28 @@ class _Clients:
         self._guard = threading.Lock()
 
     def producer(self, hub: str) -> Any:
+        """The hub's shared producer client; the first call for a hub checks that it exists (`_probe`)."""
         with self._guard:
             if hub not in self._producers:
+                self._probe(hub)
                 self._producers[hub] = self.settings.producer(hub)
             return self._producers[hub]
+
+    def _probe(self, hub: str) -> None:
+        """Ask for the hub's properties once, without the SDK's retries: a hub that does not exist is a
+        `StreamNotFoundError` now, not after the SDK retried the service's "not found" answer with back-off
+        (about 13 s per call with its defaults: the SDK retries every failed management request alike). Any
+        other failure is left to the retrying client that follows."""
+        client = self.settings.producer(hub, retry_total=0)
+        try:
+            with hub_errors(self.settings.system, hub):
+                client.get_eventhub_properties()
+        except StreamNotFoundError:
+            raise
+        except Exception as exc:  # transient or not, the retrying client decides and reports it
+            log.debug("event hub %s: the existence probe failed (%s); the retrying client goes on", hub, exc)
+        finally:
+            client.close()
 
     def close(self) -> None:
         with self._guard:

@@ -63,15 +63,18 @@ class EventHubsSettings:
             catch_up_prefetch=int(config.get(prefix + "catch-up.prefetch")),
         )
 
-    def producer(self, hub: str) -> Any:
+    def producer(self, hub: str, **options: Any) -> Any:
+        """A producer client of ``hub``; ``options`` go to the SDK client (``retry_total=0``: one attempt)."""
         from azure.eventhub import EventHubProducerClient
 
         if self.connection_string:
-            return EventHubProducerClient.from_connection_string(self.connection_string, eventhub_name=hub)
+            return EventHubProducerClient.from_connection_string(
+                self.connection_string, eventhub_name=hub, **options
+            )
         from azure.identity import DefaultAzureCredential
 
         assert self.fully_qualified_namespace is not None, "from_config requires one of them"
-        return EventHubProducerClient(self.fully_qualified_namespace, hub, DefaultAzureCredential())
+        return EventHubProducerClient(self.fully_qualified_namespace, hub, DefaultAzureCredential(), **options)
 
     def consumer(self, hub: str) -> Any:
         from azure.eventhub import EventHubConsumerClient

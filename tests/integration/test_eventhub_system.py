@@ -55,6 +55,30 @@ def test_admin_checks_hubs_instead_of_creating_them(systems: Systems) -> None:
     assert all(m.newest is None and m.oldest == m.upcoming == "0" for m in meta.values())
 
 
+def test_a_missing_hub_is_known_from_one_answer_of_the_service_not_after_the_sdk_s_retries(
+    systems: Systems, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK retries every failed management request with back-off, "not found" too (13 s with its
+    defaults); the first call for a hub asks once, so a wrong name fails at once and no retrying client is
+    made for it, while a hub that exists gets its shared client after the same one-shot question."""
+    admin = systems.admin("eh")
+    settings = admin._clients.settings
+    made: list[tuple[str, dict[str, object]]] = []
+    real = type(settings).producer
+
+    def producer(self: object, hub: str, **options: object) -> object:
+        made.append((hub, options))
+        return real(self, hub, **options)
+
+    monkeypatch.setattr(type(settings), "producer", producer)
+    with pytest.raises(StreamNotFoundError, match="event hub 'nowhere' does not exist"):
+        admin.partition_count("nowhere")
+    assert made == [("nowhere", {"retry_total": 0})], "only the one-shot client was made for a missing hub"
+    assert admin.partition_count("views") == 4
+    assert made[1:] == [("views", {"retry_total": 0}), ("views", {})]
+    assert admin.partition_count("views") == 4 and len(made) == 3, "the question is asked once per hub"
+
+
 def test_reads_cover_exact_ranges_with_no_gap_or_overlap(systems: Systems) -> None:
     producer, consumer = systems.producer("eh"), systems.consumer("eh")
     producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=2) for i in range(1500)])
