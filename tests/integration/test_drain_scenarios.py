@@ -1,0 +1,128 @@
+"""Drain scenarios beyond the two-stage example (docs/drain.md), on the embedded default: a job of one stage
+(no shuffle, so no intermediate stream carries the drain) whose drain notice is written while no processor
+runs. The processor that starts next drains at once: it finishes the batches the stopped processor had planned
+(Spark's offset log; a clean stop does not wait for a batch in flight), plans none of its own, so reads none of
+the input that arrived after the stop, flushes every window, and exits 0; every window up to the cut is written
+once and equals pandas.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.integration import drain_job
+from tests.integration.example_job import ExampleJob, results
+from weirflow.config import load_config
+from weirflow.local.launcher import wait_until
+from weirflow.systems import Systems
+
+pytestmark = pytest.mark.integration
+
+RATE = 250
+FINISH_S = 240
+
+# One stage: per user and minute, straight from the input, which the feeder keys by user (so a user's events
+# all reach one task, as a stateful stage needs: docs/pipelines.md).
+PIPELINE = """
+from pyspark.sql import functions as F
+
+
+def per_user(views):
+    return (
+        views.groupBy(F.window("event_time", "1 minute"), "user")
+        .count()
+        .select("user", F.col("window.start").alias("window_start"), F.col("count").alias("views"))
+    )
+
+
+def pipeline(app):
+    counts = app.input("page-views").transform(per_user)
+    counts.send_to("user-counts", key=F.concat_ws("|", "user", F.col("window_start").cast("string")))
+"""
+
+OVERRIDES = [
+    "app.pipeline=one_stage:pipeline",
+    "app.run.id=r1",
+    "streams.page-views.partitions=2",
+    "streams.page-views.bounded=false",
+    "streams.user-counts.partitions=2",
+    "job.debounce.time.ms=1000",
+    "job.coordinator.poll.interval.ms=250",
+]
+
+
+def _upcoming(config: object) -> dict[int, int]:
+    systems = Systems(config)
+    try:
+        return {p: int(m.upcoming) for p, m in systems.admin("local").partition_metadata("page-views").items()}
+    finally:
+        systems.close()
+
+
+def _expected(events: list[dict]) -> dict[tuple[str, str], int]:
+    frame = pd.DataFrame(events)
+    minute = pd.to_datetime(frame["event_time"]).dt.floor("1min").dt.strftime("%Y-%m-%dT%H:%M")
+    return {(str(u), str(m)): int(n) for (u, m), n in frame.groupby([frame["user"], minute]).size().items()}
+
+
+def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
+    tmp_path: Path, measure
+) -> None:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "one_stage.py").write_text(PIPELINE)
+    (job_dir / "job.yaml").write_text(
+        (Path(__file__).resolve().parents[2] / "examples" / "pageviews" / "job.yaml").read_text()
+    )
+    overrides = [f"job.state.dir={tmp_path / 'state'}", *OVERRIDES]
+    job = ExampleJob("job.yaml", overrides, tmp_path / "logs", FINISH_S)
+    job.config_path = job_dir / "job.yaml"
+    config = load_config(job.config_path, overrides)
+    feeder = drain_job.Feeder(config, RATE).create_stream()
+    try:
+        first = job.start("p0")
+        wait_until(lambda: "started task" in first.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
+        feeder.start()
+        wait_until(lambda: results.consumed(config) >= 3 * RATE, FINISH_S, "the job to read", 0.2)
+        assert first.terminate() == 0, first.log_text()[-4000:]
+        stopped_at = drain_job.input_cut(config)
+        available = _upcoming(config)  # what any batch p0 planned can reach
+
+        # The notice is written while nothing runs; the input keeps growing.
+        notice = drain_job.drain_command(job.config_path, overrides)
+        assert notice.returncode == 0, notice.stdout + notice.stderr
+        assert [n.run_id for n in drain_job.drain_notices(config)] == ["r1"]
+        grown = sum(available.values()) + RATE
+        wait_until(lambda: sum(_upcoming(config).values()) >= grown, 60, "more input after the stop", 0.1)
+
+        second = job.start("p1")
+        assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
+        assert "job drained" in second.log_text()
+    finally:
+        feeder.stop()
+        job.stop_all()
+
+    states = drain_job.checkpoints(config)
+    assert len(states) == 2 and all(c.control.get("drained") == "r1" for c in states.values()), states
+    cut = drain_job.input_cut(config)
+    assert all(stopped_at[p] <= cut[p] <= available[p] for p in cut), (
+        f"the processor started under a drain notice read input that arrived after the stop: cut {cut}, "
+        f"checkpointed at the stop {stopped_at}, in the stream at the stop {available}"
+    )
+    before, after = drain_job.split_at_cut(config, cut)
+    assert after, "the input did not grow past the cut: the cut was not tested"
+    rows = drain_job.output_rows(config, "user-counts")
+    written = Counter((r["user"], r["window_start"][:16]) for r in rows)
+    assert [w for w, n in written.items() if n > 1] == [], "a window was written twice"
+    got = {(r["user"], r["window_start"][:16]): int(r["views"]) for r in rows}
+    assert got == _expected(before), "the windows are not exactly pandas over the input up to the cut"
+    assert drain_job.drain_notices(config) == [], "the leader removes the notice once the job drained"
+    measure(
+        f"notice before start, one stage: drained at {sum(cut.values())} events (checkpointed at the stop "
+        f"{sum(stopped_at.values())}, in the stream {sum(available.values())}), "
+        f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
+    )
