@@ -192,6 +192,7 @@ def drain(
 
 def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float) -> None:
     """Poll the drain's progress with a progress bar; exit 0 once complete, 1 on a time-out (saying why)."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from weirflow.drain_progress import read_progress
@@ -201,8 +202,18 @@ def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float
     with Progress(*columns, console=err_console, transient=False) as bar:
         tasks_bar = bar.add_task("tasks drained", total=None)
         procs_bar = bar.add_task("processors exited", total=None)
+        shown: dict[str, str] = {}
         while True:
             progress = read_progress(ctx, run, liveness_timeout_ms)
+            for processor, error in sorted(progress.errors.items()):
+                if shown.get(processor) != error:  # each new error once, as it appears
+                    shown[processor] = error
+                    bar.console.print(
+                        f"[red]error[/] on processor {processor}: {escape(error)} (a failed task is retried; "
+                        "the drain completes only once every task has drained)",
+                        highlight=False,
+                        markup=True,
+                    )
             bar.update(tasks_bar, total=len(progress.tasks) or None, completed=progress.done_tasks)
             live = len(progress.running_processors)
             bar.update(procs_bar, description=f"processors running: {live}", total=None)

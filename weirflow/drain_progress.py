@@ -3,6 +3,7 @@ deployment's processors have exited. Read by `weirflow drain --wait` and `weirfl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,24 @@ def exited(row: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
     return row.state in _EXITED or now_ms - row.heartbeat_ms > liveness_timeout_ms
 
 
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?$")
+
+
+def brief_error(text: str, limit: int = 300) -> str:
+    """The line of a processor's error that says why, for one line of a command's output: a Spark query's error
+    carries the JVM's exception and the Python worker's whole traceback, whose cause is the traceback's last
+    exception line (``ValueError: ...``); other errors are their first line. At most ``limit`` characters."""
+    lines = [line.strip() for line in text.splitlines()]
+    reason = lines[0] if lines else ""
+    if "Traceback (most recent call last):" in text:
+        tail = text.split("Traceback (most recent call last):")[-1].splitlines()
+        found = [line.strip() for line in tail if _PYTHON_ERROR.match(line.strip())]
+        if found:
+            prefix = text.split(":", 1)[0] if text.startswith("task ") else ""
+            reason = f"{prefix}: {found[-1]}" if prefix else found[-1]
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
 @dataclass
 class DrainProgress:
     """One look at a drain: task states and the processors still running."""
@@ -58,6 +77,8 @@ class DrainProgress:
     tasks: dict[str, str] = field(default_factory=dict)
     running_processors: list[str] = field(default_factory=list)
     failed_processors: list[str] = field(default_factory=list)
+    # processor -> the last error it reports (a task that failed and is retried, a failing loop), in brief
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def done_tasks(self) -> int:
@@ -77,6 +98,8 @@ class DrainProgress:
             parts.append("processors still running: " + ", ".join(self.running_processors))
         if self.failed_processors:
             parts.append("processors failed: " + ", ".join(self.failed_processors))
+        if self.errors:
+            parts.append("errors: " + "; ".join(f"{p}: {e}" for p, e in sorted(self.errors.items())))
         return "; ".join(parts)
 
 
@@ -94,4 +117,5 @@ def read_progress(ctx: Any, run_id: str, liveness_timeout_ms: int, draining: boo
         tasks=task_drain_states(ctx.checkpoints, model.tasks, run_id, draining),
         running_processors=sorted(r.processor_id for r in rows if not exited(r, now, liveness_timeout_ms)),
         failed_processors=sorted(r.processor_id for r in rows if r.state == ProcessorState.FAILED.value),
+        errors={r.processor_id: brief_error(r.error) for r in rows if r.error},
     )

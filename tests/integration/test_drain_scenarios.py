@@ -1,13 +1,19 @@
-"""Drain scenarios beyond the two-stage example (docs/drain.md), on the embedded default: a job of one stage
-(no shuffle, so no intermediate stream carries the drain) whose drain notice is written while no processor
-runs. The processor that starts next drains at once: it finishes the batches the stopped processor had planned
-(Spark's offset log; a clean stop does not wait for a batch in flight), plans none of its own, so reads none of
-the input that arrived after the stop, flushes every window, and exits 0; every window up to the cut is written
-once and equals pandas.
+"""Drain scenarios beyond the two-stage example (docs/drain.md), on the embedded default.
+
+A drain that cannot finish, because a task fails on every attempt (a poison event its transform raises on):
+`weirflow drain --wait` shows the failing task and the exception as they appear, and gives up at its time-out
+with exit 1, naming both.
+
+A job of one stage (no shuffle, so no intermediate stream carries the drain) whose drain notice is written while
+no processor runs. The processor that starts next drains at once: it finishes the batches the stopped processor
+had planned (Spark's offset log; a clean stop does not wait for a batch in flight), plans none of its own, so
+reads none of the input that arrived after the stop, flushes every window, and exits 0; every window up to the
+cut is written once and equals pandas.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +23,7 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import ExampleJob, results
 from weirflow.config import load_config
+from weirflow.interfaces.system import OutgoingRecord
 from weirflow.local.launcher import wait_until
 from weirflow.systems import Systems
 
@@ -44,6 +51,19 @@ def pipeline(app):
     counts.send_to("user-counts", key=F.concat_ws("|", "user", F.col("window_start").cast("string")))
 """
 
+# The same stage, with a transform that raises on one page: a task that reads it fails on every attempt.
+POISONED = PIPELINE.replace(
+    'def pipeline(app):\n    counts = app.input("page-views").transform(per_user)',
+    '@F.udf("boolean")\n'
+    "def checked(page):\n"
+    '    if page == "/poison":\n'
+    '        raise ValueError("a poison page view: this transform cannot count it")\n'
+    "    return True\n\n\n"
+    "def pipeline(app):\n"
+    '    counts = app.input("page-views").transform(lambda df: df.where(checked("page")))\n'
+    "    counts = counts.transform(per_user)",
+)
+
 OVERRIDES = [
     "app.pipeline=one_stage:pipeline",
     "app.run.id=r1",
@@ -53,6 +73,19 @@ OVERRIDES = [
     "job.debounce.time.ms=1000",
     "job.coordinator.poll.interval.ms=250",
 ]
+
+
+def _job(tmp_path: Path, pipeline: str) -> tuple[ExampleJob, list[str], object]:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "one_stage.py").write_text(pipeline)
+    (job_dir / "job.yaml").write_text(
+        (Path(__file__).resolve().parents[2] / "examples" / "pageviews" / "job.yaml").read_text()
+    )
+    overrides = [f"job.state.dir={tmp_path / 'state'}", *OVERRIDES]
+    job = ExampleJob("job.yaml", overrides, tmp_path / "logs", FINISH_S)
+    job.config_path = job_dir / "job.yaml"
+    return job, overrides, load_config(job.config_path, overrides)
 
 
 def _upcoming(config: object) -> dict[int, int]:
@@ -72,16 +105,7 @@ def _expected(events: list[dict]) -> dict[tuple[str, str], int]:
 def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
     tmp_path: Path, measure
 ) -> None:
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    (job_dir / "one_stage.py").write_text(PIPELINE)
-    (job_dir / "job.yaml").write_text(
-        (Path(__file__).resolve().parents[2] / "examples" / "pageviews" / "job.yaml").read_text()
-    )
-    overrides = [f"job.state.dir={tmp_path / 'state'}", *OVERRIDES]
-    job = ExampleJob("job.yaml", overrides, tmp_path / "logs", FINISH_S)
-    job.config_path = job_dir / "job.yaml"
-    config = load_config(job.config_path, overrides)
+    job, overrides, config = _job(tmp_path, PIPELINE)
     feeder = drain_job.Feeder(config, RATE).create_stream()
     try:
         first = job.start("p0")
@@ -126,3 +150,35 @@ def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_wit
         f"{sum(stopped_at.values())}, in the stream {sum(available.values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )
+
+
+def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_why(tmp_path: Path, measure) -> None:
+    job, overrides, config = _job(tmp_path, POISONED)
+    feeder = drain_job.Feeder(config, RATE).create_stream()
+    systems = Systems(config)
+    try:
+        proc = job.start("p0")
+        wait_until(lambda: "started task" in proc.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
+        feeder.start()
+        wait_until(lambda: results.consumed(config) >= RATE, FINISH_S, "the job to read", 0.2)
+        poison = {"user": "u-poison", "page": "/poison", "event_time": "2026-01-01T00:00:00Z"}
+        systems.producer("local").send(
+            [OutgoingRecord("page-views", json.dumps(poison).encode(), key=b"u-poison", partition=1)]
+        )
+        wait_until(
+            lambda: "task page_views-1 failed" in proc.log_text(), FINISH_S, "the poisoned task to fail", 0.2
+        )
+        done = drain_job.drain_command(job.config_path, overrides, "--wait", "--timeout", "20")
+        assert proc.alive(), "the processor keeps running (and retrying the task) while the drain cannot finish"
+    finally:
+        systems.close()
+        feeder.stop()
+        job.stop_all()
+    said = " ".join((done.stdout + done.stderr).split())  # the terminal's width wraps the lines
+    assert done.returncode == 1, said
+    assert "did not complete in 20 s" in said and "still draining: page_views-1" in said, said
+    assert "p0: task page_views-1" in said and "ValueError: a poison page view" in said, said
+    assert drain_job.checkpoints(config)["page_views-0"].control.get("drained") == "r1", (
+        "the healthy task drained; only the failing one holds the drain up"
+    )
+    measure("a drain held up by a failing task: the command named the task and the exception, exit 1 at 20 s")
