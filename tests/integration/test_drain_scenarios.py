@@ -4,11 +4,11 @@ A drain that cannot finish, because a task fails on every attempt (a poison even
 `weirflow drain --wait` shows the failing task and the exception as they appear, and gives up at its time-out
 with exit 1, naming both.
 
-A job of one stage (no shuffle, so no intermediate stream carries the drain) whose drain notice is written while
-no processor runs. The processor that starts next drains at once: it finishes the batches the stopped processor
-had planned (Spark's offset log; a clean stop does not wait for a batch in flight), plans none of its own, so
-reads none of the input that arrived after the stop, flushes every window, and exits 0; every window up to the
-cut is written once and equals pandas.
+A job of one stage (no shuffle, so no intermediate stream carries the drain), and the two-stage example, whose
+drain notice is written while no processor runs. The processor that starts next drains at once: it finishes the
+batches the stopped processor had planned (Spark's offset log; a clean stop does not wait for a batch in
+flight), plans none of its own, so reads none of the input that arrived after the stop, flushes every window,
+and exits 0; every window up to the cut is written once and equals pandas.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from tests.integration import drain_job
-from tests.integration.example_job import ExampleJob, results
+from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.local.launcher import wait_until
@@ -65,11 +65,12 @@ POISONED = PIPELINE.replace(
 )
 
 OVERRIDES = [
-    "app.pipeline=one_stage:pipeline",
+    "app.pipeline=job_pipeline:pipeline",
     "app.run.id=r1",
     "streams.page-views.partitions=2",
     "streams.page-views.bounded=false",
     "streams.user-counts.partitions=2",
+    "streams.page-counts.partitions=2",
     "job.debounce.time.ms=1000",
     "job.coordinator.poll.interval.ms=250",
 ]
@@ -78,10 +79,8 @@ OVERRIDES = [
 def _job(tmp_path: Path, pipeline: str) -> tuple[ExampleJob, list[str], object]:
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    (job_dir / "one_stage.py").write_text(pipeline)
-    (job_dir / "job.yaml").write_text(
-        (Path(__file__).resolve().parents[2] / "examples" / "pageviews" / "job.yaml").read_text()
-    )
+    (job_dir / "job_pipeline.py").write_text(pipeline)
+    (job_dir / "job.yaml").write_text((EXAMPLE / "job.yaml").read_text())
     overrides = [f"job.state.dir={tmp_path / 'state'}", *OVERRIDES]
     job = ExampleJob("job.yaml", overrides, tmp_path / "logs", FINISH_S)
     job.config_path = job_dir / "job.yaml"
@@ -102,10 +101,23 @@ def _expected(events: list[dict]) -> dict[tuple[str, str], int]:
     return {(str(u), str(m)): int(n) for (u, m), n in frame.groupby([frame["user"], minute]).size().items()}
 
 
-def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
-    tmp_path: Path, measure
+def _windows_once(config: object, stages: int) -> tuple[dict[tuple[str, str], int], list[tuple[str, str]]]:
+    """The job's windows (its output per key and minute) and those written more than once."""
+    if stages == 2:
+        got, twice = drain_job.window_counts_once(config)
+        return dict(got), list(twice)
+    rows = drain_job.output_rows(config, "user-counts")
+    written = Counter((r["user"], r["window_start"][:16]) for r in rows)
+    got = {(r["user"], r["window_start"][:16]): int(r["views"]) for r in rows}
+    return got, [w for w, n in written.items() if n > 1]
+
+
+@pytest.mark.parametrize("stages", [1, 2], ids=["one-stage", "two-stages"])
+def test_a_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
+    tmp_path: Path, measure, stages: int
 ) -> None:
-    job, overrides, config = _job(tmp_path, PIPELINE)
+    pipeline = PIPELINE if stages == 1 else (EXAMPLE / "pipeline.py").read_text()
+    job, overrides, config = _job(tmp_path, pipeline)
     feeder = drain_job.Feeder(config, RATE).create_stream()
     try:
         first = job.start("p0")
@@ -131,7 +143,8 @@ def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_wit
         job.stop_all()
 
     states = drain_job.checkpoints(config)
-    assert len(states) == 2 and all(c.control.get("drained") == "r1" for c in states.values()), states
+    assert len(states) == 2 * stages, states
+    assert all(c.control.get("drained") == "r1" for c in states.values()), states
     cut = drain_job.input_cut(config)
     assert all(stopped_at[p] <= cut[p] <= available[p] for p in cut), (
         f"the processor started under a drain notice read input that arrived after the stop: cut {cut}, "
@@ -139,14 +152,15 @@ def test_a_one_stage_job_noticed_to_drain_before_its_processor_starts_drains_wit
     )
     before, after = drain_job.split_at_cut(config, cut)
     assert after, "the input did not grow past the cut: the cut was not tested"
-    rows = drain_job.output_rows(config, "user-counts")
-    written = Counter((r["user"], r["window_start"][:16]) for r in rows)
-    assert [w for w, n in written.items() if n > 1] == [], "a window was written twice"
-    got = {(r["user"], r["window_start"][:16]): int(r["views"]) for r in rows}
-    assert got == _expected(before), "the windows are not exactly pandas over the input up to the cut"
+    got, twice = _windows_once(config, stages)
+    assert twice == [], "a window was written twice"
+    expected = _expected(before) if stages == 1 else dict(results.expected_counts(before))
+    assert got == expected, "the windows are not exactly pandas over the input up to the cut"
+    if stages == 2:
+        assert drain_job.unread_intermediate(config) == {}, "the intermediate stream was not read to its end"
     assert drain_job.drain_notices(config) == [], "the leader removes the notice once the job drained"
     measure(
-        f"notice before start, one stage: drained at {sum(cut.values())} events (checkpointed at the stop "
+        f"notice before start, {stages} stage(s): drained at {sum(cut.values())} events (checkpointed at the stop "
         f"{sum(stopped_at.values())}, in the stream {sum(available.values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )
