@@ -59,8 +59,7 @@ def brief_error(text: str, limit: int = 300) -> str:
     """The line of a processor's error that says why, for one line of a command's output: a Spark query's error
     carries the JVM's exception and the Python worker's whole traceback, whose cause is the traceback's last
     exception line (``ValueError: ...``); other errors are their first line. At most ``limit`` characters."""
-    lines = [line.strip() for line in text.splitlines()]
-    reason = lines[0] if lines else ""
+    reason = text.strip().split("\n", 1)[0].strip()
     if "Traceback (most recent call last):" in text:
         tail = text.split("Traceback (most recent call last):")[-1].splitlines()
         found = [line.strip() for line in tail if _PYTHON_ERROR.match(line.strip())]

@@ -156,9 +156,9 @@ class BatchReader:
                 control = TaskControl.from_json(checkpoint.control if checkpoint else None)
             except MalformedDocumentError:
                 control = TaskControl()
-            # a task drained in another deployment starts this one afresh (`TaskControl.for_new_run`)
-            fresh = control.drained or control.finished
-            self._early = StreamControl() if fresh else control.stream(self.spec.stream_id)
+            if control.drained or control.finished:  # a task drained in another deployment starts afresh
+                control = control.for_new_run()
+            self._early = control.stream(self.spec.stream_id)
         for key, message in self._heard:
             self._early.apply(key, message)
         self._heard.clear()
