@@ -154,7 +154,10 @@ def drain(
     config: ConfigArg,
     set_: SetOpt = None,  # type: ignore[assignment]
     run_id: Annotated[
-        str | None, typer.Option("--run-id", help="The deployment to drain (default: the config's app.run.id).")
+        str | None,
+        typer.Option(
+            "--run-id", help="The deployment to drain (default: app.run.id, else the job's current run)."
+        ),
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Show progress; exit 0 once the job has drained.")] = False,
     timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 600.0,
@@ -162,19 +165,17 @@ def drain(
     """Drain the running deployment: sources stop at a cut, every window is flushed, intermediate streams are
     read to the end, every task checkpoints `drained` and the processors exit 0 (docs/drain.md)."""
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils, run_id_of
+    from weirflow.drain_notice import DrainUtils
     from weirflow.drain_progress import read_progress
     from weirflow.job_context import JobContext
-    from weirflow.job_mode import JobMode
+    from weirflow.runs import current_run_id
 
     with _user_errors():
         cfg = _load(config, set_)
-        if JobMode.of(cfg) is not JobMode.PIPELINE:
-            raise cfg.error("app.pipeline", "drain needs a pipeline job; stop a record-task job with SIGTERM")
-        run = run_id or run_id_of(cfg)
         timings = CoordinationTimings.from_config(cfg)
         ctx = JobContext.open(cfg, owner=f"drain-{os.getpid()}")
         try:
+            run = run_id or current_run_id(cfg, ctx.metadata)
             notice = DrainUtils(ctx.metadata).write(run)
             console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
             progress = read_progress(ctx, run, timings.liveness_timeout_ms)
@@ -188,6 +189,83 @@ def drain(
                 _wait_drained(ctx, run, timings.liveness_timeout_ms, timeout)
         finally:
             ctx.close()
+
+
+@app.command()
+def upgrade(
+    config: ConfigArg,
+    new_config: Annotated[Path, typer.Argument(help="The new version's job config.")],
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a key of both versions' configs: key=value (repeatable).")
+    ] = None,  # type: ignore[assignment]
+    new_set: Annotated[
+        list[str], typer.Option("--new-set", help="Override a key of the new version's config only (repeatable).")
+    ] = None,  # type: ignore[assignment]
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", help="The new version's run id (default: app.run.id, else a new one)."),
+    ] = None,
+    run: Annotated[
+        bool,
+        typer.Option(
+            "--run/--no-run",
+            help="Then run one processor of the new version in this process (start more with `weirflow run`); "
+            "--no-run stops once the next run is recorded (on Azure, deploy the new revision then).",
+        ),
+    ] = True,
+    timeout: Annotated[float, typer.Option(help="Give up waiting for the drain after this many seconds.")] = 600.0,
+) -> None:
+    """Upgrade a running job: drain the running version, record a new run for the new version and start it
+    (docs/drain.md, "Upgrading"). Every window is emitted once: the old version's up to the drain's cut, the
+    new version's from there."""
+    from weirflow.coordination.timings import CoordinationTimings
+    from weirflow.drain_notice import DrainUtils
+    from weirflow.drain_progress import read_progress
+    from weirflow.job_context import JobContext
+    from weirflow.runs import RunBook, current_run_id, deployment_of
+    from weirflow.upgrade import check_next_run, check_same_job
+
+    with _user_errors():
+        current = _load(config, set_)
+        new = _load(new_config, [*(set_ or []), *(new_set or [])])
+        check_same_job(current, new)
+        timings = CoordinationTimings.from_config(current)
+        ctx = JobContext.open(current, owner=f"upgrade-{os.getpid()}")
+        try:
+            book = RunBook(ctx.metadata)
+            drained = current_run_id(current, ctx.metadata)
+            fixed = check_next_run(new, drained, run_id)
+            record, _ = book.read()
+            if record is not None and record.run_id == drained and record.ended == "drained":
+                console.print(f"run [bold]{drained}[/] has drained already")
+            else:
+                if DrainUtils(ctx.metadata).for_run(drained) is None:
+                    notice = DrainUtils(ctx.metadata).write(drained)
+                    console.print(f"drain requested for run [bold]{drained}[/] (notification {notice.uuid})")
+                if not read_progress(ctx, drained, timings.liveness_timeout_ms).running_processors:
+                    err_console.print(
+                        f"[yellow]warning:[/] no processor of run {drained} is running; the drain completes once "
+                        "they run (start them with the current config)",
+                        highlight=False,
+                    )
+                _wait_drained(ctx, drained, timings.liveness_timeout_ms, timeout)
+            nxt = book.start_next(drained, deployment_of(current), fixed, deployment_of(new))
+        finally:
+            ctx.close()
+        console.print(f"the new version runs as run [bold]{nxt.run_id}[/] (after run {drained})")
+    if not run:
+        console.print(
+            "start its processors: weirflow run " + " ".join([str(new_config), *_set_args(set_, new_set)])
+        )
+        return
+    args = [sys.executable, "-m", "weirflow", "run", str(new_config), *_set_args(set_, new_set)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, args)  # this process becomes a processor of the new version
+
+
+def _set_args(*groups: list[str] | None) -> list[str]:
+    return [arg for group in groups for item in group or [] for arg in ("--set", item)]
 
 
 def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float) -> None:

@@ -17,17 +17,18 @@ def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
     from weirflow.coordination.job_model_store import read_job_model_or_report
     from weirflow.coordination.state import is_live
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils, run_id_of
+    from weirflow.drain_notice import DrainUtils
     from weirflow.drain_progress import task_drain_states
     from weirflow.job_context import JobContext
     from weirflow.job_model import JobModel
+    from weirflow.runs import current_run_id
 
     own = ctx is None
     if own:
         ctx = JobContext.open(cfg, owner=f"status-{os.getpid()}")
-    run_id = run_id_of(cfg)
     try:
         with malformed.collect() as found:  # every document these reads could not decode, each skipped
+            run_id = current_run_id(cfg, ctx.metadata)
             timings = CoordinationTimings.from_config(cfg)
             leader = ctx.coordination.leader_elector().current_leader()
             stored, _ = read_job_model_or_report(ctx.metadata)

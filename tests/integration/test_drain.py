@@ -23,11 +23,12 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
-from weirflow.drain_notice import DrainUtils
+from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
 from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job_context import JobContext
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.runs import current_run_id
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -77,8 +78,11 @@ def pipeline(app):
 
 
 class DrainJob(ExampleJob):
-    def __init__(self, tmp_path: Path, run_id: str = "r1") -> None:
-        overrides = [f"job.state.dir={tmp_path / 'state'}", f"app.run.id={run_id}", *SHORT]
+    def __init__(self, tmp_path: Path, run_id: str | None = "r1") -> None:
+        """``run_id`` None: no `app.run.id`, as a user who forgets it runs the job (`weirflow.runs`)."""
+        run = [f"app.run.id={run_id}"] if run_id else []
+        overrides = [f"job.state.dir={tmp_path / 'state'}", *run, *SHORT]
+        self.run_id = run_id
         super().__init__("job.yaml", overrides, tmp_path / "logs", FINISH_S)
         self.config = load_config(self.config_path, self.overrides)
 
@@ -101,6 +105,14 @@ def job(tmp_path: Path):
     j.stop_all()
 
 
+@pytest.fixture
+def forgetful_job(tmp_path: Path):
+    """The job without `app.run.id`, in v1 and in its upgrade."""
+    j = DrainJob(tmp_path, run_id=None)
+    yield j
+    j.stop_all()
+
+
 def _status(job: DrainJob, *overrides: str) -> dict:
     args = [sys.executable, "-m", "weirflow", "status", str(job.config_path), "--json"]
     for item in [*job.overrides, *overrides]:
@@ -119,15 +131,15 @@ def _expected_v2(events: list[dict]) -> dict[tuple[str, str], tuple[int, int]]:
 
 
 def _upgrade(job: DrainJob, tmp_path: Path) -> tuple[Any, ProcessorProcess]:
-    """Run the job upgraded (`PIPELINE_V2`, run id r2, the input now bounded) to its end on one processor;
-    returns its config and the processor."""
+    """Run the job upgraded (`PIPELINE_V2`, run id r2 unless the job sets none, the input now bounded) to its
+    end on one processor; returns its config and the processor."""
     upgrade = tmp_path / "upgrade"
     upgrade.mkdir()
     shutil.copy(EXAMPLE / "job.yaml", upgrade / "job.yaml")
     (upgrade / "pipeline_v2.py").write_text(PIPELINE_V2)
     overrides = [o for o in job.overrides if not o.startswith(("app.run.id=", "streams.page-views.bounded="))]
     overrides += [
-        "app.run.id=r2",
+        *(["app.run.id=r2"] if job.run_id else []),
         "app.pipeline=pipeline_v2:pipeline",
         "streams.page-views.bounded=true",
         "streams.page-counts-v2.partitions=2",
@@ -229,12 +241,16 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
 
 
 def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_leaves_nothing_for_the_upgrade(
-    job: DrainJob, tmp_path: Path, measure
+    forgetful_job: DrainJob, tmp_path: Path, measure
 ) -> None:
     """The hardest moment of a drain: a first-stage task sent its last rows and its DRAIN message downstream,
     and its processor dies before the ``drained`` checkpoint (a fault point). The survivor replays the task's
     last batch and drains it again; the counting stage must count no replayed row, and the upgrade (another
-    intermediate schema) must read nothing of v1's: its output is exactly the input after the cut."""
+    intermediate schema) must read nothing of v1's: its output is exactly the input after the cut.
+
+    Neither version sets `app.run.id` (the forgetful upgrade): v1 runs as the job's first run, and the changed
+    job started after the drain gets a run of its own instead of finishing at once in v1's."""
+    job = forgetful_job
     feeder = drain_job.Feeder(job.config, RATE).create_stream()
     # A fresh assignment gives p0, started first, the first stage (tasks in natural order; docs/coordination.md)
     first = start_processor(
@@ -252,16 +268,18 @@ def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_l
 
     ctx = JobContext.open(job.config, owner="test")
     try:
-        DrainUtils(ctx.metadata).write("r1")
+        run = current_run_id(job.config, ctx.metadata)
+        DrainUtils(ctx.metadata).write(run)
     finally:
         ctx.close()
+    assert run == DEFAULT_RUN_ID, "the job's first run, recorded by its processors"
     assert first.popen.wait(FINISH_S) == -9, "p0 ran no first-stage task to its drain: " + first.log_text()[-3000:]
     assert survivor.popen.wait(FINISH_S) == 0, survivor.log_text()[-4000:]
     assert "job drained" in survivor.log_text()
     feeder.stop()
 
     states = drain_job.checkpoints(job.config)
-    assert len(states) == 4 and all(c.control.get("drained") == "r1" for c in states.values()), states
+    assert len(states) == 4 and all(c.control.get("drained") == run for c in states.values()), states
     before, after = drain_job.split_at_cut(job.config, drain_job.input_cut(job.config))
     expected = results.expected_counts(before)
     got, twice = drain_job.window_counts_once(job.config)
@@ -278,7 +296,8 @@ def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_l
     assert redrained, f"no first-stage task sent its DRAIN twice: {dict(drains)}"
 
     # The upgrade reads on from the cut with an intermediate schema v1's rows do not fit.
-    config_v2, _ = _upgrade(job, tmp_path)
+    config_v2, upgraded = _upgrade(job, tmp_path)
+    assert "a new deployment after run default drained" in upgraded.log_text(), upgraded.log_text()[-3000:]
     rows = drain_job.output_rows(config_v2, "page-counts-v2")
     got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
     assert len(rows) == len(got_v2), "a window of the upgraded job was written twice"

@@ -36,11 +36,24 @@ FINISH_S = 300
 
 class AzurePageViews(ExampleJob):
     def __init__(
-        self, tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, extra: tuple[str, ...] = ()
+        self,
+        tmp_path: Path,
+        eventhubs_emulator,
+        azure_storage: str,
+        monkeypatch,
+        extra: tuple[str, ...] = (),
+        hubs: dict[str, int] | None = None,
     ) -> None:
+        """``hubs``: more event hubs the emulator holds (name -> partitions), beside the example's."""
         job_id = uuid.uuid4().hex[:8]
         self.emulator = eventhubs_emulator(
-            {"page-views": 2, "page-views.dlq": 2, "page-counts": 2, f"pageviews-{job_id}-views-by-page": 2}
+            {
+                "page-views": 2,
+                "page-views.dlq": 2,
+                "page-counts": 2,
+                f"pageviews-{job_id}-views-by-page": 2,
+                **(hubs or {}),
+            }
         )
         # azure.yaml reads both from the environment, as a deployment would; processors inherit it.
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_storage)

@@ -286,7 +286,24 @@ KEYS: tuple[ConfigKey, ...] = (
         "is importable. Selects the Spark data plane; without it the job runs `task.function` per record.",
         _T,
     ),
-    ConfigKey("app.run.id", "str", None, "Identifies one deployment; carried by control messages.", _T),
+    ConfigKey(
+        "app.run.id",
+        "str",
+        None,
+        "Identifies one deployment; carried by drain notices and control messages. Unset: each deployment "
+        "gets one, recorded in the job's metadata store (`default` first; a new one when a changed job starts "
+        'after its run drained or finished; docs/drain.md, "Run ids").',
+        _T,
+    ),
+    ConfigKey(
+        "app.deployment.id",
+        "str",
+        None,
+        "What tells one deployment from the next when `app.run.id` is unset (for example "
+        "`${CONTAINER_APP_REVISION}`). Unset: a digest of weirflow's version, the job-wide config and the job's "
+        "code.",
+        _T,
+    ),
     ConfigKey(
         "task.inputs",
         "list",

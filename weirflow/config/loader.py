@@ -239,6 +239,15 @@ class Config:
         values = {k: _interpolate(v, k, source) for k, v in flat.items()}
         return cls(values, {k: source for k in values}, source, base_dir or Path.cwd())
 
+    def with_values(self, values: Mapping[str, Any], source: str) -> Config:
+        """A copy of this config with ``values`` set (``source`` names where they came from, for `source_of`)."""
+        config = Config.from_snapshot(self.snapshot())
+        for key, value in values.items():
+            config._values[key] = value
+            config._sources[key] = source
+        config._validate()
+        return config
+
     def snapshot(self) -> str:
         """JSON of this config, to rebuild it in another process (Spark's data-source and worker processes)."""
         return json.dumps(

@@ -37,6 +37,7 @@ from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel
+from weirflow.runs import RunBook
 
 log = logging.getLogger("weirflow.processor")
 
@@ -113,6 +114,7 @@ class FinishedWatch:
         self._published = tasks
         how = "drained" if self._drained else "finished"
         log.info("every task of job model v%d %s; wrote %s", model.version, how, JOB_FINISHED_KEY)
+        RunBook(self._metadata).mark_ended(self._run_id, how)  # the next deployment starts a new run
         if self._drained:
             removed = DrainUtils(self._metadata).cleanup(run_id=self._run_id)
             log.info("removed %d drain notification(s) of run %r", removed, self._run_id)

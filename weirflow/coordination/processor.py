@@ -34,6 +34,7 @@ and leaves. Its registry row lists the tasks whose locks it still holds until th
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -63,8 +64,8 @@ from weirflow.drain_notice import run_id_of
 from weirflow.errors import LockLostError, MalformedDocumentError
 from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
 from weirflow.job_context import JobContext
-from weirflow.job_mode import JobMode
 from weirflow.job_model import JobModel, TaskModel
+from weirflow.runs import RUN_RECORD_SOURCE, RunBook, RunDecision, deployment_of
 from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.processor")
@@ -124,7 +125,7 @@ class StreamProcessor:
         self._last_heartbeat = float("-inf")
         self._beats = itertools.count(1_000_000)  # above the announcement's beats: the row's beat only grows
         self._next_finished_read = 0.0
-        self._drain: DrainMonitor | None = None  # pipeline jobs only: record tasks do not drain
+        self._drain: DrainMonitor | None = None
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
         self._tenure: Leadership | None = None
@@ -150,6 +151,16 @@ class StreamProcessor:
         except Exception:
             self.ctx.close()
             raise
+        decision = self._choose_run()
+        if decision.superseded:
+            log.warning(
+                "this processor's deployment drained and was upgraded: the job now runs as %s; exiting without "
+                'running anything (stop this deployment\'s processors; docs/drain.md, "Run ids")',
+                decision.how.removeprefix("superseded by "),
+            )
+            self.finished = True
+            self.ctx.close()
+            return 0
         starting = ProcessorInfo(
             self.processor_id,
             socket.gethostname(),
@@ -170,8 +181,7 @@ class StreamProcessor:
             self._server = self._server_factory(self)
             self.endpoint_url = self._server.url if self._server is not None else ""
         planner = self._planner_factory(self.ctx)
-        if self.ctx.mode is JobMode.PIPELINE:
-            self._drain = DrainMonitor(self.ctx.metadata, self.config)
+        self._drain = DrainMonitor(self.ctx.metadata, self.config)
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
         # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
@@ -187,6 +197,18 @@ class StreamProcessor:
         finally:
             self._shutdown(leader, keeper)
         return 1 if self._fatal else 0
+
+    def _choose_run(self) -> RunDecision:
+        """Resolve the run this processor belongs to (`weirflow.runs`) and run under it: the config (and the
+        context every part of the processor reads it from) gets it as `app.run.id`."""
+        assert self.ctx is not None
+        explicit = self.config.get("app.run.id") or None
+        decision = RunBook(self.ctx.metadata).resolve(deployment_of(self.config), explicit)
+        log.info("run %s (%s)", decision.run_id, decision.how)
+        if explicit is None and not decision.superseded:
+            self.config = self.config.with_values({"app.run.id": decision.run_id}, RUN_RECORD_SOURCE)
+            self.ctx = dataclasses.replace(self.ctx, config=self.config)
+        return decision
 
     # --- plain state (read by the processor's server) ------------------------------------------------
     @property
@@ -298,6 +320,8 @@ class StreamProcessor:
             self._set_state(ProcessorState.RUNNING)  # a rebalance resumed after an error
         self._reap_failed_tasks()
         if self._drain is not None and self._drain.poll() is not None:
+            assert self.runner is not None
+            self.runner.drain(self._drain.run_id)
             watch = self._tenure.finished if self._tenure is not None else None  # read once: the leader's thread
             if watch is not None:  # may step down meanwhile
                 watch.hurry(self._finished_check_ms())

@@ -27,6 +27,13 @@ this tenure: greater for every later holder), e.g. to tag outputs for auditing::
         task = current_task()
         return [{"stream": "out", "value": {"v": record["value"], "by": task.processor_id, "epoch": task.epoch}}]
 
+**Draining** (docs/drain.md): once the processor saw a drain notification of its run (`drain`), each task
+stops at the record in hand as a stop does, which is its cut: it sends what it processed (outputs and
+served-table changelog rows), checkpoints its offsets with ``drained: <run id>`` and ends. A task drained in
+this run is not started again; in another run it reads on from its cut. A record job's outputs are the user's
+streams, read by anything, so no control record is written into them: the end of the run is the
+``job-finished`` document the leader writes (`weirflow.coordination.job_finished`).
+
 **Abandoning.** When the processor can no longer prove it holds a task's lock (`TaskRunner.abandon_tasks`),
 the task stops at once: no send and no checkpoint write begins after that call returns (a send already under
 way is waited for, briefly; a checkpoint write under way is left to the store's fence), and no final
@@ -46,6 +53,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow.control import TaskControl
+from weirflow.drain_notice import DEFAULT_RUN_ID, run_id_of
 from weirflow.errors import ConfigError, LockLostError, WeirflowError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
@@ -131,8 +140,9 @@ class _Progress:
             self.positions[ssp] = position
         self.dirty = True
 
-    def commit(self) -> None:
-        checkpoint = Checkpoint(offsets=dict(self.offsets), positions=dict(self.positions))
+    def commit(self, control: dict[str, Any] | None = None) -> None:
+        """Write the task's offsets (and ``control``: the drained mark of a drain's last checkpoint)."""
+        checkpoint = Checkpoint(offsets=dict(self.offsets), control=control or {}, positions=dict(self.positions))
         self.handle.guarded(lambda: self.handle.writer.write(checkpoint), hold=False)
         self.dirty = False
         self.last_commit = time.monotonic()
@@ -164,6 +174,7 @@ class _TaskThread:
         self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
         self.thread = threading.Thread(target=self._run, args=(runner,), name=f"task-{task.name}", daemon=True)
         self._abandoned = False
+        self.drained = False  # checkpointed drained in this run: done, not failed
         self.tables: dict[str, MemoryTable] = {}  # served tables, once rebuilt from their changelogs
         self._gate = threading.Lock()  # held by each send; every send and checkpoint checks the flags under it
         self._lease_valid = runner.lease_valid
@@ -235,14 +246,18 @@ class RecordTaskRunner(TaskRunner):
         commit_ms: int = 1000,
         max_records: int = 500,
         tables: RecordTables | None = None,
+        run_id: str = DEFAULT_RUN_ID,
     ) -> None:
         self.systems = systems
+        self.run_id = run_id
+        self._draining = threading.Event()  # the processor saw this run's drain notification
         self.tables = tables
         self.checkpoints = checkpoints
         self.fn = fn
         self.commit_ms = commit_ms
         self.max_records = max_records
         self._tasks: dict[str, _TaskThread] = {}
+        self._done: set[str] = set()  # drained in this run: never started again here
         self._failed: dict[str, str] = {}
         self._stopping: dict[str, _TaskThread] = {}  # popped from _tasks, stop under way
         self._guard = threading.Lock()
@@ -263,13 +278,21 @@ class RecordTaskRunner(TaskRunner):
             commit_ms=config.get("task.commit.ms"),
             max_records=config.get("task.poll.max.records"),
             tables=tables if tables.tables else None,
+            run_id=run_id_of(config),
         )
 
     # --- TaskRunner -----------------------------------------------------------------------------------
     def start_task(self, task: TaskModel, lock: Lock) -> None:
         with self._guard:
-            if task.name in self._tasks and self._tasks[task.name].thread.is_alive():
+            if task.name in self._done or (task.name in self._tasks and self._tasks[task.name].thread.is_alive()):
                 return
+        checkpoint = self.checkpoints.read_last_checkpoint(task.name)
+        if checkpoint is not None and TaskControl.from_json(checkpoint.control).drained == self.run_id:
+            with self._guard:
+                self._done.add(task.name)
+            log.info("task %s already drained in run %s", task.name, self.run_id)
+            return
+        with self._guard:
             handle = _TaskThread(self, task, lock)
             self._tasks[task.name] = handle
             self._failed.pop(task.name, None)
@@ -310,9 +333,14 @@ class RecordTaskRunner(TaskRunner):
         for handle in handles:
             handle.wait_for_send(deadline - time.monotonic())
 
+    def drain(self, run_id: str) -> None:
+        if run_id == self.run_id and not self._draining.is_set():
+            log.info("draining: every task stops at the record in hand, flushes and checkpoints drained")
+            self._draining.set()
+
     def running(self) -> set[str]:
         with self._guard:
-            return {n for n, h in self._tasks.items() if h.thread.is_alive() and h.error is None}
+            return {n for n, h in self._tasks.items() if h.thread.is_alive() and h.error is None and not h.drained}
 
     def failures(self) -> dict[str, str]:
         with self._guard:
@@ -384,10 +412,10 @@ class RecordTaskRunner(TaskRunner):
         progress = _Progress(self, handle, self._start_offsets(handle))
         self._restore_tables(handle)
         log.info("task %s started at %s", task.name, {str(k): v for k, v in progress.offsets.items()})
-        while not handle.stop_event.is_set():
+        while not self._halted(handle):
             progressed = False
             for ssp in task.ssps:
-                if handle.stop_event.is_set():
+                if self._halted(handle):
                     break
                 records = self.systems.consumer(ssp.system).read(ssp, progress.offsets[ssp], self.max_records)
                 if records:
@@ -397,9 +425,21 @@ class RecordTaskRunner(TaskRunner):
                 progress.commit()
             if not progressed:
                 handle.stop_event.wait(_IDLE_WAIT_S)
+        at = {str(k): v for k, v in progress.offsets.items()}
+        if self._draining.is_set() and not handle.stop_event.is_set():
+            progress.commit(TaskControl(drained=self.run_id).to_json())
+            handle.drained = True
+            with self._guard:
+                self._done.add(task.name)
+            log.info("task %s drained in run %s at its cut %s", task.name, self.run_id, at)
+            return
         if progress.dirty:
             progress.commit()
-        log.info("task %s stopped at %s", task.name, {str(k): v for k, v in progress.offsets.items()})
+        log.info("task %s stopped at %s", task.name, at)
+
+    def _halted(self, handle: _TaskThread) -> bool:
+        """The task must leave its loop at the next record boundary: stopped, or draining."""
+        return handle.stop_event.is_set() or self._draining.is_set()
 
     def _read_through(
         self, handle: _TaskThread, progress: _Progress, ssp: SystemStreamPartition, records: list[IncomingRecord]
@@ -412,7 +452,7 @@ class RecordTaskRunner(TaskRunner):
         pending = _Pending()
         for index, record in enumerate(records):
             self._process(stream_id, ssp, record, pending)
-            stopping = handle.stop_event.is_set()
+            stopping = self._halted(handle)
             due = progress.due()
             if stopping or due or index == len(records) - 1:
                 progress.advance(ssp, pending, record)

@@ -95,6 +95,12 @@ class TaskRunner(ABC):
         Called from the processor's lease keeper; must return promptly."""
         self.stop_tasks(task_names)
 
+    def drain(self, run_id: str) -> None:
+        """The processor saw a drain notification for run ``run_id`` (docs/drain.md); called on every poll from
+        then on, so it must be idempotent. A runner whose tasks read in this process stops each at a cut,
+        flushes its outputs and checkpoints it drained in ``run_id``. The default does nothing: the Spark data
+        plane's sources learn of the drain from the host's drain flag (`weirflow.drain_notice.drain_flag_path`)."""
+
     @abstractmethod
     def running(self) -> set[str]: ...
 
