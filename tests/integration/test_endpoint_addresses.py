@@ -73,6 +73,24 @@ def refuses_connections(host: str, port: int) -> bool:
     return False
 
 
+def every_key_answered(url: str, expected: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """Ask ``url`` for every key until each got its row; return the answers that were neither the row nor a 503
+    (a rebalance, e.g. a heartbeat late on this loaded machine, may answer 503 meanwhile: never anything else)."""
+    missing, wrong = dict(expected), []
+
+    def all_answered() -> bool:
+        for user, row in list(missing.items()):
+            answer = get(f"{url}/tables/last_view/{user}", TOKEN)
+            if answer == (200, row):
+                del missing[user]
+            elif answer[0] != 503:
+                wrong.append((url, user, answer))
+        return not missing
+
+    wait_until(all_answered, 120, f"every key answered through {url}", interval_s=1)
+    return wrong
+
+
 @pytest.mark.timeout(480)  # three Spark processes start at once (two cores here)
 def test_processors_reachable_only_at_their_advertised_addresses_answer_lookups_through_any_of_them(
     tmp_path: Path, measure
@@ -127,26 +145,25 @@ def test_processors_reachable_only_at_their_advertised_addresses_answer_lookups_
         for parts in hosts.values():
             assert parts.port and refuses_connections("127.0.0.1", parts.port)
 
-        # every user's row through each processor: its own keys, and the others' forwarded to their addresses
-        forwarded = {}
+        # every user's row through each processor: its own keys, and the others' forwarded to their addresses. A
+        # rebalance (a heartbeat late on this loaded machine) may answer 503 meanwhile, never anything else
+        forwarded, wrong = {}, []
         for name, url in urls.items():
-            wrong = [
-                (user, answer)
-                for user, row in expected.items()
-                if (answer := get(f"{url}/tables/last_view/{user}", TOKEN)) != (200, row)
-            ]
-            assert wrong == [], f"through {name} ({url}): {wrong[:5]}"
+            wrong += every_key_answered(url, expected)
             forwarded[name] = sum(
                 owner_of[f"{STAGE}-{zlib.crc32(user.encode()) % TASKS}"] != name for user in expected
             )
+        assert wrong == [], wrong[:5]
         assert sum(forwarded.values()) > 0, "no lookup needed another processor: the forwarding was not exercised"
 
         # the token: refused without it or with another, on every processor; the health probe needs none
         for url in urls.values():
-            assert get(f"{url}/tables/last_view/u1", None)[0] == 401
-            assert get(f"{url}/tables/last_view/u1", "wrong")[0] == 401
-            assert get(f"{url}/status", None)[0] == 401
-            assert get(f"{url}/healthz", None)[0] == 200
+            assert [
+                get(f"{url}/tables/last_view/u1", None)[0],
+                get(f"{url}/tables/last_view/u1", "wrong")[0],
+                get(f"{url}/status", None)[0],
+                get(f"{url}/healthz", None)[0],
+            ] == [401, 401, 401, 200], url
     except Exception:
         for proc in procs.values():
             print(proc.log_text()[-3000:])
