@@ -46,6 +46,19 @@ param memory string = '4Gi'
 param lagHub string = ''
 param maxReplicas int = replicas
 
+@description('Port of the processors\' HTTP servers (`endpoints.port`), behind the app\'s ingress.')
+param endpointsPort int = 8080
+
+@description('Opt in to reach the endpoints from outside the Container Apps environment; by default only its apps can.')
+param externalEndpoints bool = false
+
+@secure()
+@description('Bearer token every request to the endpoints carries (`endpoints.auth.token`): e.g. `openssl rand -hex 32`. Required unless `endpointsTokenKeyVaultSecretUrl` is set.')
+param endpointsToken string = ''
+
+@description('Optional: a Key Vault secret URL holding the token, read with the managed identity (grant it Key Vault Secrets User there).')
+param endpointsTokenKeyVaultSecretUrl string = ''
+
 param tags object = {}
 
 var suffix = uniqueString(resourceGroup().id, name)
@@ -134,6 +147,11 @@ module app 'modules/app.bicep' = {
     memory: memory
     lagHub: lagHub
     maxReplicas: maxReplicas
+    endpointsPort: endpointsPort
+    externalEndpoints: externalEndpoints
+    endpointsToken: endpointsToken
+    endpointsTokenKeyVaultSecretUrl: endpointsTokenKeyVaultSecretUrl
+    environmentDefaultDomain: environment.outputs.defaultDomain
   }
 }
 
@@ -141,3 +159,4 @@ output storageAccount string = storage.outputs.name
 output eventHubsNamespace string = eventhubs.outputs.fullyQualifiedNamespace
 output containerApp string = app.outputs.name
 output checkpointContainer string = checkpointContainer
+output endpoints string = 'https://${app.outputs.fqdn}'

@@ -1,5 +1,5 @@
 // The pageviews example (examples/pageviews) on Azure: two processors, its four event hubs.
-//   WEIRFLOW_IMAGE=<registry>/weirflow-pageviews:<tag> \
+//   WEIRFLOW_IMAGE=<registry>/weirflow-pageviews:<tag> WEIRFLOW_ENDPOINTS_TOKEN=$(openssl rand -hex 32) \
 //     az deployment group create -g <resource group> -f infra/main.bicep -p infra/pageviews.bicepparam
 using 'main.bicep'
 
@@ -19,3 +19,5 @@ param hubs = [
 param consumerGroup = 'weirflow'
 param eventHubsSystem = 'eh'
 param replicas = 2
+// The endpoints' bearer token (a @secure() parameter, kept as the app's secret), from the deploying shell.
+param endpointsToken = readEnvironmentVariable('WEIRFLOW_ENDPOINTS_TOKEN', '')

@@ -6,11 +6,20 @@
 //   WEIRFLOW_STORAGE_ACCOUNT  read by the config as ${WEIRFLOW_STORAGE_ACCOUNT} (azure.storage.account)
 //   WEIRFLOW_EVENTHUBS_NAMESPACE  read by the config (systems.<name>.fully.qualified.namespace)
 //   AZURE_CLIENT_ID           which managed identity DefaultAzureCredential signs in as (azure-identity)
-//   --set arguments           config keys of `weirflow run` (consumer group, state directory)
+//   WEIRFLOW_ENDPOINTS_TOKEN  the endpoints' bearer token, from the app's secret `endpoints-token` (a value or a
+//                             Key Vault reference), read by the config as ${WEIRFLOW_ENDPOINTS_TOKEN}
+//   --set arguments           config keys of `weirflow run` (consumer group, state directory, endpoints)
 // No connection string or key is passed: storage and Event Hubs both use Entra ID.
 //
-// Health probes: a processor has no network endpoint yet, so none are declared; the platform restarts a
-// replica whose process exits, and the coordinator moves its tasks (docs/deploy.md).
+// Endpoints (docs/deploy.md, "Endpoints"): every processor serves HTTP on `endpointsPort`, bound to 0.0.0.0.
+//   * Peers: each processor registers the replica's own address towards the network (its IP in the
+//     environment's network, weirflow/endpoints/advertise.py), and the others forward lookups there. Not the
+//     ingress's name, which balances over all replicas and cannot name one; not the replica's host name
+//     (CONTAINER_APP_REPLICA_NAME), which no DNS resolves for the other replicas.
+//   * Clients: the ingress, internal to the environment unless `externalEndpoints`; it forwards the client's
+//     Host header (the app's FQDN) unchanged, so that name is in endpoints.allowed.hosts. Any replica answers
+//     any lookup (docs/endpoints.md, "Who answers").
+//   * Probes: startup, readiness and liveness on GET /healthz, which needs no token (probes send none).
 
 param name string
 param location string
@@ -46,6 +55,33 @@ param memory string = '4Gi'
 param lagHub string = ''
 param maxReplicas int = replicas
 param lagThreshold int = 1000
+
+@minValue(1)
+@maxValue(65535)
+@description('Port of every processor\'s HTTP server (`endpoints.port`): the ingress\'s target, the probes\' port and the port peers forward to.')
+param endpointsPort int = 8080
+
+@description('Whether the ingress accepts requests from outside the environment (internet or VNet); false: only apps of the environment reach the endpoints.')
+param externalEndpoints bool = false
+
+@secure()
+@description('Bearer token of the endpoints (`endpoints.auth.token`), kept as the app\'s secret `endpoints-token`; empty when `endpointsTokenKeyVaultSecretUrl` is set.')
+param endpointsToken string = ''
+
+@description('Key Vault secret URL of the token instead (read with the managed identity, which needs Key Vault Secrets User on it); empty: `endpointsToken`.')
+param endpointsTokenKeyVaultSecretUrl string = ''
+
+@description('The environment\'s default domain (`<unique id>.<region>.azurecontainerapps.io`), which the app\'s FQDN ends with.')
+param environmentDefaultDomain string
+
+// The name clients put in Host through the ingress: <app>.<domain> when external, <app>.internal.<domain> when
+// internal; apps of the environment may also name it by <app> alone.
+var ingressFqdn = externalEndpoints ? '${name}.${environmentDefaultDomain}' : '${name}.internal.${environmentDefaultDomain}'
+var healthz = {
+  path: '/healthz'
+  port: endpointsPort
+  scheme: 'HTTP'
+}
 
 var lagRule = {
   name: 'eventhub-lag'
@@ -84,7 +120,21 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
           name: 'job-config'
           value: jobConfig
         }
+        empty(endpointsTokenKeyVaultSecretUrl) ? {
+          name: 'endpoints-token'
+          value: endpointsToken
+        } : {
+          name: 'endpoints-token'
+          keyVaultUrl: endpointsTokenKeyVaultSecretUrl
+          identity: identityId
+        }
       ]
+      ingress: {
+        external: externalEndpoints
+        targetPort: endpointsPort
+        transport: 'http'
+        allowInsecure: false // plain HTTP is redirected to HTTPS: the bearer token never crosses the ingress in clear
+      }
       registries: empty(registryServer) ? [] : [
         {
           server: registryServer
@@ -107,6 +157,12 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
             'job.state.dir=/var/lib/weirflow'
             '--set'
             'task.checkpoint.azure.eventhubs.container=${checkpointContainer}'
+            '--set'
+            'endpoints.host=0.0.0.0'
+            '--set'
+            'endpoints.port=${endpointsPort}'
+            '--set'
+            'endpoints.allowed.hosts=${ingressFqdn},${name}'
           ]
           env: [
             {
@@ -121,11 +177,41 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
               name: 'WEIRFLOW_EVENTHUBS_NAMESPACE'
               value: eventHubsNamespace
             }
+            {
+              name: 'WEIRFLOW_ENDPOINTS_TOKEN'
+              secretRef: 'endpoints-token'
+            }
           ]
           resources: {
             cpu: json(cpu)
             memory: memory
           }
+          // /healthz answers 200 from the moment the server listens (after the Spark session started) until the
+          // processor fails or stops, then 503. Startup allows 30 + 10 x 15 s for the session to come up.
+          probes: [
+            {
+              type: 'Startup'
+              httpGet: healthz
+              initialDelaySeconds: 30
+              periodSeconds: 15
+              failureThreshold: 10
+              timeoutSeconds: 5
+            }
+            {
+              type: 'Readiness'
+              httpGet: healthz
+              periodSeconds: 10
+              failureThreshold: 3
+              timeoutSeconds: 5
+            }
+            {
+              type: 'Liveness'
+              httpGet: healthz
+              periodSeconds: 20
+              failureThreshold: 3
+              timeoutSeconds: 5
+            }
+          ]
           volumeMounts: [
             {
               volumeName: 'config'
@@ -156,3 +242,4 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
 }
 
 output name string = app.name
+output fqdn string = ingressFqdn

@@ -31,3 +31,4 @@ resource environment 'Microsoft.App/managedEnvironments@2026-07-01' = {
 }
 
 output id string = environment.id
+output defaultDomain string = environment.properties.defaultDomain

@@ -185,13 +185,32 @@ def test_ip_literals_loopback_names_and_the_advertised_host_pass() -> None:
             assert http.get("/healthz", headers={"Host": host}).status_code == 200, host
 
 
+def test_a_host_in_endpoints_allowed_hosts_passes_as_an_ingress_forwards_it() -> None:
+    """Container Apps' ingress forwards the client's ``Host`` (the app's FQDN) unchanged (docs/deploy.md)."""
+    fqdn = "ca-pageviews.internal.happy-sky-1234.westeurope.azurecontainerapps.io"
+    with client(
+        "http://10.1.2.3:8080", host="0.0.0.0", token="s3cret", allowed_hosts=(fqdn, "ca-pageviews")
+    ) as http:
+        auth = {"Authorization": "Bearer s3cret"}
+        for host in (fqdn, "ca-pageviews", "10.1.2.3:8080"):
+            assert http.get("/status", headers={**auth, "Host": host}).status_code == 200, host
+        refused = http.get("/status", headers={**auth, "Host": "other.azurecontainerapps.io"})
+        assert refused.status_code == 421 and "endpoints.allowed.hosts" in refused.json()["error"]
+    with client("http://10.1.2.3:8080", host="0.0.0.0", token="s3cret") as http:  # not listed: refused
+        assert http.get("/status", headers={"Authorization": "Bearer s3cret", "Host": fqdn}).status_code == 421
+
+
 def test_loopback_names_do_not_pass_a_server_bound_elsewhere() -> None:
     base = "http://10.1.2.3:8000"
     with client(base, host="0.0.0.0", token="s3cret") as http:
         auth = {"Authorization": "Bearer s3cret"}
         assert http.get("/healthz", headers=auth).status_code == 200
         assert http.get("/healthz", headers={**auth, "Host": "localhost:8000"}).status_code == 421
-        assert http.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 401  # the token still counts
+        assert http.get("/status", headers={"Host": "10.1.2.3:8000"}).status_code == 401  # the token still counts
+        assert http.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200  # a probe needs none
+        assert (
+            http.get("/healthz", headers={"Host": "localhost:8000"}).status_code == 421
+        )  # but passes the Host check
         # a page served at the address the request names is the server's own origin
         own = http.post("/rpc/w", json={}, headers={**auth, "Origin": base})
         assert own.status_code == 404

@@ -56,6 +56,11 @@ def test_limits_and_origins_are_checked_where_they_are_configured() -> None:
             settings(**{"endpoints.allowed.origins": [bad]})
     allowed = settings(**{"endpoints.allowed.origins": "https://ops.example.com/, http://localhost:8080"})
     assert allowed.allowed_origins == ("https://ops.example.com", "http://localhost:8080")
+    for bad in ("https://ops.example.com", "ops.example.com:443", "a b"):
+        with pytest.raises(ConfigError, match=r"endpoints.allowed.hosts' in job.yaml: .* is not a host name"):
+            settings(**{"endpoints.allowed.hosts": [bad]})
+    hosts = settings(**{"endpoints.allowed.hosts": "CA-Pageviews.internal.example.io, ca-pageviews"})
+    assert hosts.allowed_hosts == ("ca-pageviews.internal.example.io", "ca-pageviews")
 
 
 def test_routes_answer_json_and_prometheus_text() -> None:
@@ -72,13 +77,18 @@ def test_routes_answer_json_and_prometheus_text() -> None:
     assert no_tables.status_code == 404 and "serves no tables" in no_tables.json()["error"]
 
 
-def test_with_a_token_every_route_requires_it() -> None:
+def test_with_a_token_every_route_but_the_health_probe_requires_it() -> None:
     client = app(token="s3cret")
-    for path in ("/healthz", "/status", "/metrics"):
+    for path in ("/", "/status", "/tasks", "/metrics", "/openapi.json"):
         refused = client.get(path)
         assert refused.status_code == 401 and "bearer token" in refused.json()["error"], path
         assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get(path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    # container health probes send no Authorization header: /healthz answers them, with the state name only
+    assert client.get("/healthz").json() == {"state": "RUNNING"}
+    assert client.get("/healthz", headers={"Authorization": "Bearer wrong"}).status_code == 200
+    assert client.post("/healthz", json={}).status_code == 401  # only the probe's GET is exempt
+    assert client.get("/healthz/x").status_code == 401
 
 
 def test_a_running_processor_registers_its_url_and_serves_its_live_state(tmp_path: Path) -> None:

@@ -6,6 +6,10 @@
 * every role granted is an Azure built-in role, the least the processors need;
 * every setting the container app passes is a weirflow config key (``--set key=value``) or an environment
   variable the job config or weirflow reads, and every variable the config reads is passed;
+* the endpoints (docs/deploy.md, "Endpoints"): an ingress internal unless a bool parameter opts in, three probes
+  on ``/healthz`` (which answers without the token) at the endpoint port, the token only ever a ``@secure()``
+  parameter kept as a Container Apps secret and passed by ``secretRef``, and the deploy config giving a server
+  bound to 0.0.0.0 with a token; the property names are those of the SDK's models of the API version used;
 * the example's hubs are the streams its job config declares, with their partition counts;
 * the image installs with the Makefile's own steps and copies every package of the distribution;
 * with a ``bicep`` executable on PATH, ``bicep build`` and ``bicep lint`` pass (skipped, saying so, otherwise).
@@ -13,6 +17,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import shutil
@@ -20,12 +25,18 @@ import subprocess
 import tomllib
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from fastapi.testclient import TestClient
 
 from weirflow.config import load_config
 from weirflow.config.loader import known_key
 from weirflow.deploy import hubs_to_create
+from weirflow.endpoints.advertise import advertised_url
+from weirflow.endpoints.server import HEALTH_PATH, create_app
+from weirflow.endpoints.settings import EndpointSettings
+from weirflow.errors import ConfigError
 from weirflow.spark.session import build_spark_session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +63,16 @@ BUILT_IN_ROLES = {
 }
 # Variables read by libraries weirflow signs in with, not by the job config.
 LIBRARY_VARIABLES = {"AZURE_CLIENT_ID": "azure-identity: the user-assigned identity DefaultAzureCredential uses"}
+APP = INFRA / "modules" / "app.bicep"
+# What the app module's interpolations (``${...}`` in its --set arguments) are with main.bicep's defaults.
+APP_DEFAULTS = {
+    "eventHubsSystem": "eh",
+    "consumerGroup": "weirflow",
+    "checkpointContainer": "eventhubs-checkpoints",
+    "endpointsPort": "8080",
+    "ingressFqdn": "ca-pageviews.internal.happy-sky-1234.westeurope.azurecontainerapps.io",
+    "name": "ca-pageviews",
+}
 
 _API_VERSION = re.compile(r'kwargs\.pop\(\s*"api_version",\s*"(?P<version>[^"]+)"')
 _URL = re.compile(r'"(/(?:subscriptions|\{scope\})/[^"]*)"')
@@ -151,7 +172,7 @@ def test_roles_are_built_in_and_the_least_the_processors_need() -> None:
 
 
 def _app_settings() -> tuple[list[str], list[str]]:
-    text = (INFRA / "modules" / "app.bicep").read_text()
+    text = APP.read_text()
     args = re.search(r"args: \[(?P<body>.*?)\n\s*\]", text, re.S)
     assert args is not None
     values = re.findall(r"'([^']*)'", args["body"])
@@ -177,18 +198,186 @@ def test_the_deploy_config_loads_with_the_app_s_settings(monkeypatch) -> None:
     overrides, env = _app_settings()
     for name in env:
         monkeypatch.setenv(name, "placeholder")
-    resolved = [
-        o.replace("${eventHubsSystem}", "eh")
-        .replace("${consumerGroup}", "weirflow")
-        .replace("${checkpointContainer}", "eventhubs-checkpoints")
-        for o in overrides
-    ]
-    config = load_config(ROOT / "examples" / "pageviews" / "deploy.yaml", resolved)
+    resolved = [re.sub(r"\$\{(\w+)\}", lambda m: APP_DEFAULTS[m[1]], o) for o in overrides]
+    deploy_yaml = ROOT / "examples" / "pageviews" / "deploy.yaml"
+    config = load_config(deploy_yaml, resolved)
     assert config.get("job.coordinator.factory") == "azure"
     assert config.get("azure.storage.account") == "placeholder"
     assert not config.get("azure.storage.connection.string")
     assert config.get("systems.eh.fully.qualified.namespace") == "placeholder"
     assert not config.get("systems.eh.connection.string")
+    # the endpoints: every address of the replica, on the port of the ingress and probes, with the token
+    endpoints = EndpointSettings.from_config(config)
+    assert (endpoints.host, endpoints.port, endpoints.token) == ("0.0.0.0", 8080, "placeholder")
+    assert endpoints.enabled and endpoints.advertised_url is None
+    assert endpoints.allowed_hosts == (APP_DEFAULTS["ingressFqdn"], APP_DEFAULTS["name"])
+    # what a replica registers for its peers: its own address in the environment's network, not 0.0.0.0
+    assert (
+        advertised_url(endpoints.host, endpoints.port, None, lambda family: ["10.0.0.7"]) == "http://10.0.0.7:8080"
+    )
+    # a replica whose secret did not reach it refuses to start rather than serve without a token
+    monkeypatch.delenv("WEIRFLOW_ENDPOINTS_TOKEN")
+    with pytest.raises(ConfigError, match="endpoints.auth.token"):
+        EndpointSettings.from_config(load_config(deploy_yaml, resolved))
+
+
+# --- the endpoints ------------------------------------------------------------------------------------------
+
+
+def _closing(text: str, start: int) -> int:
+    """The index of the bracket closing the one at ``start``, skipping '...' strings and // comments."""
+    depth, i, quoted = 0, start, False
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            quoted = c != "'" or text[i - 1] == "\\"
+        elif c == "'":
+            quoted = True
+        elif text.startswith("//", i):
+            i = text.index("\n", i)
+            continue
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise AssertionError(f"unbalanced bracket at {start}")
+
+
+def _value(text: str, key: str) -> str:
+    """The value of the first ``key:`` in ``text``: an object or array whole, with its brackets, else the line."""
+    match = re.search(rf"^\s*{key}: ", text, re.M)
+    assert match is not None, f"no {key}: in {text[:200]}"
+    start = match.end()
+    if text[start] in "{[":
+        return text[start : _closing(text, start) + 1]
+    return text[start:].split("\n", 1)[0].split(" //")[0].strip()
+
+
+def _objects(array: str) -> list[str]:
+    """The object literals in ``array`` (either branch of a ternary too), outermost first."""
+    found, i = [], 1
+    while (i := array.find("{", i)) != -1:
+        end = _closing(array, i)
+        found.append(array[i : end + 1])
+        i = end + 1
+    return found
+
+
+def _props(obj: str) -> dict[str, str]:
+    """The properties of an object literal (its own, not nested ones'): name -> value as written."""
+    body, props, i = obj[1:-1], {}, 0
+    for match in re.finditer(r"^[ \t]*(\w+): ", body, re.M):
+        if match.start() >= i:
+            props[match[1]] = _value(body[match.start() :], match[1])
+            i = match.start() + len(match[0]) + len(props[match[1]])
+    return props
+
+
+def _params(text: str) -> dict[str, tuple[str, str]]:
+    """Every ``param`` of a Bicep file: name -> (its decorators, its declaration line)."""
+    found = {}
+    for match in re.finditer(r"((?:^@.*\n)*)^param (\w+) (.*)$", text, re.M):
+        found[match[2]] = (match[1], match[3])
+    return found
+
+
+def _models(package: str, rtype: str) -> ModuleType:
+    """The SDK's models module of the API version ``rtype`` is declared with in infra/."""
+    (version,) = {v for _, t, v in declared_resources() if t == rtype}
+    folder = sdk_versions(package)[version]
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin
+    parts = folder.relative_to(Path(spec.origin).parent).parts
+    return importlib.import_module(".".join([package, *parts, "models"]))
+
+
+def _wire_names(model: type) -> set[str]:
+    """The JSON property names of an SDK model (what Bicep spells): its table of fields, built on first use."""
+    model()
+    return {field._rest_name for field in model._attr_to_rest_field.values()}
+
+
+def test_the_endpoints_ingress_is_internal_unless_a_bool_parameter_opts_in() -> None:
+    app, main = APP.read_text(), (INFRA / "main.bicep").read_text()
+    models = _models("azure.mgmt.appcontainers", "Microsoft.App/containerApps")
+    ingress = _props(_value(app, "ingress"))
+    assert set(ingress) <= _wire_names(models.Ingress), set(ingress) - _wire_names(models.Ingress)
+    assert ingress["external"] == "externalEndpoints"
+    for text in (app, main):
+        assert _params(text)["externalEndpoints"][1] == "bool = false"
+    assert re.search(r"^\s*externalEndpoints: externalEndpoints$", main, re.M), "main.bicep passes the opt-in on"
+    assert ingress["targetPort"] == "endpointsPort" and ingress["allowInsecure"] == "false"
+    assert ingress["transport"].strip("'") in {t.value for t in models.IngressTransportMethod}
+    # the server listens where the ingress sends: every address, on the ingress's target port
+    overrides, _ = _app_settings()
+    assert {"endpoints.host=0.0.0.0", "endpoints.port=${endpointsPort}"} <= set(overrides)
+    assert "endpoints.allowed.hosts=${ingressFqdn},${name}" in overrides  # the Host the ingress forwards
+
+
+def test_startup_readiness_and_liveness_probes_ask_healthz_on_the_endpoint_port() -> None:
+    app = APP.read_text()
+    models = _models("azure.mgmt.appcontainers", "Microsoft.App/containerApps")
+    probes = [_props(p) for p in _objects(_value(_value(app, "containers"), "probes"))]
+    assert sorted(p["type"].strip("'") for p in probes) == ["Liveness", "Readiness", "Startup"]
+    assert {p["type"].strip("'") for p in probes} <= {t.value for t in models.Type}
+    healthz = re.search(r"^var healthz = (\{.*?^\})", app, re.M | re.S)
+    assert healthz is not None
+    http_get = _props(healthz[1])
+    assert set(http_get) <= _wire_names(models.ContainerAppProbeHttpGet)
+    assert http_get["path"] == f"'{HEALTH_PATH}'" and http_get["port"] == "endpointsPort"
+    for probe in probes:
+        assert set(probe) <= _wire_names(models.ContainerAppProbe), probe
+        assert probe["httpGet"] == "healthz", probe
+        # the service's limits (the SDK's docstrings): failureThreshold 1-10, periodSeconds 1-240, delay 0-60
+        assert 1 <= int(probe["failureThreshold"]) <= 10 and 1 <= int(probe["periodSeconds"]) <= 240
+        assert 0 <= int(probe.get("initialDelaySeconds", "0")) <= 60
+    (startup,) = [p for p in probes if p["type"] == "'Startup'"]
+    budget = int(startup.get("initialDelaySeconds", "0")) + int(startup["periodSeconds"]) * int(
+        startup["failureThreshold"]
+    )
+    assert budget >= 120, f"a replica gets {budget} s to start its Spark session before it is restarted"
+    # probes send no Authorization header: /healthz must answer without the token the deployment sets
+    settings = EndpointSettings(True, "0.0.0.0", 8080, None, "s3cret")
+    probe = TestClient(
+        create_app(settings, dict, lambda: (True, "RUNNING"), bytes), base_url="http://10.0.0.7:8080"
+    )
+    assert probe.get(HEALTH_PATH).status_code == 200 and probe.get("/status").status_code == 401
+
+
+def test_the_token_reaches_the_container_only_as_a_secret_from_a_secure_parameter() -> None:
+    app, main = APP.read_text(), (INFRA / "main.bicep").read_text()
+    models = _models("azure.mgmt.appcontainers", "Microsoft.App/containerApps")
+    for path in BICEP_FILES:  # no plain parameter carries a secret
+        for name, (decorators, _) in _params(path.read_text()).items():
+            if re.search(r"(token|password|secret|key|config)$", name, re.I):
+                assert "@secure()" in decorators, f"{path.name}: param {name} must be @secure()"
+    assert "@secure()" in _params(main)["endpointsToken"][0] and "@secure()" in _params(app)["endpointsToken"][0]
+    assert re.search(r"^\s*endpointsToken: endpointsToken$", main, re.M)
+    secrets = [_props(o) for o in _objects(_value(app, "secrets"))]
+    for secret in secrets:
+        assert set(secret) <= _wire_names(models.Secret), secret
+    tokens = [s for s in secrets if s["name"] == "'endpoints-token'"]
+    assert [t.get("value") for t in tokens] == ["endpointsToken", None], "the value, or a Key Vault reference"
+    assert tokens[1]["keyVaultUrl"] == "endpointsTokenKeyVaultSecretUrl" and tokens[1]["identity"] == "identityId"
+    # the secret's only way into the container: an environment variable by secretRef
+    env = [_props(o) for o in _objects(_value(app, "env"))]
+    for variable in env:
+        assert set(variable) <= _wire_names(models.EnvironmentVar), variable
+    (token_env,) = [v for v in env if v["name"] == "'WEIRFLOW_ENDPOINTS_TOKEN'"]
+    assert token_env == {"name": "'WEIRFLOW_ENDPOINTS_TOKEN'", "secretRef": "'endpoints-token'"}
+    code = [line.strip() for line in app.splitlines() if not line.lstrip().startswith(("@", "//"))]
+    uses = [line for line in code if re.search(r"\bendpointsToken\b", line)]
+    assert uses == ["param endpointsToken string = ''", "value: endpointsToken"], uses
+    overrides, _ = _app_settings()
+    assert not [o for o in overrides if o.startswith("endpoints.auth")], "never in the arguments"
+    config_text = (ROOT / "examples" / "pageviews" / "deploy.yaml").read_text()
+    assert re.search(r"^\s*auth\.token: \$\{WEIRFLOW_ENDPOINTS_TOKEN:-\}$", config_text, re.M)
+    assert re.search(r"^output .*[Tt]oken", main + app, re.M) is None
+    bicepparam = (INFRA / "pageviews.bicepparam").read_text()
+    assert "param endpointsToken = readEnvironmentVariable('WEIRFLOW_ENDPOINTS_TOKEN', '')" in bicepparam
 
 
 def test_the_example_s_hubs_are_the_streams_its_config_declares(monkeypatch) -> None:

@@ -136,6 +136,15 @@ KEYS: tuple[ConfigKey, ...] = (
         _E,
     ),
     ConfigKey(
+        "endpoints.allowed.hosts",
+        "list",
+        [],
+        "Host names clients reach the server by besides its addresses (`Host` header, no port): a load "
+        "balancer's or a platform ingress's name, such as the container app's FQDN (infra/). Any other name is "
+        "refused with 421 (DNS rebinding guard).",
+        _E,
+    ),
+    ConfigKey(
         "endpoints.read.threads",
         "int",
         4,

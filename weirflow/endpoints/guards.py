@@ -6,8 +6,9 @@ even read the answers. Clients that are not browsers (curl, SDKs, the processors
 ``Origin`` and name the server by the address they were given. So the front (`weirflow.endpoints.server`)
 refuses, from the headers alone:
 
-* a ``Host`` that is not an IP literal, a loopback name (when bound to loopback), the bound host or the
-  advertised URL's host: 421 (a rebinding page names its own domain);
+* a ``Host`` that is not an IP literal, a loopback name (when bound to loopback), the bound host, the
+  advertised URL's host or one of ``endpoints.allowed.hosts`` (an ingress's name): 421 (a rebinding page names
+  its own domain);
 * a WebSocket handshake or a state-changing request (``POST`` ...) whose ``Origin`` is not the server's own
   nor in ``endpoints.allowed.origins``: 403 (a page elsewhere cannot tap streams or call the job);
 * a state-changing request whose ``Content-Type`` is not ``application/json``: 415 (the only bodies a
@@ -103,6 +104,7 @@ class RequestGuard:
         self._hosts.add(_bracketed(host))
         if self._loopback:
             self._hosts.update(LOOPBACK_NAMES)
+        self._hosts.update(self.settings.allowed_hosts)  # names a proxy in front forwards unchanged (infra/)
         for origin in self.settings.allowed_origins:
             normalized = normalize_origin(origin)
             if normalized is not None:
@@ -140,9 +142,9 @@ class RequestGuard:
         return Refusal(
             421,
             f"Host '{raw.decode('latin-1')}' is not an address of this server (it answers to IP addresses, "
-            f"{'localhost, ' if self._loopback else ''}its bound host '{self.settings.host}' and the host of "
-            "endpoints.advertised.url): use one of those, or set endpoints.advertised.url to the URL clients "
-            "reach it at (DNS rebinding guard)",
+            f"{'localhost, ' if self._loopback else ''}its bound host '{self.settings.host}', the host of "
+            "endpoints.advertised.url and endpoints.allowed.hosts): use one of those, or list the name clients "
+            "reach it by in endpoints.allowed.hosts (DNS rebinding guard)",
         )
 
     def check_rest(self, scope: Message, headers: dict[bytes, bytes]) -> Refusal | None:

@@ -45,7 +45,7 @@ def describe_api(app: Any, settings: EndpointSettings) -> None:
 def complete(doc: dict[str, Any], settings: EndpointSettings) -> dict[str, Any]:
     """Add to FastAPI's ``doc`` the served-table routes, the JSON bodies and ``timeout_ms`` of the conversation
     routes, the media types of the routes that answer text, their JSON errors, and the 401 of a request without
-    the token (when one is set)."""
+    the token (when one is set; ``/healthz`` needs none)."""
     paths: dict[str, Any] = doc.setdefault("paths", {})
     doc.setdefault("components", {}).setdefault("schemas", {})["Error"] = _ERROR_SCHEMA
     paths.pop("/tables/{rest}", None)  # the catch-all of a job without tables: described as the two routes below
@@ -61,7 +61,9 @@ def complete(doc: dict[str, Any], settings: EndpointSettings) -> dict[str, Any]:
     if (tap := paths.get("/tap/{stream}", {}).get("get")) is not None:
         tap["responses"]["426"] = _json("a tap is a WebSocket: connect with ws://", _ERROR)
     if settings.token:
-        for operations in paths.values():
+        for path, operations in paths.items():
+            if path == "/healthz":  # answered without the token, for health probes (weirflow.endpoints.server)
+                continue
             for operation in operations.values():
                 operation["responses"]["401"] = _json("missing or wrong Authorization: Bearer <token>", _ERROR)
     return doc

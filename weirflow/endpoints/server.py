@@ -3,7 +3,8 @@
 Routes so far (docs/endpoints.md):
 
 * ``GET /`` — the job's status as a small HTML page (`weirflow.endpoints.page`);
-* ``GET /healthz`` — 200 with the processor's state while it runs (container health probes);
+* ``GET /healthz`` — 200 with the processor's state while it runs (container health probes; no token needed,
+  see `HEALTH_PATH`);
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
 * ``GET /tasks`` — this processor's tasks: records in/out, batches, last batch duration and checkpoint, dead
   letters, lag per SSP (`weirflow.endpoints.task_report`; the status page gathers every processor's);
@@ -15,8 +16,9 @@ Routes so far (docs/endpoints.md):
 * ``POST /rpc/<stream>``, ``POST /http/<stream>``, ``WS /http/<stream>`` — requests to the job through an
   ``http`` stream, and its responses (`weirflow.endpoints.conversations`).
 
-Every route requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set, and passes the
-request guards first (`weirflow.endpoints.guards`); errors are JSON ``{"error": ...}`` with a 4xx status.
+Every route but ``GET /healthz`` requires ``Authorization: Bearer <endpoints.auth.token>`` when a token is set,
+and every request passes the request guards first (`weirflow.endpoints.guards`); errors are JSON
+``{"error": ...}`` with a 4xx status.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from weirflow.endpoints.taps import TapService, add_tap_routes
 from weirflow.errors import StartupError
 
 log = logging.getLogger("weirflow.endpoints")
+
+# Answered without the bearer token: a container platform's health probes (Kubernetes, Container Apps: infra/)
+# send no Authorization header, and the answer is only the processor's state name. The Host guard still applies.
+HEALTH_PATH = "/healthz"
 
 
 def create_app(
@@ -66,7 +72,7 @@ def create_app(
     def page() -> Any:
         return HTMLResponse(render_status_page(status()))
 
-    @app.get("/healthz")
+    @app.get(HEALTH_PATH)
     def healthz() -> Any:
         ok, state = health()
         return JSONResponse({"state": state}, status_code=200 if ok else 503)
@@ -106,7 +112,8 @@ def _front(settings: EndpointSettings, app: Any, tables: TableService | None) ->
 
     def admit(scope: dict[str, Any], headers: dict[bytes, bytes]) -> Refusal | None:
         refusal = guard.check_host(scope, headers)
-        if refusal is None and expected is not None:
+        probe = scope["type"] == "http" and scope["path"] == HEALTH_PATH and scope["method"] == "GET"
+        if refusal is None and expected is not None and not probe:
             if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
                 return _NO_TOKEN_WS if scope["type"] == "websocket" else _NO_TOKEN
         return refusal or guard.check_rest(scope, headers)

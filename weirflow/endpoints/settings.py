@@ -41,6 +41,7 @@ class EndpointSettings:
     conversations_max: int = 1_000
     allowed_origins: tuple[str, ...] = ()
     read_threads: int = 4
+    allowed_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: ConfigView) -> EndpointSettings:
@@ -72,6 +73,14 @@ class EndpointSettings:
                     f"'{origin}' is not an origin: write scheme, host and port only, e.g. https://ops.example.com "
                     "or http://localhost:8080",
                 )
+        hosts = tuple(str(h).strip().lower() for h in config.get("endpoints.allowed.hosts") or ())
+        for name in hosts:
+            if not name or any(c in name for c in "/:@[] "):
+                raise config.error(
+                    "endpoints.allowed.hosts",
+                    f"'{name}' is not a host name: write the name clients put in the Host header, without scheme "
+                    "or port, e.g. ops.example.com (IP addresses are always accepted)",
+                )
         return cls(
             enabled=bool(config.get("endpoints.enabled")),
             host=host,
@@ -87,6 +96,7 @@ class EndpointSettings:
             conversations_max=_positive(config, "endpoints.conversations.max"),
             allowed_origins=origins,
             read_threads=_positive(config, "endpoints.read.threads"),
+            allowed_hosts=hosts,
         )
 
 
