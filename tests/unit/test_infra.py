@@ -63,6 +63,10 @@ BUILT_IN_ROLES = {
 }
 # Variables read by libraries weirflow signs in with, not by the job config.
 LIBRARY_VARIABLES = {"AZURE_CLIENT_ID": "azure-identity: the user-assigned identity DefaultAzureCredential uses"}
+# Variables Container Apps sets in every replica itself (learn.microsoft.com/azure/container-apps/environment-variables).
+PLATFORM_VARIABLES = {
+    "CONTAINER_APP_REVISION": "the revision's name: app.deployment.id, one deployment per revision"
+}
 APP = INFRA / "modules" / "app.bicep"
 # What the app module's interpolations (``${...}`` in its --set arguments) are with main.bicep's defaults.
 APP_DEFAULTS = {
@@ -191,7 +195,9 @@ def test_every_setting_the_container_app_passes_is_read_by_weirflow() -> None:
     read_by_config = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)", config_text))
     for name in env:
         assert name in read_by_config or name in LIBRARY_VARIABLES, f"nothing reads {name}"
-    assert read_by_config <= set(env), f"the config reads {read_by_config - set(env)}, which the app does not set"
+    unset = read_by_config - set(env) - set(PLATFORM_VARIABLES)
+    assert not unset, f"the config reads {unset}, which neither the app nor the platform sets"
+    assert "deployment.id: ${CONTAINER_APP_REVISION" in config_text, "one deployment (run) per revision"
 
 
 def test_the_deploy_config_loads_with_the_app_s_settings(monkeypatch) -> None:
@@ -424,3 +430,17 @@ def test_bicep_builds_and_lints(tmp_path: Path) -> None:
     ):
         done = subprocess.run(["bicep", *command], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_upgrade_script_drains_before_it_deploys_and_passes_no_secret_on_its_command_line() -> None:
+    script = INFRA / "upgrade.sh"
+    checked = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text
+    drain = text.index("weirflow upgrade")
+    deploy = text.index("az deployment group create")
+    assert drain < deploy, "the new revision is deployed only after the running one drained"
+    assert "--no-run" in text[drain:deploy], "the new processors are the new revision's, not this machine's"
+    assert "image=" in text[deploy:] and "jobConfig=" in text[deploy:]
+    assert "endpointsToken=" not in text, "the token stays in the environment (the bicepparam reads it)"
