@@ -63,7 +63,7 @@ BUILT_IN_ROLES = {
 }
 # Variables read by libraries weirflow signs in with, not by the job config.
 LIBRARY_VARIABLES = {"AZURE_CLIENT_ID": "azure-identity: the user-assigned identity DefaultAzureCredential uses"}
-# Variables Container Apps sets in every replica itself (learn.microsoft.com/azure/container-apps/environment-variables).
+# Variables Container Apps sets in every replica itself (its docs: "Environment variables", built-in ones).
 PLATFORM_VARIABLES = {
     "CONTAINER_APP_REVISION": "the revision's name: app.deployment.id, one deployment per revision"
 }
