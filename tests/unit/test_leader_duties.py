@@ -8,6 +8,7 @@ import pytest
 
 from weirflow.coordination.job_model_store import latch_name, read_job_model
 from weirflow.coordination.leader import LeaderDuties
+from weirflow.coordination.model_history import read_history_or_report
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo
@@ -284,3 +285,19 @@ def test_a_leader_killed_between_a_latch_time_out_and_the_next_publish_is_follow
     world.join_latch(3, "p1", "p2")
     successor.tick()
     assert world.coordination.latch(latch_name(3)).state() is LatchState.COMPLETE
+
+
+def test_a_failover_is_recorded_with_the_silent_processor_and_the_tasks_it_lost(world: World) -> None:
+    """The leader records why it published and which tasks moved where (`weirflow.coordination.model_history`)."""
+    duties = world.duties()
+    settle(world, duties, "p1", "p2")
+    lost = set(world.model().tasks_of("p2"))
+    world.clock.now += TIMINGS.liveness_timeout_ms + 1
+    world.beat("p1")
+    assert duties.tick().version == 2
+    history, _ = read_history_or_report(world.metadata)
+    first, failover = history.changes
+    assert first.version == 1 and first.joined == ("p1", "p2") and not first.failover
+    assert failover.version == 2 and failover.silent == ("p2",) and failover.left == ()
+    assert failover.moved == {task: ("p2", "p1") for task in lost} and lost
+    assert history.failovers == 1

@@ -43,6 +43,7 @@ def test_the_document_describes_every_http_route_with_its_parameters(serves_tabl
         "/",
         "/healthz",
         "/status",
+        "/status/history",
         "/tasks",
         "/metrics",
         "/tap/{stream}",
@@ -62,6 +63,8 @@ def test_the_document_describes_every_http_route_with_its_parameters(serves_tabl
     assert "504" in paths["/http/{stream}"]["post"]["responses"]
     assert "text/html" in paths["/"]["get"]["responses"]["200"]["content"]
     assert "text/plain" in paths["/metrics"]["get"]["responses"]["200"]["content"]
+    history = paths["/status/history"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert history["required"] == ["interval_ms", "window_ms", "samples"]
     assert all(
         "401" in operation["responses"]
         for path, operations in paths.items()

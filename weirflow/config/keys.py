@@ -145,6 +145,21 @@ KEYS: tuple[ConfigKey, ...] = (
         _E,
     ),
     ConfigKey(
+        "endpoints.history.interval.ms",
+        "int",
+        5_000,
+        "How often each processor samples its tasks' throughput and lag for `GET /status/history` and the status "
+        "page's charts (kept in memory only).",
+        _E,
+    ),
+    ConfigKey(
+        "endpoints.history.window.ms",
+        "int",
+        600_000,
+        "How far back those samples go: the status page charts this window, and older samples are dropped.",
+        _E,
+    ),
+    ConfigKey(
         "endpoints.read.threads",
         "int",
         4,

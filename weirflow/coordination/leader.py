@@ -10,6 +10,10 @@ debounce on top: the timeout already waited longer, and the silences of processo
 over a heartbeat interval, which a debounce would not batch. A failover thus costs the liveness timeout, one
 poll and the latch; the silent processor's leases are broken rather than waited for
 (`weirflow.coordination.silence`).
+
+Each publication is recorded right after it, with why (who joined, left or went silent) and which tasks moved
+where, in the ``job-model-history`` document (`weirflow.coordination.model_history`): the status page's
+"job model changes" and its count of failovers.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from collections.abc import Callable
 from weirflow import clock as wall_clock
 from weirflow.assignment import assign
 from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model_or_report
+from weirflow.coordination.model_history import ModelChange, describe_change, record_change
 from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.errors import EtagMismatchError
+from weirflow.errors import EtagMismatchError, LockLostError
 from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel, TaskModel
@@ -80,7 +85,7 @@ class LeaderDuties:
             stable_since = self._stable_since(model, rows, live)
             if now - stable_since < self._timings.debounce_ms:
                 return None
-        return self._publish(model, etag, live, now)
+        return self._publish(model, etag, live, now, rows)
 
     # --- helpers --------------------------------------------------------------------------------------
     def _stable_since(self, model: JobModel, rows: list[ProcessorInfo], live: list[str]) -> int:
@@ -144,7 +149,9 @@ class LeaderDuties:
             self._watched_latch = None
             self._republish = True
 
-    def _publish(self, model: JobModel, etag: str | None, live: list[str], now: int) -> JobModel | None:
+    def _publish(
+        self, model: JobModel, etag: str | None, live: list[str], now: int, rows: list[ProcessorInfo]
+    ) -> JobModel | None:
         tasks = self._planner()
         assignment = assign(tasks.keys(), live, model.assignment)
         new = JobModel(
@@ -155,9 +162,11 @@ class LeaderDuties:
         except EtagMismatchError:
             log.warning("job model changed while publishing v%d; another leader? re-reading", new.version)
             return None
+        republished = self._republish
         self._republish = False
         self._seen_version = new.version
         self._watch_latch(new.version, now)
+        self._record(describe_change(model, new, rows, self._timings.liveness_timeout_ms, republished))
         moved = sum(1 for t in tasks if model.owner_of(t) not in (None, new.owner_of(t)))
         log.info(
             "published job model v%d: %d tasks on %d processors (%s); %d tasks moved",
@@ -168,6 +177,17 @@ class LeaderDuties:
             moved,
         )
         return new
+
+    def _record(self, change: ModelChange) -> None:
+        """Record why the model just published was (`weirflow.coordination.model_history`), through the fenced
+        store. The model is published already: a failed record costs the status page one entry, so it is
+        logged, not raised — but a refused fence still steps the leader down."""
+        try:
+            record_change(self._metadata, change)
+        except LockLostError:
+            raise
+        except Exception as exc:
+            log.warning("job model v%d published, but its history was not recorded: %s", change.version, exc)
 
     def _collect_garbage(self, rows: list[ProcessorInfo], now: int) -> None:
         horizon = self._timings.liveness_timeout_ms * _GC_FACTOR

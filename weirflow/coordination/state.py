@@ -69,6 +69,18 @@ def is_silent(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> boo
     return now_ms - info.heartbeat_ms > liveness_timeout_ms
 
 
+# A row in one of these states is the processor's last word: it ended, and saying so is not going silent.
+_ENDED_VALUES = frozenset({ProcessorState.STOPPED.value, ProcessorState.FAILED.value})
+
+
+def went_silent(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
+    """Silent past the liveness timeout without having said it ended (STOPPED, FAILED): it crashed, hangs or is
+    cut off from storage, and its row shows a state it is no longer in. The leader records such a departure
+    as a failover (`weirflow.coordination.model_history`) and `weirflow status` shows the processor as
+    ``SILENT`` instead of its last reported state."""
+    return is_silent(info, now_ms, liveness_timeout_ms) and info.state not in _ENDED_VALUES
+
+
 def is_live(info: ProcessorInfo, now_ms: int, liveness_timeout_ms: int) -> bool:
     """A processor is live when it was heard from within the liveness timeout and has not departed — except
     that a STOPPING processor whose row still lists tasks is live: it is handing them over (final checkpoints

@@ -27,6 +27,29 @@ _ERROR_SCHEMA = {
     "required": ["error"],
 }
 _ANY_JSON: dict[str, Any] = {}  # any JSON value
+_RATE = {"type": ["number", "null"], "description": "per second since the previous sample; null in the first"}
+_HISTORY = {
+    "type": "object",
+    "properties": {
+        "interval_ms": {"type": "integer"},
+        "window_ms": {"type": "integer"},
+        "samples": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "at_ms": {"type": "integer"},
+                    "records_in_per_s": _RATE,
+                    "records_out_per_s": _RATE,
+                    "lag": {"type": ["integer", "null"]},
+                    "tasks": {"type": "integer"},
+                },
+                "required": ["at_ms", "records_in_per_s", "records_out_per_s", "lag", "tasks"],
+            },
+        },
+    },
+    "required": ["interval_ms", "window_ms", "samples"],
+}
 
 
 def describe_api(app: Any, settings: EndpointSettings) -> None:
@@ -54,6 +77,9 @@ def complete(doc: dict[str, Any], settings: EndpointSettings) -> dict[str, Any]:
     for path, ok, waits in (("/rpc/{stream}", _fan_out_answer(), False), ("/http/{stream}", _response(), True)):
         if (post := paths.get(path, {}).get("post")) is not None:
             _conversation(post, ok, settings.rpc_timeout_max_ms, waits)
+    if (history := paths.get("/status/history", {}).get("get")) is not None:
+        history["summary"] = "This processor's throughput and lag over the last minutes"
+        history["responses"]["200"] = _json("the samples, oldest first (weirflow.endpoints.history)", _HISTORY)
     _media(paths, "/", "text/html")
     _media(paths, "/metrics", "text/plain")
     if (health := paths.get("/healthz", {}).get("get")) is not None:

@@ -1,4 +1,5 @@
-"""Keep-alive HTTP/1.1 connections from one processor to its peers, for proxied lookups.
+"""Keep-alive HTTP/1.1 connections from one processor to its peers, for proxied lookups (and, asked of all
+at once by `get_json_from_peers`, the status page's histories).
 
 A proxied key lookup is two HTTP exchanges, and with a general-purpose client (httpx, aiohttp) the client's
 own bookkeeping was most of the entry processor's time: at 1,000 lookups/s through a non-owner the entry's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
@@ -176,3 +178,34 @@ class PeerClient:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+def get_json_from_peers(
+    urls: dict[str, str], path_and_query: str, token: str | None, timeout_s: float
+) -> dict[str, Any]:
+    """``GET path_and_query`` of several peers at once (processor -> URL), each answer within ``timeout_s``:
+    processor -> its JSON, or ``{"error": ...}`` for a peer that did not answer 200 with JSON in time (the
+    status page names it and goes on). Blocking: for a handler running on a worker thread, not on the loop."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def one(client: PeerClient, url: str) -> Any:
+        try:
+            status, body = await asyncio.wait_for(client.get(url, path_and_query), timeout_s)
+        except (PeerError, TimeoutError) as exc:
+            return {"error": f"{type(exc).__name__}: {exc or f'no answer within {timeout_s} s'}"}
+        if status != 200:
+            return {"error": f"HTTP {status}: {body[:200].decode(errors='replace')}"}
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            return {"error": f"not JSON: {exc}"}
+
+    async def everyone() -> dict[str, Any]:
+        client = PeerClient(headers, timeout_s=timeout_s, connect_timeout_s=min(1.0, timeout_s))
+        try:
+            answers = await asyncio.gather(*(one(client, url) for url in urls.values()))
+        finally:
+            client.close()
+        return dict(zip(urls, answers, strict=True))
+
+    return asyncio.run(everyone()) if urls else {}

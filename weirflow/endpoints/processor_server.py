@@ -4,18 +4,22 @@ Coordination serves nothing itself (docs/architecture.md): `StreamProcessor` tak
 (`weirflow.coordination.server_hook`) and `start_processor_server` is the one `weirflow run` passes, through
 `serving_processor`. It reads the processor's plain state (its state, leadership, job model version, lease
 renewals, the owner of each task), its runner (task stats, served tables and their routes, intermediate
-streams) and the job's picture (`weirflow.job_status`).
+streams), the job's picture (`weirflow.job_status`) and the history of its tasks' throughput and lag, sampled
+here and summed over the live processors for the status page (`weirflow.endpoints.history`).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from weirflow.config.loader import Config
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.coordination.state import ProcessorState
 from weirflow.endpoints.conversations import Conversations
+from weirflow.endpoints.history import PEER_TIMEOUT_S, ThroughputHistory, job_series
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
+from weirflow.endpoints.peers import get_json_from_peers
 from weirflow.endpoints.read_pool import ReadPool
 from weirflow.endpoints.server import EndpointServer, create_app
 from weirflow.endpoints.settings import EndpointSettings
@@ -58,11 +62,35 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
         state = processor.state
         return state not in (ProcessorState.FAILED, ProcessorState.STOPPED), state.value
 
+    history = ThroughputHistory(tasks, settings.history_interval_ms, settings.history_window_ms)
+
+    def throughput(urls: dict[str, str]) -> dict[str, Any]:
+        """The job's throughput and lag over time: every live processor's history summed (this one's directly)."""
+        peers = {p: u for p, u in urls.items() if u and p != processor.processor_id}
+        answers = get_json_from_peers(peers, "/status/history", settings.token, PEER_TIMEOUT_S)
+        answers[processor.processor_id] = history.to_json()
+        ok = {p: a for p, a in answers.items() if isinstance(a, dict) and isinstance(a.get("samples"), list)}
+        return {
+            "window_ms": settings.history_window_ms,
+            "interval_ms": settings.history_interval_ms,
+            "processors": sorted(ok),
+            "missing": {
+                p: str(a.get("error", a)) if isinstance(a, dict) else str(a)
+                for p, a in answers.items()
+                if p not in ok
+            },
+            "series": job_series(ok),
+        }
+
     def status() -> dict[str, Any]:
-        """The job's picture, with every live processor's tasks (GET /tasks of each, this one's directly)."""
+        """The job's picture, with every live processor's tasks (GET /tasks of each, this one's directly) and
+        their throughput and lag over time (GET /status/history of each), asked at the same time."""
         doc = job_status(processor.config, ctx)
         urls = {p["processor_id"]: p.get("endpoint") or "" for p in doc["processors"] if p["live"]}
-        doc["task_reports"] = gather(urls, processor.processor_id, tasks, settings.token)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            over_time = pool.submit(throughput, urls)
+            doc["task_reports"] = gather(urls, processor.processor_id, tasks, settings.token)
+            doc["throughput"] = over_time.result()
         return doc
 
     pool = ReadPool(settings.read_threads)  # taps' and conversations' blocking reads, apart from the rest
@@ -82,9 +110,11 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
         ),
         _conversations(processor, settings, pool),
         tasks,
+        history.to_json,
     )
-    server = EndpointServer(settings, app)
+    server = EndpointServer(settings, app, on_stop=(history.stop,))
     server.start()
+    history.start()
     return server
 
 

@@ -6,6 +6,8 @@ Routes so far (docs/endpoints.md):
 * ``GET /healthz`` — 200 with the processor's state while it runs (container health probes; no token needed,
   see `HEALTH_PATH`);
 * ``GET /status`` — the job's live picture as JSON, what `weirflow status --json` prints;
+* ``GET /status/history`` — this processor's throughput and lag over the last minutes
+  (`weirflow.endpoints.history`; the status page charts every live processor's);
 * ``GET /tasks`` — this processor's tasks: records in/out, batches, last batch duration and checkpoint, dead
   letters, lag per SSP (`weirflow.endpoints.task_report`; the status page gathers every processor's);
 * ``GET /metrics`` — Prometheus text format (prometheus-client), this processor's metrics;
@@ -56,9 +58,11 @@ def create_app(
     taps: TapService | None = None,
     conversations: Conversations | None = None,
     tasks: Callable[[], dict[str, Any]] | None = None,
+    history: Callable[[], dict[str, Any]] | None = None,
 ) -> Any:
     """The FastAPI application; the callables read the processor's live state on each request. ``tables``
-    answers the served-table routes (pipeline jobs)."""
+    answers the served-table routes (pipeline jobs); ``history`` the processor's samples (``GET
+    /status/history``)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse, Response
 
@@ -80,6 +84,10 @@ def create_app(
     @app.get("/status")
     def status_route() -> Any:
         return status()
+
+    @app.get("/status/history")
+    def history_route() -> Any:
+        return history() if history is not None else {"interval_ms": 0, "window_ms": 0, "samples": []}
 
     @app.get("/tasks")
     def tasks_route() -> Any:
@@ -164,11 +172,13 @@ async def _refuse(scope: dict[str, Any], receive: Any, send: Any, refusal: Refus
 
 
 class EndpointServer:
-    """uvicorn in a daemon thread; `start` returns once it listens, with `url` the address to advertise."""
+    """uvicorn in a daemon thread; `start` returns once it listens, with `url` the address to advertise.
+    ``on_stop``: what serves beside it (the status history's sampler), stopped with it."""
 
-    def __init__(self, settings: EndpointSettings, app: Any) -> None:
+    def __init__(self, settings: EndpointSettings, app: Any, on_stop: tuple[Callable[[], None], ...] = ()) -> None:
         self.settings = settings
         self._app = app
+        self._on_stop = on_stop
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -211,6 +221,8 @@ class EndpointServer:
         return self.url
 
     def stop(self) -> None:
+        for stop in self._on_stop:
+            stop()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

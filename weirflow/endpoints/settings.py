@@ -42,6 +42,8 @@ class EndpointSettings:
     allowed_origins: tuple[str, ...] = ()
     read_threads: int = 4
     allowed_hosts: tuple[str, ...] = ()
+    history_interval_ms: int = 5_000
+    history_window_ms: int = 600_000
 
     @classmethod
     def from_config(cls, config: ConfigView) -> EndpointSettings:
@@ -81,6 +83,14 @@ class EndpointSettings:
                     f"'{name}' is not a host name: write the name clients put in the Host header, without scheme "
                     "or port, e.g. ops.example.com (IP addresses are always accepted)",
                 )
+        interval_ms = _positive(config, "endpoints.history.interval.ms")
+        window_ms = _positive(config, "endpoints.history.window.ms")
+        if window_ms < interval_ms:
+            raise config.error(
+                "endpoints.history.window.ms",
+                f"{window_ms} ms is shorter than endpoints.history.interval.ms ({interval_ms} ms): "
+                "the window would hold no more than one sample",
+            )
         return cls(
             enabled=bool(config.get("endpoints.enabled")),
             host=host,
@@ -97,6 +107,8 @@ class EndpointSettings:
             allowed_origins=origins,
             read_threads=_positive(config, "endpoints.read.threads"),
             allowed_hosts=hosts,
+            history_interval_ms=interval_ms,
+            history_window_ms=window_ms,
         )
 
 
