@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# What `make install` puts in the venv: the Dockerfile runs the same target with EXTRAS=azure EDITABLE= (a
+# What `make install` puts in the venv: the Dockerfile runs the same target with EXTRAS=azure,monitor EDITABLE= (a
 # plain install of the Azure extra, in the image's own venv), so the image installs exactly as `make run` does.
-EXTRAS ?= dev,azure,emulator,kinesis
+EXTRAS ?= dev,azure,emulator,kinesis,monitor
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 

@@ -59,6 +59,9 @@ param endpointsToken string = ''
 @description('Optional: a Key Vault secret URL holding the token, read with the managed identity (grant it Key Vault Secrets User there).')
 param endpointsTokenKeyVaultSecretUrl string = ''
 
+@description('Push every processor\'s metrics to Azure Monitor: an Application Insights component on the workspace, the processors exporting through OpenTelemetry (docs/deploy.md, "Telemetry").')
+param exportMetrics bool = false
+
 param tags object = {}
 
 var suffix = uniqueString(resourceGroup().id, name)
@@ -92,6 +95,7 @@ module monitoring 'modules/monitoring.bicep' = {
     name: 'log-${name}-${suffix}'
     location: location
     tags: tags
+    exportMetrics: exportMetrics
   }
 }
 
@@ -147,6 +151,7 @@ module app 'modules/app.bicep' = {
     memory: memory
     lagHub: lagHub
     maxReplicas: maxReplicas
+    insightsConnectionString: monitoring.outputs.insightsConnectionString
     endpointsPort: endpointsPort
     externalEndpoints: externalEndpoints
     endpointsToken: endpointsToken

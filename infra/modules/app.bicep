@@ -8,7 +8,9 @@
 //   AZURE_CLIENT_ID           which managed identity DefaultAzureCredential signs in as (azure-identity)
 //   WEIRFLOW_ENDPOINTS_TOKEN  the endpoints' bearer token, from the app's secret `endpoints-token` (a value or a
 //                             Key Vault reference), read by the config as ${WEIRFLOW_ENDPOINTS_TOKEN}
-//   --set arguments           config keys of `weirflow run` (consumer group, state directory, endpoints)
+//   APPLICATIONINSIGHTS_CONNECTION_STRING  with `insightsConnectionString`: where the processors push their metrics
+//                             (secret `appinsights-connection-string`; `--set metrics.export=azure-monitor`)
+//   --set arguments           config keys of `weirflow run` (consumer group, state directory, endpoints, metrics)
 // No connection string or key is passed: storage and Event Hubs both use Entra ID.
 //
 // Endpoints (docs/deploy.md, "Endpoints"): every processor serves HTTP on `endpointsPort`, bound to 0.0.0.0.
@@ -71,12 +73,19 @@ param endpointsToken string = ''
 @description('Key Vault secret URL of the token instead (read with the managed identity, which needs Key Vault Secrets User on it); empty: `endpointsToken`.')
 param endpointsTokenKeyVaultSecretUrl string = ''
 
+@secure()
+@description('Connection string of the Application Insights component the processors push their metrics to (`metrics.export: azure-monitor`); empty: no export.')
+param insightsConnectionString string = ''
+
 @description('The environment\'s default domain (`<unique id>.<region>.azurecontainerapps.io`), which the app\'s FQDN ends with.')
 param environmentDefaultDomain string
 
 // The name clients put in Host through the ingress: <app>.<domain> when external, <app>.internal.<domain> when
 // internal; apps of the environment may also name it by <app> alone.
 var ingressFqdn = externalEndpoints ? '${name}.${environmentDefaultDomain}' : '${name}.internal.${environmentDefaultDomain}'
+var metricsExport = empty(insightsConnectionString) ? 'none' : 'azure-monitor'
+// Entries of `secrets` and `env` that exist only while metrics are exported.
+var exportOnly = ['appinsights-connection-string', 'APPLICATIONINSIGHTS_CONNECTION_STRING']
 var healthz = {
   path: '/healthz'
   port: endpointsPort
@@ -115,7 +124,7 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
     workloadProfileName: 'Consumption'
     configuration: {
       activeRevisionsMode: 'Single'
-      secrets: [
+      secrets: filter([
         {
           name: 'job-config'
           value: jobConfig
@@ -128,7 +137,11 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
           keyVaultUrl: endpointsTokenKeyVaultSecretUrl
           identity: identityId
         }
-      ]
+        {
+          name: 'appinsights-connection-string'
+          value: insightsConnectionString
+        }
+      ], secret => !empty(insightsConnectionString) || !contains(exportOnly, secret.name))
       ingress: {
         external: externalEndpoints
         targetPort: endpointsPort
@@ -158,13 +171,15 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
             '--set'
             'task.checkpoint.azure.eventhubs.container=${checkpointContainer}'
             '--set'
+            'metrics.export=${metricsExport}'
+            '--set'
             'endpoints.host=0.0.0.0'
             '--set'
             'endpoints.port=${endpointsPort}'
             '--set'
             'endpoints.allowed.hosts=${ingressFqdn},${name}'
           ]
-          env: [
+          env: filter([
             {
               name: 'AZURE_CLIENT_ID'
               value: identityClientId
@@ -181,7 +196,11 @@ resource app 'Microsoft.App/containerApps@2026-07-01' = {
               name: 'WEIRFLOW_ENDPOINTS_TOKEN'
               secretRef: 'endpoints-token'
             }
-          ]
+            {
+              name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+              secretRef: 'appinsights-connection-string'
+            }
+          ], variable => !empty(insightsConnectionString) || !contains(exportOnly, variable.name))
           resources: {
             cpu: json(cpu)
             memory: memory

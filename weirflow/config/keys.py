@@ -167,6 +167,22 @@ KEYS: tuple[ConfigKey, ...] = (
         "use other threads, so readers can never starve them.",
         _E,
     ),
+    ConfigKey(
+        "metrics.export",
+        "str",
+        "none",
+        "Where every processor also pushes its `/metrics` samples: `none`, or `azure-monitor` (OpenTelemetry to "
+        "Application Insights; the `monitor` extra, connection string in $APPLICATIONINSIGHTS_CONNECTION_STRING; "
+        'docs/deploy.md, "Telemetry").',
+        _E,
+    ),
+    ConfigKey(
+        "metrics.export.interval.ms",
+        "duration_ms",
+        60_000,
+        "How often `metrics.export` pushes the samples (Azure Monitor keeps one point per minute).",
+        _E,
+    ),
     # --- Job -------------------------------------------------------------------------------------------
     ConfigKey(
         "job.name", "str", None, "Name of the job; with `job.id` it names every store resource.", _J, required=True
