@@ -22,6 +22,8 @@ starts when a request timing out could overrun it), so that a lease renewal answ
 processor can still fence itself (docs/coordination.md, "The self-fence"); when they keep failing,
 `ServiceUnavailableError` names the endpoint and the resource. Any other error surfaces at once as
 `AzureStorageError` naming the resource (the one table of `weirflow_azure.coordinator.errors`, `STORAGE_ERRORS`).
+Each retry and each call failing with one of those errors is counted, by operation, for ``GET /metrics``
+(`weirflow.telemetry`: ``weirflow_storage_retries_total``, ``weirflow_storage_errors_total``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from urllib.parse import urlparse
 
 from azure.core.exceptions import ResourceExistsError
 from tenacity import (
+    RetryCallState,
     RetryError,
     Retrying,
     retry_if_exception,
@@ -47,9 +50,10 @@ from tenacity import (
     wait_random,
 )
 
+from weirflow import telemetry
 from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.config import ConfigView
-from weirflow_azure.coordinator.errors import is_transient, short, storage_errors
+from weirflow_azure.coordinator.errors import AzureStorageError, is_transient, short, storage_errors
 
 log = logging.getLogger("weirflow.azure")
 
@@ -276,26 +280,39 @@ class Storage:
             + wait_random(0, s.retry_initial_s),
             retry=retry_if_exception(is_transient),
             reraise=False,
-            before_sleep=lambda state: log.warning(
-                "%s %s on %s failed (attempt %d of %d): %s; retrying",
-                operation,
-                resource,
-                endpoint,
-                state.attempt_number,
-                s.retry_attempts,
-                short(state.outcome.exception()) if state.outcome else "?",
-            ),
+            before_sleep=lambda state: self._retrying(operation, resource, endpoint, state),
         )
         try:
             with storage_errors(operation, resource, endpoint):
                 return retrying(fn)
         except RetryError as exc:
+            telemetry.count(telemetry.STORAGE_ERRORS, store="azure", operation=operation)
             cause = exc.last_attempt.exception()
             raise ServiceUnavailableError(
                 f"{operation} {resource} on {endpoint} still failed after {exc.last_attempt.attempt_number} "
                 f"attempts ({s.retry_deadline_s:.1f} s at most): "
                 f"{short(cause)}. Is the storage account reachable (and Azurite running, in development)?"
             ) from cause
+        except (
+            AzureStorageError,
+            ServiceUnavailableError,
+        ):  # the table's errors; a call's own (a conflict) are not
+            telemetry.count(telemetry.STORAGE_ERRORS, store="azure", operation=operation)
+            raise
+
+    def _retrying(self, operation: str, resource: str, endpoint: str, state: RetryCallState) -> None:
+        """Before a retry's backoff: said in the log, counted for ``GET /metrics`` (`weirflow.telemetry`; the
+        operation, never the resource, labels the count, so that its series stay few)."""
+        telemetry.count(telemetry.STORAGE_RETRIES, store="azure", operation=operation)
+        log.warning(
+            "%s %s on %s failed (attempt %d of %d): %s; retrying",
+            operation,
+            resource,
+            endpoint,
+            state.attempt_number,
+            self.settings.retry_attempts,
+            short(state.outcome.exception()) if state.outcome else "?",
+        )
 
     def close(self) -> None:
         for name in ("blob_service", "table_service"):

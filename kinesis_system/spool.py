@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weirflow import telemetry
 from weirflow.clock import now_ms
 from weirflow.local.database import Database
 from weirflow_kinesis import positions
@@ -205,6 +206,8 @@ class Spool:
         self.on_lock_wait: Callable[[str], None] | None = None
         self._inode = 0
         self.db = self._open()
+        # its size on ``GET /metrics`` while open (a query of the runs table: a row per shard)
+        self._unregister = telemetry.gauge(telemetry.KINESIS_SPOOL_BYTES, self.size, stream=stream)
 
     # --- the file ---------------------------------------------------------------------------------------------
     def _open(self) -> Database:
@@ -642,4 +645,5 @@ class Spool:
                 conn.execute("DELETE FROM runs WHERE shard = ?", (shard,))
 
     def close(self) -> None:
+        self._unregister()
         self.db.close()

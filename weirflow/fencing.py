@@ -17,8 +17,10 @@ task that another processor has taken over. Two checks stop its writes:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
+from weirflow import telemetry
 from weirflow.errors import LockLostError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
@@ -40,11 +42,15 @@ class FencedCheckpointWriter:
         return int(getattr(self._lock, "epoch", 0) or 0)
 
     def write(self, checkpoint: Checkpoint) -> None:
+        """Both checks, then the write; a write that succeeded is timed for ``GET /metrics``
+        (`weirflow.telemetry.CHECKPOINT_WRITE_SECONDS`: the lock check and the store's write)."""
+        began = time.monotonic()
         if not self._lock.is_held():
             raise LockLostError(self._lock.name, self._lock.owner)
         if before_write is not None:
             before_write(self.task_name, checkpoint)
         self._manager.write_checkpoint(self.task_name, dataclasses.replace(checkpoint, epoch=self.epoch))
+        telemetry.observe(telemetry.CHECKPOINT_WRITE_SECONDS, time.monotonic() - began)
 
     def claim(self, checkpoint: Checkpoint | None) -> None:
         """Write the checkpoint the task starts from (None: nothing yet) again with this holder's epoch, so that

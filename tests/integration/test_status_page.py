@@ -61,7 +61,8 @@ class _Cells(HTMLParser):
 
 class ReportingRunner(FakeRunner):
     """Task ``main-<n>`` has read 10 of its partition's 25 records (lag 15), ``10 * (n + 1)`` records in all,
-    and sent ``n`` dead letters; its last checkpoint was 1.5 s before the page was asked for."""
+    in 3 batches of 0.12 s, and sent ``n`` dead letters; its last checkpoint was 1.5 s before the page was asked
+    for."""
 
     def task_stats(self) -> dict[str, dict[str, Any]]:
         return {
@@ -69,6 +70,7 @@ class ReportingRunner(FakeRunner):
                 "batches": 3,
                 "records_in": 10 * (n + 1),
                 "last_batch_ms": 120,
+                "batch_seconds": {"bounds": [0.1, 0.25], "counts": [0, 3, 0], "sum": 0.36},
                 "dead_letters": n,
                 "last_checkpoint_ms": int(time.time() * 1000) - 1500,
                 "records_out": {"out": 7},
@@ -142,7 +144,8 @@ def test_the_status_page_shows_the_leader_the_processors_and_every_task(tmp_path
         'weirflow_task_dead_letters_total{processor="p1",task="main-3"} 3.0',
         'weirflow_task_records_in_total{processor="p1",task="main-1"} 20.0',
         'weirflow_task_records_out_total{processor="p1",query="main-0",stream="out",task="main-0"} 7.0',
-        'weirflow_task_batch_duration_seconds{processor="p1",task="main-0"} 0.12',
+        'weirflow_task_batch_duration_seconds_bucket{le="0.25",processor="p1",task="main-0"} 3.0',
+        'weirflow_task_batch_duration_seconds_count{processor="p1",task="main-0"} 3.0',
     ):
         assert line in metrics, line
     assert re.search(r'weirflow_rebalances_total\{processor="p1"\} [1-9]', metrics)

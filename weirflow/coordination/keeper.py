@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow import telemetry
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.interfaces.coordination import Lock
 
@@ -192,8 +193,13 @@ class LeaseKeeper:
         return True
 
     def _renew(self, lock: Lock) -> tuple[float, bool]:
+        """One renewal; its duration, when the store answered, goes to ``GET /metrics``
+        (`weirflow.telemetry.LEASE_RENEWAL_SECONDS`, by the monotonic clock whatever clock drives deadlines)."""
         sent_at = self._clock()
-        return sent_at, bool(lock.renew())
+        began = time.monotonic()
+        renewed = bool(lock.renew())
+        telemetry.observe(telemetry.LEASE_RENEWAL_SECONDS, time.monotonic() - began)
+        return sent_at, renewed
 
     # --- the pool, shared with the heartbeat ----------------------------------------------------------
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 
 from weirflow import clock as wall_clock
+from weirflow import telemetry
 from weirflow.assignment import assign
 from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model_or_report
 from weirflow.coordination.model_history import ModelChange, describe_change, record_change
@@ -141,6 +142,7 @@ class LeaderDuties:
             self._watched_latch = None
         elif now >= self._latch_deadline_ms:
             latch.time_out()
+            telemetry.count(telemetry.LATCH_TIMEOUTS)
             log.warning(
                 "job model v%d: latch timed out waiting for %s; publishing a new version",
                 model.version,

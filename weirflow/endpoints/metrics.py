@@ -1,13 +1,16 @@
 """``GET /metrics``: the processor's metrics in Prometheus text format (prometheus-client), read from the
-running processor at scrape time (a custom collector: nothing is updated on the hot path).
+running processor at scrape time by a custom collector: nothing is updated on the hot path beyond the runner's
+own counts and the bucket increments of `weirflow.telemetry`.
 
-Per processor: ``weirflow_tasks_running``, ``weirflow_job_model_version``, ``weirflow_leader``,
-``weirflow_processor_state``, ``weirflow_lease_renewals_total``, ``weirflow_rebalances_total``. Per task it runs
-(label ``task``): ``weirflow_task_records_in_total``, ``weirflow_task_records_out_total`` (label ``stream``;
-a stateless stage's tasks share one query, whose counts each of them reports, label ``query``),
-``weirflow_task_batches_total``, ``weirflow_task_batch_duration_seconds`` (the last batch),
-``weirflow_task_last_checkpoint_timestamp_seconds``, ``weirflow_task_dead_letters_total`` and
-``weirflow_task_lag_records`` (label ``ssp``: records between the task's position and the partition's end).
+Three sources, each a family of series (docs/endpoints.md, "Status page and metrics", lists every metric):
+
+* the processor: its state, leadership, job model version, lease renewals and rebalances;
+* its tasks (label ``task``) and queries (label ``query``, a stable name: a stateless stage's shared query is
+  named by its stage, a stateful task's by the task), from the runner (`TaskRunner.task_stats`,
+  `TaskRunner.query_stats`). Every task count is the task's own, so a sum over tasks counts nothing twice;
+  what a shared query wrote but could not attribute to a task is in the query's own count only;
+* the process-wide registry (`weirflow.telemetry`): storage retries and errors, latch time-outs, checkpoint
+  write and lease renewal latencies, the Kinesis spool's size.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from weirflow.telemetry import TELEMETRY, HistogramData, Telemetry
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class ProcessorSnapshot:
     task_reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # weirflow.endpoints.task_report
     renewals: int = 0
     rebalances: int = 0
+    query_reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # `TaskRunner.query_stats`
+
+
+def _buckets(data: HistogramData) -> list[tuple[str, float]]:
+    from prometheus_client.utils import floatToGoString
+
+    return [(floatToGoString(bound), float(n)) for bound, n in data.buckets]
 
 
 def _processor_families(now: ProcessorSnapshot) -> Iterator[Any]:
@@ -56,16 +68,22 @@ def _processor_families(now: ProcessorSnapshot) -> Iterator[Any]:
 
 
 def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     t = ["processor", "task"]
-    records_in = CounterMetricFamily("weirflow_task_records_in", "Records read from the task's inputs", labels=t)
+    records_in = CounterMetricFamily(
+        "weirflow_task_records_in",
+        "Records the task read: an input stream's records, an intermediate stream's rows",
+        labels=t,
+    )
     records_out = CounterMetricFamily(
-        "weirflow_task_records_out", "Records written by the task's query", labels=[*t, "query", "stream"]
+        "weirflow_task_records_out",
+        "Records written for the task, per output stream (its own rows only, never its query's whole output)",
+        labels=[*t, "query", "stream"],
     )
     batches = CounterMetricFamily("weirflow_task_batches", "Micro-batches checkpointed", labels=t)
-    duration = GaugeMetricFamily(
-        "weirflow_task_batch_duration_seconds", "Duration of the last micro-batch", labels=t
+    duration = HistogramMetricFamily(
+        "weirflow_task_batch_duration_seconds", "Durations of the task's checkpointed micro-batches", labels=t
     )
     checkpoint = GaugeMetricFamily(
         "weirflow_task_last_checkpoint_timestamp_seconds",
@@ -85,7 +103,9 @@ def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
         for stream, n in sorted((r.get("records_out") or {}).items()):
             records_out.add_metric([*labels, str(r.get("query") or task), stream], n)
         batches.add_metric(labels, r.get("batches", 0))
-        duration.add_metric(labels, r.get("last_batch_ms", 0) / 1000)
+        if r.get("batch_seconds"):
+            data = HistogramData.of(r["batch_seconds"])
+            duration.add_metric(labels, _buckets(data), data.sum)
         checkpoint.add_metric(labels, r.get("last_checkpoint_ms", 0) / 1000)
         dead.add_metric(labels, r.get("dead_letters", 0))
         replays.add_metric(labels, r.get("replays_dropped", 0))
@@ -95,8 +115,49 @@ def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
     yield from (records_in, records_out, batches, duration, checkpoint, dead, replays, lag)
 
 
-def metrics_exposition(snapshot: Callable[[], ProcessorSnapshot]) -> Callable[[], bytes]:
-    """A function that renders the current metrics; ``snapshot`` reads the processor."""
+def _query_families(now: ProcessorSnapshot) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    q = ["processor", "query"]
+    records_out = CounterMetricFamily(
+        "weirflow_query_records_out",
+        "Records the query wrote, per output stream (all of them, attributed to a task or not)",
+        labels=[*q, "stream"],
+    )
+    tasks = GaugeMetricFamily("weirflow_query_tasks", "Tasks the query runs", labels=q)
+    for query, r in sorted(now.query_reports.items()):
+        labels = [now.processor_id, query]
+        tasks.add_metric(labels, r.get("tasks", 0))
+        for stream, n in sorted((r.get("records_out") or {}).items()):
+            records_out.add_metric([*labels, stream], n)
+    yield from (records_out, tasks)
+
+
+def _telemetry_families(processor: str, telemetry: Telemetry) -> Iterator[Any]:
+    """The registry's series, each labelled with the processor whose process counted it."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    families: dict[str, Any] = {}
+
+    def family(metric: Any, kind: type) -> Any:
+        if metric.name not in families:
+            families[metric.name] = kind(metric.name, metric.help, labels=["processor", *metric.labels])
+        return families[metric.name]
+
+    for metric, labels, value in sorted(telemetry.counters(), key=lambda c: (c[0].name, c[1])):
+        family(metric, CounterMetricFamily).add_metric([processor, *labels], value)
+    for metric, labels, data in sorted(telemetry.histograms(), key=lambda h: (h[0].name, h[1])):
+        family(metric, HistogramMetricFamily).add_metric([processor, *labels], _buckets(data), data.sum)
+    for metric, labels, value in sorted(telemetry.gauges(), key=lambda g: (g[0].name, g[1])):
+        family(metric, GaugeMetricFamily).add_metric([processor, *labels], value)
+    yield from families.values()
+
+
+def metrics_exposition(
+    snapshot: Callable[[], ProcessorSnapshot], telemetry: Telemetry = TELEMETRY
+) -> Callable[[], bytes]:
+    """A function that renders the current metrics; ``snapshot`` reads the processor, ``telemetry`` is the
+    process's registry (a test passes its own)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     class _Collector:
@@ -104,6 +165,8 @@ def metrics_exposition(snapshot: Callable[[], ProcessorSnapshot]) -> Callable[[]
             now = snapshot()
             yield from _processor_families(now)
             yield from _task_families(now)
+            yield from _query_families(now)
+            yield from _telemetry_families(now.processor_id, telemetry)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())

@@ -3,9 +3,10 @@
 Coordination serves nothing itself (docs/architecture.md): `StreamProcessor` takes a server factory
 (`weirflow.coordination.server_hook`) and `start_processor_server` is the one `weirflow run` passes, through
 `serving_processor`. It reads the processor's plain state (its state, leadership, job model version, lease
-renewals, the owner of each task), its runner (task stats, served tables and their routes, intermediate
-streams), the job's picture (`weirflow.job_status`) and the history of its tasks' throughput and lag, sampled
-here and summed over the live processors for the status page (`weirflow.endpoints.history`).
+renewals, the owner of each task), its runner (task and query stats, served tables and their routes,
+intermediate streams), the process's telemetry (`weirflow.telemetry`, read by the metrics collector), the job's
+picture (`weirflow.job_status`) and the history of its tasks' throughput and lag, sampled here and summed over
+the live processors for the status page (`weirflow.endpoints.history`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
     tasks = TaskReport(ctx.systems, runner.task_stats)
 
     def snapshot() -> ProcessorSnapshot:
-        running = processor.runner.running() if processor.runner is not None else set()
+        current = processor.runner
+        running = current.running() if current is not None else set()
         return ProcessorSnapshot(
             processor.processor_id,
             processor.state.value,
@@ -56,6 +58,7 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
             tasks(),
             processor.lease_renewals,
             processor.rebalances,
+            current.query_stats() if current is not None else {},
         )
 
     def health() -> tuple[bool, str]:

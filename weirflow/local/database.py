@@ -3,6 +3,8 @@
 WAL lets readers proceed while one writer writes; read-modify-write sequences run in ``BEGIN IMMEDIATE``
 transactions, which take the write lock up front so two processes cannot both read the old state and both
 act on it. Each thread gets its own connection (sqlite3 connections must not be shared across threads).
+A transaction failing in SQLite itself (busy past the timeout, a full disk, a corrupt file) and a retry of the
+switch to WAL are counted for ``GET /metrics`` (`weirflow.telemetry`, ``store="sqlite"``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+
+from weirflow import telemetry
 
 
 class Database:
@@ -54,6 +58,7 @@ class Database:
             wait=wait_random(0.01, 0.1),
             stop=stop_after_delay(self._busy_timeout_ms / 1000),
             reraise=True,
+            before_sleep=lambda _: telemetry.count(telemetry.STORAGE_RETRIES, store="sqlite", operation="use wal"),
         ):
             with attempt:
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -62,13 +67,17 @@ class Database:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error)."""
         conn = self.connection()
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error:  # the database failed (the caller's own errors are not counted)
+            telemetry.count(telemetry.STORAGE_ERRORS, store="sqlite", operation="transaction")
             raise
-        conn.execute("COMMIT")
 
     def close(self) -> None:
         """Close this thread's connection and those of threads that have ended; let go of the others.

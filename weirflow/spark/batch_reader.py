@@ -51,6 +51,7 @@ class BatchReader:
         self._dead: list[tuple[dict[str, Any], bytes | None]] = []
         self._marks: Marks | None = None  # the marks of the partition being read (intermediate streams)
         self._dropped = 0  # replayed rows the read dropped
+        self._taken = 0  # rows of an intermediate partition the read took (replays not), and its dead letters
         # control messages of the partition being read, and the task's control state they are added to: the
         # watermark this read moves Spark to (`_early_watermark`)
         self._heard: list[tuple[str, ControlMessage]] = []
@@ -115,6 +116,7 @@ class BatchReader:
         cache = MarksCache(self.spec.marks_dir) if self.spec.keeps_marks else None
         self._marks = self._marks_at(key, ssp, start, cache) if cache is not None else None
         self._dropped = 0
+        self._taken = 0
         position = start
         while int(position) < int(end) if self.spec.dense else position != end:
             chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end, attributes=bool(self.system_fields))
@@ -123,12 +125,22 @@ class BatchReader:
             yield from self._decode(key, chunk)
             self._send_dead_letters(ssp)
             position = chunk.next_offset
+        yield from self._read_ended(key, start, end, marker, cache)
+
+    def _read_ended(
+        self, key: str, start: str, end: str, marker: Any, cache: MarksCache | None
+    ) -> Iterator[pa.RecordBatch]:
+        """The control rows a read of one partition ends with: the watermark it moves Spark to, the rows it took
+        of an intermediate partition (the task's records in: its packed records each hold many), its marks, and
+        the partition's end or drain."""
         if self._heard:
             early = self._early_watermark()
             if early is not None:
                 yield self._control_batch(
                     [((early + self.spec.delay_ms) * 1000, self._ctl("inject", None, ctl_ms=early))]
                 )
+        if self.spec.intermediate and self._taken:
+            yield self._control_batch([(0, self._ctl("rows", key, task_count=self._taken))])
         if self._marks is not None and cache is not None and int(end) > int(start):
             self._marks.at = end
             cache.save(key, self._marks, start)
@@ -246,6 +258,7 @@ class BatchReader:
                 if reason is not None:
                     dead += self._dead_letter(key, chunk, i, reason)
                 elif batch is not None:
+                    self._taken += batch.num_rows
                     yield batch
             elif kind == b"\x00":
                 user.append(i)
@@ -276,8 +289,10 @@ class BatchReader:
             assert self.json is not None
             table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
             if table.num_rows:
+                self._taken += table.num_rows
                 yield self._data(key, table, [user[j] for j in decoded], chunk)
             dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+        self._taken += dead
         return dead
 
     def _packed_rows(

@@ -300,7 +300,8 @@ class SparkTaskRunner(TaskRunner):
             return {n for n in self._tasks if n not in self._query_of}
 
     def task_stats(self) -> dict[str, dict[str, Any]]:
-        """Per task running here: `TaskStats`, its next offset per SSP and its dead letters so far."""
+        """Per task running here: `TaskStats` (its own records out among them), its next offset per SSP, its
+        dead letters so far and the name of the query running it."""
         with self._guard:
             tasks = [(t, self._query_of.get(t.name)) for t in self._tasks.values()]
         return {
@@ -308,12 +309,17 @@ class SparkTaskRunner(TaskRunner):
                 **t.stats.to_json(),
                 "dead_letters": t.control.dead_letters,
                 "offsets": {ssp.key(): str(o) for ssp, o in t.offsets.items()},
-                # written by the task's query: its own, or (a stateless stage's) the merged query's
-                "records_out": dict(q.records_out) if q is not None else {},
                 "query": q.name if q is not None else None,
             }
             for t, q in tasks
         }
+
+    def query_stats(self) -> dict[str, dict[str, Any]]:
+        """Per query running here (its stable name: a stateless stage's, a stateful task's): how many tasks it
+        runs and the records it wrote per output since it started."""
+        with self._guard:
+            queries = list({id(q): q for q in self._query_of.values()}.values())
+        return {q.name: {"tasks": len(q.tasks), "records_out": dict(q.records_out)} for q in queries}
 
     @property
     def table_routes(self) -> PipelinePlan:

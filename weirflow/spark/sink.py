@@ -63,19 +63,43 @@ SINK_SCHEMA = T.StructType(
 
 
 class WrittenCount(WriterCommitMessage):
-    """What one partition wrote: rows per output, per served table its latest row per key (key -> JSON), which
-    ``commit`` records on the driver's machine (`weirflow.served_tables`), and the replayed results it did not
-    write again (digest -> copies, `weirflow.spark.result_replays`)."""
+    """What one partition wrote: rows per output, and of them those of each task (task -> output -> rows) when
+    the query runs several tasks and the rows say whose they are (`WeirflowStreamWriter._by_task`); per served
+    table its latest row per key (key -> JSON), which ``commit`` records on the driver's machine
+    (`weirflow.served_tables`), and the replayed results it did not write again (digest -> copies,
+    `weirflow.spark.result_replays`)."""
 
     def __init__(
         self,
         counts: dict[str, int],
         served: dict[str, dict[str, str]] | None = None,
         replayed: dict[str, int] | None = None,
+        by_task: dict[str, dict[str, int]] | None = None,
     ) -> None:
         self.counts = counts
         self.served = served or {}
         self.replayed = replayed or {}
+        self.by_task = by_task or {}
+
+    @classmethod
+    def total(cls, messages: list[WriterCommitMessage | None]) -> WrittenCount:
+        """The partitions' messages of one batch added up (a served table's rows merged by key)."""
+        total = cls({})
+        for message in messages:
+            if not isinstance(message, WrittenCount):
+                continue
+            for table, rows in message.served.items():
+                total.served.setdefault(table, {}).update(rows)
+            _add(total.counts, message.counts)
+            _add(total.replayed, message.replayed)
+            for task, written in message.by_task.items():
+                _add(total.by_task.setdefault(task, {}), written)
+        return total
+
+
+def _add(into: dict[str, int], more: dict[str, int]) -> None:
+    for name, n in more.items():
+        into[name] = into.get(name, 0) + n
 
 
 def _digest(key: bytes | None, value: bytes) -> str:
@@ -104,6 +128,7 @@ class WeirflowSink(DataSource):
             counts_dir,
             tasks,
             self.options.get("replays_file") or None,
+            {int(k): v for k, v in json.loads(self.options.get("owners") or "{}").items()},
         )
 
 
@@ -120,9 +145,11 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         counts_dir: str | None = None,
         tasks: list[str] | None = None,
         replays_file: str | None = None,
+        owners: dict[int, str] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.tasks = tasks or []  # the tasks the query runs (a stateful stage's query runs one)
+        self.owners = owners or {}  # a shared query's input partitions (their ``__pss``) -> the task reading each
         self.sinks = sinks
         self.fence = fence or Fence()
         self.served_dir = served_dir  # the task's Spark checkpoint directory, where served tables are kept
@@ -139,6 +166,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         served: dict[str, dict[str, str]] = {}
         replays = Replays.load(Path(self.replays_file)) if self.replays_file else None
         replayed: dict[str, int] = {}
+        by_task: dict[str, dict[str, int]] = {}
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -151,6 +179,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             for index, rows in parts:
                 sink = self.sinks[index]
                 counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
+                self._by_task(sink, rows, by_task)
                 if sink.get("serve"):  # the latest row per key; a later row of the partition wins
                     table = served.setdefault(sink["serve"], {})
                     for key, value in zip(
@@ -174,7 +203,22 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             # transform upstream), and the lock may move while they do or while a send waits to retry.
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
-        return WrittenCount(counts, served, replayed)
+        return WrittenCount(counts, served, replayed, by_task)
+
+    def _by_task(self, sink: dict[str, Any], rows: pa.RecordBatch, by_task: dict[str, dict[str, int]]) -> None:
+        """Add to ``by_task`` the rows of ``rows`` per task of a query shared by several tasks: each row's
+        ``__pss`` names the input partition it came from, hence its task (``owners``). Rows without positions
+        (the stage's transforms dropped them, or its inputs have none) cannot be told apart: they are counted
+        for the query only (docs/endpoints.md, "Status page and metrics"). A query of one task needs nothing
+        here: all its rows are that task's."""
+        if not self.owners or not sink.get("positions") or PSS not in rows.schema.names:
+            return
+        counted = pc.value_counts(rows.column(PSS))
+        stream = sink["stream"]
+        for value, n in zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True):
+            task = self.owners.get(value) if value is not None else None
+            if task is not None:
+                _add(by_task.setdefault(task, {}), {stream: int(n)})
 
     def _intermediate(
         self,
@@ -326,19 +370,15 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every partition's records were durable when its `write` returned; what is left is the served
-        tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch."""
+        tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch.
+
+        The batch's counts go to ``<counts_dir>/<batchId>.json`` for the runner (`TaskProgress._count_written`):
+        ``{"counts": {stream: rows}, "by_task": {task: {stream: rows}}, "tails": {ssp key: offset},
+        "replayed": n}``, e.g. ``{"counts": {"out": 7}, "by_task": {"s-0": {"out": 4}, "s-1": {"out": 3}},
+        "tails": {}, "replayed": 0}``."""
         workergc.before_task()
-        tables: dict[str, dict[str, str]] = {}
-        counts: dict[str, int] = {}
-        replayed: dict[str, int] = {}
-        for message in messages:
-            if isinstance(message, WrittenCount):
-                for table, rows in message.served.items():
-                    tables.setdefault(table, {}).update(rows)
-                for stream, n in message.counts.items():
-                    counts[stream] = counts.get(stream, 0) + n
-                for digest, n in message.replayed.items():
-                    replayed[digest] = replayed.get(digest, 0) + n
+        total = WrittenCount.total(messages)
+        tables, counts, replayed, by_task = total.served, total.counts, total.replayed, total.by_task
         if self.replays_file and Path(self.replays_file).exists():  # used up, and one batch older: the next
             # batch's writers read what is left, and once none is left nobody reads the file again
             replays = Replays.load(Path(self.replays_file))
@@ -348,7 +388,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         if (counts or tails or replayed) and self.counts_dir is not None:
             directory = Path(self.counts_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            summary = {"counts": counts, "tails": tails, "replayed": sum(replayed.values())}
+            summary = {"counts": counts, "by_task": by_task, "tails": tails, "replayed": sum(replayed.values())}
             (directory / f".{batchId}.tmp").write_text(json.dumps(summary))
             (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
         results = [s["stream"] for s in self.sinks if s.get("rows") and self._task_results(s)]

@@ -40,9 +40,11 @@ enqueued time, sequence number, offset):
   intermediate streams only the reconciled watermark does (``inject`` rows: the producers' in-band watermarks
   are the truth there, docs/pipelines.md "Control messages"), so their data rows carry 0;
 * ``__ctl`` — null on data rows; on every other row a struct (``kind`` watermark | eos | drain | inject | dlq |
-  seen, ``ssp``, ``producer``, ``task_count``, ``ctl_ms``) that the query's ``observe`` collects. A ``dlq`` row
-  stands for the ``task_count`` undecodable records of one read (each was sent to the dead-letter stream); a
-  ``seen`` row gives the latest event time (``ctl_ms``) of one read of an input stream.
+  seen | rows | marks, ``ssp``, ``producer``, ``task_count``, ``ctl_ms``, ``detail``) that the query's
+  ``observe`` collects. A ``dlq`` row stands for the ``task_count`` undecodable records of one read (each was
+  sent to the dead-letter stream); a ``seen`` row gives the latest event time (``ctl_ms``) of one read of an
+  input stream; a ``rows`` row the rows one read of an intermediate partition took (``task_count``: replays
+  left out, dead letters in), the task's records in, since its packed records each hold many.
 
 Data rows are thus two cheap columns wider than the user's: the JVM copies every column of every row more
 than once per micro-batch, so the width is paid per row.

@@ -24,6 +24,7 @@ from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
+from weirflow.spark.replay import pss
 from weirflow.spark.result_replays import Replays, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
 from weirflow.start_position import start_offset
@@ -67,7 +68,9 @@ class StageQuery(TaskProgress):
 
     @property
     def name(self) -> str:
-        return f"{self.stage.name}[{len(self.tasks)} tasks]" if self.merged else self.tasks[0].name
+        """The query's stable name, its ``query`` label in ``GET /metrics``: a stateless stage's shared query is
+        named by its stage, whatever tasks it runs, a stateful task's by the task."""
+        return self.stage.name if self.merged else self.tasks[0].name
 
     # --- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,7 +119,8 @@ class StageQuery(TaskProgress):
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
-            .queryName(f"{runner.job}-{self.name}")
+            .option("owners", json.dumps(self._owners()))
+            .queryName(f"{runner.job}-{self.name}" + (f"[{len(self.tasks)} tasks]" if self.merged else ""))
             .start()
         )
         self.id = str(self.query.id)
@@ -127,6 +131,21 @@ class StageQuery(TaskProgress):
             "new" if fresh else "existing",
             {k: p.offset for k, p in starts.items()},
         )
+
+    def _owners(self) -> dict[str, str]:
+        """For a query shared by several tasks: each input partition's ``__pss`` (`weirflow.spark.replay.pss`:
+        the input's index among the stage's, and the partition) -> the task reading it, with which the sink
+        counts the rows it writes per task. A query of one task needs none."""
+        if len(self.tasks) == 1:
+            return {}
+        plan, owners = self.runner.plan, {}
+        for index, stream_id in enumerate(self.inputs):
+            ref = plan.ref(stream_id)
+            for t in self.tasks:
+                for ssp in t.task.ssps:
+                    if (ssp.system, ssp.stream) == (ref.system, ref.physical):
+                        owners[str(pss(index, ssp.partition))] = t.name
+        return owners
 
     def _replays(self, t: TaskState, sinks: list[dict[str, Any]], directory: Path) -> Path | None:
         """The file of results an earlier attempt of stateful task ``t`` wrote to intermediate streams past its

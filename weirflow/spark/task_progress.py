@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.result_replays import Replays
 from weirflow.systems import Systems
+from weirflow.telemetry import BATCH_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage
@@ -66,21 +67,31 @@ Positions = dict[SystemStreamPartition, dict[str, str]]
 
 @dataclass
 class TaskStats:
-    """What a task did here, for ``GET /metrics`` and the status page (docs/endpoints.md)."""
+    """What a task did here since it started on this processor, for ``GET /metrics``, ``GET /tasks`` and the
+    status page (docs/endpoints.md). Summed over a stage's tasks (and processors) each count is the stage's:
+    nothing a query shares between its tasks is counted on each of them."""
 
     batches: int = 0
-    records_in: int = 0  # records read from its input partitions (a packed intermediate record counts once)
+    # records read: an input stream's records (counted by its system's admin), an intermediate stream's rows
+    # (the packed records hold many each; replays dropped are not counted, its dead letters are)
+    records_in: int = 0
     last_batch_ms: int = 0  # duration of its query's last micro-batch
     last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
     replays_dropped: int = 0  # intermediate rows read here that a replay had written again (dropped)
+    # rows written per output stream for this task: a stateful task's query's all; in a stateless stage's shared
+    # query the rows of the task's partitions (by their position, `WeirflowStreamWriter`), when rows carry one
+    records_out: dict[str, int] = field(default_factory=dict)
+    batch_seconds: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # its batches' durations
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "batches": self.batches,
             "records_in": self.records_in,
             "last_batch_ms": self.last_batch_ms,
             "last_checkpoint_ms": self.last_checkpoint_ms,
             "replays_dropped": self.replays_dropped,
+            "records_out": dict(self.records_out),
+            "batch_seconds": self.batch_seconds.to_json(),
         }
 
 
@@ -147,7 +158,7 @@ class TaskProgress:
         if not self.merged:  # a stateful task's results: where this batch's writes end, what it did not write
             self._results_written(self.tasks[0], tails, replayed)
         offsets, positions = self._batch_ends(report)
-        dead = self._apply_control_rows(report)
+        dead, rows = self._apply_control_rows(report)
         spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
         injected_all = all(s.watermark() >= MAX_TIMESTAMP_MS for s in report.sources)
         for t in self.tasks:
@@ -169,9 +180,10 @@ class TaskProgress:
             if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
                 continue
             t.stats.batches += 1
-            t.stats.records_in += records_between(self.runner.plan.systems, t.read_to, offsets[t.name])
+            t.stats.records_in += self._records_read(t, offsets[t.name]) + rows.get(t.name, 0)
             t.read_to.update(offsets[t.name])
             t.stats.last_batch_ms = report.duration_ms
+            t.stats.batch_seconds.observe(report.duration_ms / 1000)
             t.stats.last_checkpoint_ms = clock.now_ms()
             if finishing:
                 t.done = True
@@ -181,9 +193,20 @@ class TaskProgress:
                     log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
                 self.runner.wake()
 
+    def _records_read(self, t: TaskState, offsets: Offsets) -> int:
+        """The records of ``t``'s input streams its batch read up to ``offsets``, counted by their systems'
+        admins. Not those of intermediate streams: a record there packs many rows (and control messages pass
+        between them), so the task's reads count the rows they took instead (``rows`` control rows)."""
+        plan = self.runner.plan
+        packed = {(plan.ref(s).system, plan.ref(s).physical) for s in self.inputs if plan.is_intermediate(s)}
+        inputs = {ssp: o for ssp, o in offsets.items() if (ssp.system, ssp.stream) not in packed}
+        return records_between(plan.systems, t.read_to, inputs)
+
     def _count_written(self, batch: int) -> tuple[dict[str, str], int]:
-        """Add the sink's counts of ``batch`` (written by its ``commit``) to ``records_out``; returns the
-        batch's tails and how many replayed results it did not write (`weirflow.spark.result_replays`)."""
+        """Add the sink's counts of ``batch`` (written by its ``commit``) to the query's ``records_out`` and to
+        its tasks': a query of one task wrote all of them for it; a shared query's rows were counted per task
+        by the sink, those it could attribute (`WeirflowStreamWriter`). Returns the batch's tails and how many
+        replayed results it did not write (`weirflow.spark.result_replays`)."""
         if self.counts_dir is None:
             return {}, 0
         path = self.counts_dir / f"{batch}.json"
@@ -192,8 +215,13 @@ class TaskProgress:
             path.unlink()
         except (FileNotFoundError, ValueError):
             return {}, 0
-        for stream, n in dict(summary.get("counts", {})).items():
-            self.records_out[stream] = self.records_out.get(stream, 0) + int(n)
+        counts = {str(stream): int(n) for stream, n in dict(summary.get("counts", {})).items()}
+        for stream, n in counts.items():
+            self.records_out[stream] = self.records_out.get(stream, 0) + n
+        by_task = {self.tasks[0].name: counts} if len(self.tasks) == 1 else dict(summary.get("by_task", {}))
+        for t in self.tasks:
+            for stream, n in dict(by_task.get(t.name, {})).items():
+                t.stats.records_out[stream] = t.stats.records_out.get(stream, 0) + int(n)
         return {str(k): str(v) for k, v in dict(summary.get("tails", {})).items()}, int(summary.get("replayed", 0))
 
     def _results_written(self, t: TaskState, tails: dict[str, str], replayed: int) -> None:
@@ -224,9 +252,11 @@ class TaskProgress:
                     positions[owner.name][ssp] = position.position
         return offsets, positions
 
-    def _apply_control_rows(self, report: ProgressView) -> dict[str, int]:
-        """The batch's observed control rows applied to their tasks; returns dead letters per task."""
+    def _apply_control_rows(self, report: ProgressView) -> tuple[dict[str, int], dict[str, int]]:
+        """The batch's observed control rows applied to their tasks; returns dead letters per task, and the rows
+        each task took from intermediate streams (its records in there)."""
         dead: dict[str, int] = {}
+        rows: dict[str, int] = {}
         for index, stream_id in enumerate(self.inputs):
             row = report.observedMetrics.get(observation_name(index))
             for ctl in (row or {}).get("control") or []:
@@ -235,6 +265,8 @@ class TaskProgress:
                     continue
                 if ctl["kind"] == "dlq":
                     dead[owner.name] = dead.get(owner.name, 0) + int(ctl["task_count"] or 0)
+                elif ctl["kind"] == "rows":
+                    rows[owner.name] = rows.get(owner.name, 0) + int(ctl["task_count"] or 0)
                 elif ctl["kind"] == "marks":
                     self._take_marks(owner, str(ctl["ssp"]), json.loads(ctl["detail"]))
                 elif ctl["kind"] == "seen":
@@ -247,7 +279,7 @@ class TaskProgress:
                         timestamp=int(ctl["ctl_ms"] or 0),
                     )
                     owner.control.stream(stream_id).apply(str(ctl["ssp"]), message)
-        return dead
+        return dead, rows
 
     def _take_marks(self, t: TaskState, ssp_key: str, detail: dict[str, Any]) -> None:
         """The marks a read of one intermediate partition ended with (`weirflow.spark.replay`): kept in the

@@ -109,9 +109,16 @@ class TaskRunner(ABC):
         return set()
 
     def task_stats(self) -> dict[str, dict[str, Any]]:
-        """Per running task: ``batches``, ``records_in``, ``last_batch_ms``, ``last_checkpoint_ms``,
-        ``dead_letters`` and ``offsets`` (SSP key -> next offset), for ``GET /metrics`` and the status page;
-        a runner that keeps none returns {}."""
+        """Per running task: ``batches``, ``records_in``, ``records_out`` (output stream -> records written for
+        this task), ``last_batch_ms``, ``batch_seconds`` (a histogram, `weirflow.telemetry.Histogram.to_json`),
+        ``last_checkpoint_ms``, ``dead_letters``, ``offsets`` (SSP key -> next offset) and ``query`` (the name of
+        the query running it), for ``GET /metrics`` and the status page; a runner that keeps none returns {}.
+        Each count is the task's own: summed over tasks, nothing is counted twice."""
+        return {}
+
+    def query_stats(self) -> dict[str, dict[str, Any]]:
+        """Per query running here (a runner that runs several tasks in one query): ``tasks`` (how many it
+        runs) and ``records_out`` (output stream -> records written); {} for a runner without queries."""
         return {}
 
     def table(self, task_name: str, table: str) -> ServedTable | None:

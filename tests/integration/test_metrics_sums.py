@@ -1,0 +1,146 @@
+"""A real job's ``GET /metrics`` adds up to what it did (docs/endpoints.md, "Status page and metrics").
+
+One `weirflow run` processor runs a two-stage job of stateless stages, each as one Spark query shared by its
+tasks: `page_views` (4 tasks) writes every view to the intermediate stream `by-user`, keyed by user, and
+`by_user` copies what it reads to the output stream `seen`. Scraped with prometheus-client's parser: summed
+over tasks, records out of `seen` are the records `seen` holds (a shared query's output is not repeated on each
+of its tasks), records in of `by_user` are the views (rows, not the packed records carrying them), and the
+``query`` label is each stage's name."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import unique_job_name
+from weirflow.cli import status_document
+from weirflow.config import load_config
+from weirflow.config.loader import Config
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.local.launcher import start_processor, wait_until
+from weirflow.stream_names import stream_ref
+from weirflow.systems import Systems
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoints"
+_spec = importlib.util.spec_from_file_location("metrics_example_views", EXAMPLE / "views.py")
+assert _spec is not None and _spec.loader is not None
+_views = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_views)
+
+VIEWS, USERS, TASKS = 2500, 50, 4
+
+PIPELINE = """
+def pipeline(app):
+    app.input("page-views").partition_by("user", name="by-user").send_to("seen", key="user")
+"""
+
+CONFIG = """
+streams:
+  page-views:
+    partitions: 4
+    schema: "user string, page string, event_time timestamp"
+    event-time: {field: event_time}
+  seen: {partitions: 2}
+task.trigger.interval.ms: 200
+spark: {master: "local[2]"}
+"""
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return found
+
+
+def total(samples: list[tuple[dict[str, str], float]], **match: str) -> float:
+    return sum(v for labels, v in samples if all(labels.get(k) == want for k, want in match.items()))
+
+
+def records(config: Config, stream: str, intermediate: bool = False) -> int:
+    """The records ``stream`` holds, every partition (an intermediate stream's are packed rows and control
+    messages)."""
+    ref = stream_ref(config, stream, intermediate=intermediate)
+    systems = Systems(config)
+    try:
+        partitions = systems.admin(ref.system).partition_count(ref.physical)
+        consumer = systems.consumer(ref.system)
+        return sum(
+            len(consumer.read(SystemStreamPartition(ref.system, ref.physical, p), "0", 10 * VIEWS))
+            for p in range(partitions)
+        )
+    finally:
+        systems.close()
+
+
+def test_summed_over_tasks_a_running_job_s_metrics_are_what_it_read_and_wrote(tmp_path: Path, measure) -> None:
+    (tmp_path / "metrics_pipeline.py").write_text(textwrap.dedent(PIPELINE))
+    job = unique_job_name("metrics")
+    (tmp_path / "job.yaml").write_text(
+        f"job: {{name: {job}}}\napp: {{pipeline: 'metrics_pipeline:pipeline'}}\n" + CONFIG
+    )
+    config = load_config(tmp_path / "job.yaml")
+    _views.send(config, 0, VIEWS, USERS)
+    proc = start_processor(tmp_path / "job.yaml", "p0", log_dir=tmp_path / "logs")
+    try:
+        urls: list[str] = []
+
+        def serving() -> bool:
+            urls[:] = [p["endpoint"] for p in status_document(config)["processors"] if p["live"] and p["endpoint"]]
+            return bool(urls)
+
+        wait_until(serving, 120, "the processor's endpoint")
+
+        def done() -> bool:
+            got = scrape(urls[0])
+            out = got.get("weirflow_task_records_out_total", [])
+            return (
+                records(config, "seen") == VIEWS
+                and total(out, stream="seen") >= VIEWS
+                and total(out, stream="by-user") >= VIEWS
+            )
+
+        took = wait_until(done, 240, "every view through both stages, counted", interval_s=1)
+        measure(f"2,500 views through two shared queries and counted in {took:.0f} s")
+
+        def read_by_stage_two() -> float:  # counted just after the last batch's records out, in the same call
+            read = scrape(urls[0]).get("weirflow_task_records_in_total", [])
+            return sum(v for labels, v in read if labels["task"].startswith("by_user-"))
+
+        wait_until(lambda: read_by_stage_two() >= VIEWS, 30, "stage two's records in to reach the views")
+        got = scrape(urls[0])
+        written = records(config, "seen")
+        packed = records(config, "by-user", intermediate=True)
+    finally:
+        if proc.alive():
+            proc.popen.send_signal(signal.SIGKILL)
+
+    out = got["weirflow_task_records_out_total"]
+    assert total(out, stream="seen") == written == VIEWS, "each record of `seen` counted once, for its task"
+    assert total(out, stream="by-user") == VIEWS
+    assert {labels["query"] for labels, _ in out} == {"page_views", "by_user"}, "stable names, no task count"
+    per_task = {labels["task"]: v for labels, v in out if labels["stream"] == "seen"}
+    assert len(per_task) == TASKS and all(v < VIEWS for v in per_task.values()), "split, not repeated"
+    assert total(got["weirflow_query_records_out_total"], stream="seen") == VIEWS
+    assert {labels["query"]: v for labels, v in got["weirflow_query_tasks"]} == {"page_views": 4, "by_user": 4}
+
+    read = got["weirflow_task_records_in_total"]
+    stage_two = sum(v for labels, v in read if labels["task"].startswith("by_user-"))
+    assert stage_two == VIEWS, "rows read from `by-user`"
+    assert packed < VIEWS / 10, f"{packed} records carried the {VIEWS} rows: counting them would mislead"
+    assert sum(v for labels, v in read if labels["task"].startswith("page_views-")) == VIEWS
+
+    batches = {labels["task"]: v for labels, v in got["weirflow_task_batches_total"]}
+    counts = {labels["task"]: v for labels, v in got["weirflow_task_batch_duration_seconds_count"]}
+    assert counts == batches and all(n > 0 for n in batches.values()), "one observation per checkpointed batch"
