@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from weirflow import clock as wall_clock
 from weirflow import telemetry
 from weirflow.assignment import assign
 from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model_or_report
-from weirflow.coordination.model_history import ModelChange, describe_change, record_change
+from weirflow.coordination.model_history import ModelChange, describe_change, read_history_or_report, record_change
 from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import EtagMismatchError, LockLostError
@@ -37,6 +38,18 @@ log = logging.getLogger("weirflow.leader")
 
 # Rows silent for this many liveness timeouts are removed from the registry by the leader.
 _GC_FACTOR = 6
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The job as its leader saw it at its last tick, for the job-wide gauges of ``GET /metrics`` (only the
+    leader reports them, so they are counted once): live processors, the tasks of the model, those whose owner
+    is not live (unassigned or on a silent processor), and the failovers since the job began."""
+
+    live_processors: int
+    tasks: int
+    unassigned_tasks: int
+    failovers: int
 
 
 class LeaderDuties:
@@ -63,6 +76,8 @@ class LeaderDuties:
         self._latch_deadline_ms = 0
         self._seen_version = -1  # the model version whose latch this leader has looked at
         self._republish = False  # a latch timed out: publish again even if membership is unchanged
+        self._failovers: int | None = None  # from the model history: read on the first tick, then kept
+        self.view: JobView | None = None  # the job at the last tick (the job-wide gauges)
 
     def tick(self) -> JobModel | None:
         """One round of leader work; returns the model it published, if any."""
@@ -73,6 +88,7 @@ class LeaderDuties:
         rows = self._registry.processors()
         self._collect_garbage(rows, now)
         live = sorted(p.processor_id for p in rows if is_live(p, now, self._timings.liveness_timeout_ms))
+        self._see(model, live)
 
         self._adopt(model, now)
         self._check_latch(model, now)
@@ -89,6 +105,13 @@ class LeaderDuties:
         return self._publish(model, etag, live, now, rows)
 
     # --- helpers --------------------------------------------------------------------------------------
+    def _see(self, model: JobModel, live: list[str]) -> None:
+        if self._failovers is None:
+            self._failovers = read_history_or_report(self._metadata)[0].failovers
+        alive = set(live)
+        unassigned = sum(1 for task in model.tasks if model.owner_of(task) not in alive)
+        self.view = JobView(len(live), len(model.tasks), unassigned, self._failovers)
+
     def _stable_since(self, model: JobModel, rows: list[ProcessorInfo], live: list[str]) -> int:
         by_id = {p.processor_id: p for p in rows}
         changes = [0]
@@ -185,7 +208,7 @@ class LeaderDuties:
         store. The model is published already: a failed record costs the status page one entry, so it is
         logged, not raised — but a refused fence still steps the leader down."""
         try:
-            record_change(self._metadata, change)
+            self._failovers = record_change(self._metadata, change).failovers
         except LockLostError:
             raise
         except Exception as exc:

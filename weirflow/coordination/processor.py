@@ -53,7 +53,7 @@ from weirflow.coordination.identity import Announcement, default_processor_id, e
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
 from weirflow.coordination.job_model_store import latch_name, read_job_model_or_report, task_lock_name
 from weirflow.coordination.keeper import LeaseKeeper
-from weirflow.coordination.leader import LeaderDuties
+from weirflow.coordination.leader import JobView, LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
 from weirflow.coordination.server_hook import ProcessorServer, ServerFactory
@@ -214,6 +214,12 @@ class StreamProcessor:
     @property
     def leading(self) -> bool:
         return self._tenure is not None and self._tenure.duties is not None
+
+    @property
+    def job_view(self) -> JobView | None:
+        """The job as this processor saw it at its last tick as leader (`JobView`); None unless it leads."""
+        tenure = self._tenure
+        return tenure.duties.view if tenure is not None and tenure.duties is not None else None
 
     @property
     def working_version(self) -> int:

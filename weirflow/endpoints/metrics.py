@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.telemetry import TELEMETRY, HistogramData, Telemetry
+from weirflow.coordination.leader import JobView
+from weirflow.telemetry import METRICS, TELEMETRY, HistogramData, Telemetry
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class ProcessorSnapshot:
     renewals: int = 0
     rebalances: int = 0
     query_reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # `TaskRunner.query_stats`
+    job: str = ""  # `job.name`-`job.id`: the label of the job-wide gauges
+    job_view: JobView | None = None  # the leader's view of the job; None on the other processors
 
 
 def _buckets(data: HistogramData) -> list[tuple[str, float]]:
@@ -65,6 +68,31 @@ def _processor_families(now: ProcessorSnapshot) -> Iterator[Any]:
     rebalances = CounterMetricFamily("weirflow_rebalances", "Job models this processor moved to", labels=labels)
     rebalances.add_metric(p, now.rebalances)
     yield from (tasks, version, leader, state, renewals, rebalances)
+
+
+def _job_families(now: ProcessorSnapshot) -> Iterator[Any]:
+    """Job-wide gauges, from the leader only (every family is yielded, empty elsewhere): a sum or a max over the
+    processors is then the job's value, counted once, and it carries on across a change of leader."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ["job"]
+    live = GaugeMetricFamily("weirflow_job_processors_live", "Processors the leader counts as live", labels=labels)
+    tasks = GaugeMetricFamily("weirflow_job_tasks", "Tasks of the job model", labels=labels)
+    unassigned = GaugeMetricFamily(
+        "weirflow_job_tasks_unassigned",
+        "Tasks whose owner in the job model is not live (a silent processor's, until the leader moves them)",
+        labels=labels,
+    )
+    failovers = CounterMetricFamily(
+        "weirflow_job_failovers", "Job models published because a processor went silent", labels=labels
+    )
+    view = now.job_view
+    if view is not None:
+        live.add_metric([now.job], view.live_processors)
+        tasks.add_metric([now.job], view.tasks)
+        unassigned.add_metric([now.job], view.unassigned_tasks)
+        failovers.add_metric([now.job], view.failovers)
+    yield from (live, tasks, unassigned, failovers)
 
 
 def _task_families(now: ProcessorSnapshot) -> Iterator[Any]:
@@ -144,6 +172,9 @@ def _telemetry_families(processor: str, telemetry: Telemetry) -> Iterator[Any]:
             families[metric.name] = kind(metric.name, metric.help, labels=["processor", *metric.labels])
         return families[metric.name]
 
+    kinds = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily, "gauge": GaugeMetricFamily}
+    for metric in METRICS:  # every family, series or not: an exporter registers its instruments from them
+        family(metric, kinds[metric.kind])
     for metric, labels, value in sorted(telemetry.counters(), key=lambda c: (c[0].name, c[1])):
         family(metric, CounterMetricFamily).add_metric([processor, *labels], value)
     for metric, labels, data in sorted(telemetry.histograms(), key=lambda h: (h[0].name, h[1])):
@@ -153,21 +184,31 @@ def _telemetry_families(processor: str, telemetry: Telemetry) -> Iterator[Any]:
     yield from families.values()
 
 
+class ProcessorCollector:
+    """The prometheus-client collector of one processor: every family, read at collection time (a scrape of
+    ``GET /metrics``, or an export of `weirflow.endpoints.otel_export`)."""
+
+    def __init__(self, snapshot: Callable[[], ProcessorSnapshot], telemetry: Telemetry = TELEMETRY) -> None:
+        self._snapshot = snapshot
+        self._telemetry = telemetry
+
+    def collect(self) -> Iterator[Any]:
+        now = self._snapshot()
+        yield from _processor_families(now)
+        yield from _job_families(now)
+        yield from _task_families(now)
+        yield from _query_families(now)
+        yield from _telemetry_families(now.processor_id, self._telemetry)
+
+
 def metrics_exposition(
-    snapshot: Callable[[], ProcessorSnapshot], telemetry: Telemetry = TELEMETRY
+    snapshot: Callable[[], ProcessorSnapshot] | ProcessorCollector, telemetry: Telemetry = TELEMETRY
 ) -> Callable[[], bytes]:
-    """A function that renders the current metrics; ``snapshot`` reads the processor, ``telemetry`` is the
-    process's registry (a test passes its own)."""
+    """A function that renders the current metrics; ``snapshot`` reads the processor (or is its collector
+    already), ``telemetry`` is the process's registry (a test passes its own)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    class _Collector:
-        def collect(self) -> Iterator[Any]:
-            now = snapshot()
-            yield from _processor_families(now)
-            yield from _task_families(now)
-            yield from _query_families(now)
-            yield from _telemetry_families(now.processor_id, telemetry)
-
+    collector = snapshot if isinstance(snapshot, ProcessorCollector) else ProcessorCollector(snapshot, telemetry)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector())
+    registry.register(collector)
     return lambda: generate_latest(registry)

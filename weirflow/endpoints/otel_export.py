@@ -83,14 +83,18 @@ class MetricsBridge:
         exporter: Any,
         interval_ms: int,
         attributes: dict[str, str],
+        readers: list[Any] | None = None,
     ) -> None:
+        """``exporter`` is pushed to every ``interval_ms``; ``readers`` replace that push (a test reads the
+        instruments with the SDK's in-memory reader)."""
         from opentelemetry.metrics import CallbackOptions, Observation
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        self._reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms)
-        self.provider = MeterProvider(metric_readers=[self._reader], resource=Resource.create(attributes))
+        if readers is None:
+            readers = [PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms)]
+        self.provider = MeterProvider(metric_readers=readers, resource=Resource.create(attributes))
         meter = self.provider.get_meter("weirflow")
         samples = _Samples(collect)
 

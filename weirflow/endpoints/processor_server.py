@@ -19,7 +19,8 @@ from weirflow.coordination.processor import StreamProcessor
 from weirflow.coordination.state import ProcessorState
 from weirflow.endpoints.conversations import Conversations
 from weirflow.endpoints.history import PEER_TIMEOUT_S, ThroughputHistory, job_series
-from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
+from weirflow.endpoints.metrics import ProcessorCollector, ProcessorSnapshot, metrics_exposition
+from weirflow.endpoints.otel_export import start_export
 from weirflow.endpoints.peers import get_json_from_peers
 from weirflow.endpoints.read_pool import ReadPool
 from weirflow.endpoints.server import EndpointServer, create_app
@@ -59,7 +60,12 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
             processor.lease_renewals,
             processor.rebalances,
             current.query_stats() if current is not None else {},
+            f"{processor.config.get('job.name')}-{processor.config.get('job.id')}",
+            processor.job_view,
         )
+
+    collector = ProcessorCollector(snapshot)
+    exporter = start_export(processor.config, collector.collect, processor.processor_id)  # metrics.export
 
     def health() -> tuple[bool, str]:
         state = processor.state
@@ -101,7 +107,7 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
         settings,
         status,
         health,
-        metrics_exposition(snapshot),
+        metrics_exposition(collector),
         _table_service(processor, settings),
         TapService(
             processor.config,
@@ -115,7 +121,7 @@ def start_processor_server(processor: StreamProcessor) -> EndpointServer | None:
         tasks,
         history.to_json,
     )
-    server = EndpointServer(settings, app, on_stop=(history.stop,))
+    server = EndpointServer(settings, app, on_stop=(history.stop, *([exporter.stop] if exporter else [])))
     server.start()
     history.start()
     return server
