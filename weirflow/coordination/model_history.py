@@ -205,13 +205,13 @@ def record_change(store: MetadataStore, change: ModelChange) -> ModelHistory:
 
 def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{value!r:.100} is not an integer")
+        raise MalformedDocumentError(f"{value!r:.100} is not an integer")
     return value
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{value!r:.100} is not a string")
+        raise MalformedDocumentError(f"{value!r:.100} is not a string")
     return value
 
 
@@ -221,5 +221,5 @@ def _owner(value: Any) -> str | None:
 
 def _names(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise ValueError(f"{value!r:.100} is not a list of processor ids")
+        raise MalformedDocumentError(f"{value!r:.100} is not a list of processor ids")
     return tuple(_text(v) for v in value)
