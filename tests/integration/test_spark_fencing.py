@@ -87,8 +87,10 @@ def _slow(value):
 
 def tag(events):
     ident = F.udf(_slow, "bigint")("id") if DELAY_S else F.col("id")
-    # planned in this processor's Python process: the pid of the processor whose Spark writes the row
-    return events.select(ident.alias("id"), F.lit(os.getpid()).alias("writer"))
+    # planned in this processor's Python process: the pid of the processor whose Spark writes the row. Columns
+    # are replaced and added, not selected, so the rows keep their input positions and the outputs their ids: a
+    # batch written before a pause and replayed by the next holder is dropped by the log (docs/guarantees.md)
+    return events.withColumn("id", ident).withColumn("writer", F.lit(os.getpid()))
 
 
 def pipeline(app):
