@@ -165,8 +165,6 @@ def drain(
     """Drain the running deployment: sources stop at a cut, every window is flushed, intermediate streams are
     read to the end, every task checkpoints `drained` and the processors exit 0 (docs/drain.md)."""
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils
-    from weirflow.drain_progress import read_progress
     from weirflow.job_context import JobContext
     from weirflow.runs import current_run_id
 
@@ -176,15 +174,7 @@ def drain(
         ctx = JobContext.open(cfg, owner=f"drain-{os.getpid()}")
         try:
             run = run_id or current_run_id(cfg, ctx.metadata)
-            notice = DrainUtils(ctx.metadata).write(run)
-            console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
-            progress = read_progress(ctx, run, timings.liveness_timeout_ms)
-            if not progress.running_processors:
-                err_console.print(
-                    "[yellow]warning:[/] no processor of this job is running; it drains when one "
-                    "starts with run id " + run,
-                    highlight=False,
-                )
+            _ask_drain(ctx, run, timings.liveness_timeout_ms)
             if wait:
                 _wait_drained(ctx, run, timings.liveness_timeout_ms, timeout)
         finally:
@@ -219,8 +209,6 @@ def upgrade(
     (docs/drain.md, "Upgrading"). Every window is emitted once: the old version's up to the drain's cut, the
     new version's from there."""
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils
-    from weirflow.drain_progress import read_progress
     from weirflow.job_context import JobContext
     from weirflow.runs import RunBook, current_run_id, deployment_of
     from weirflow.upgrade import check_next_run, check_same_job
@@ -239,15 +227,7 @@ def upgrade(
             if record is not None and record.run_id == drained and record.ended == "drained":
                 console.print(f"run [bold]{drained}[/] has drained already")
             else:
-                if DrainUtils(ctx.metadata).for_run(drained) is None:
-                    notice = DrainUtils(ctx.metadata).write(drained)
-                    console.print(f"drain requested for run [bold]{drained}[/] (notification {notice.uuid})")
-                if not read_progress(ctx, drained, timings.liveness_timeout_ms).running_processors:
-                    err_console.print(
-                        f"[yellow]warning:[/] no processor of run {drained} is running; the drain completes once "
-                        "they run (start them with the current config)",
-                        highlight=False,
-                    )
+                _ask_drain(ctx, drained, timings.liveness_timeout_ms)
                 _wait_drained(ctx, drained, timings.liveness_timeout_ms, timeout)
             nxt = book.start_next(drained, deployment_of(current), fixed, deployment_of(new))
         finally:
@@ -262,6 +242,21 @@ def upgrade(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, args)  # this process becomes a processor of the new version
+
+
+def _ask_drain(ctx: Any, run: str, liveness_timeout_ms: int) -> None:
+    """Write a drain notification for ``run`` and say so; warn at once when no processor runs to act on it."""
+    from weirflow.drain_notice import DrainUtils
+    from weirflow.drain_progress import read_progress
+
+    notice = DrainUtils(ctx.metadata).write(run)
+    console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
+    if not read_progress(ctx, run, liveness_timeout_ms).running_processors:
+        err_console.print(
+            "[yellow]warning:[/] no processor of this job is running; it drains when one starts with run id "
+            + run,
+            highlight=False,
+        )
 
 
 def _set_args(*groups: list[str] | None) -> list[str]:

@@ -38,7 +38,9 @@ class DrainMode(str, enum.Enum):
 
 
 def run_id_of(config: ConfigView) -> str:
-    """The deployment's run id: `app.run.id`, or ``default`` when the job does not set one."""
+    """The deployment's run id: `app.run.id`, or ``default`` when it is unset. A processor's config carries the
+    run it resolved at start (`weirflow.runs`); a command's, where the config sets none, is read from the job's
+    run record (`weirflow.runs.current_run_id`)."""
     return str(config.get("app.run.id") or DEFAULT_RUN_ID)
 
 

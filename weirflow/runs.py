@@ -37,7 +37,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +48,7 @@ from weirflow.config.loader import Config
 from weirflow.drain_notice import DEFAULT_RUN_ID
 from weirflow.errors import EtagMismatchError, InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.metadata import Document, MetadataStore
+from weirflow.user_code import make_importable
 
 log = logging.getLogger("weirflow.runs")
 
@@ -141,15 +141,12 @@ def _code_files(config: Config) -> list[Path]:
     """The source files of the job's code: the module named by `app.pipeline` / `task.function`, or every
     ``.py`` file of its top-level package. Nothing is imported but parent packages (`importlib.util.find_spec`)."""
     files: set[Path] = set()
-    base = str(config.base_dir)
     for key in _CODE_KEYS:
         target = config.get(key)
         if not target or ":" not in str(target):
             continue
-        module = str(target).split(":", 1)[0]
-        top = module.split(".", 1)[0]
-        if base not in sys.path:
-            sys.path.insert(0, base)
+        top = str(target).split(":", 1)[0].split(".", 1)[0]
+        make_importable(config)
         try:
             spec = importlib.util.find_spec(top)
         except (ImportError, ValueError):

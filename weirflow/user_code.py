@@ -11,14 +11,19 @@ from typing import Any
 from weirflow.interfaces.config import ConfigView
 
 
+def make_importable(config: ConfigView) -> None:
+    """Put the config file's directory on ``sys.path``, where the job's code lives."""
+    base = str(config.base_dir)
+    if base not in sys.path:
+        sys.path.insert(0, base)
+
+
 def load_callable(config: ConfigView, key: str) -> Callable[..., Any]:
     target = config.get(key)
     if not target or ":" not in target:
         raise config.error(key, f"must be 'module:callable', got {target!r}")
     module_name, attr = target.split(":", 1)
-    base = str(config.base_dir)
-    if base not in sys.path:
-        sys.path.insert(0, base)
+    make_importable(config)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

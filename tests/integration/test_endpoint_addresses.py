@@ -16,12 +16,8 @@ set, it is enforced all the same).
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import shutil
 import socket
-import urllib.error
-import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -30,6 +26,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import unique_job_name
+from tests.integration.endpoints_example import EXAMPLE, get
+from tests.integration.endpoints_example import views as _views
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.endpoints.settings import is_loopback
@@ -37,12 +35,6 @@ from weirflow.local.launcher import ProcessorProcess, start_processor, wait_unti
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoints"
-# the example's views.py, loaded without putting its folder on sys.path (as in test_served_tables.py)
-_spec = importlib.util.spec_from_file_location("endpoint_addresses_example_views", EXAMPLE / "views.py")
-assert _spec is not None and _spec.loader is not None
-_views = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_views)
 send, view = _views.send, _views.view
 
 ADDRESSES = {"p2": "127.0.0.2", "p3": "127.0.0.3", "p4": "127.0.0.4"}
@@ -50,19 +42,6 @@ USERS = 200
 VIEWS = 1000
 STAGE, TASKS = "views_by_user", 4  # the served table's tasks: key -> crc32 % 4
 TOKEN = "t0ken-for-the-address-test"
-
-
-def get(url: str, token: str | None) -> tuple[int, Any]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        try:
-            return exc.code, json.loads(body)
-        except ValueError:
-            return exc.code, body.decode(errors="replace")
 
 
 def refuses_connections(host: str, port: int) -> bool:

@@ -15,7 +15,6 @@ KQL queries of docs/deploy.md read is one it sends."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 import signal
@@ -30,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import unique_job_name
+from tests.integration.endpoints_example import views as _views
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.config.loader import Config
@@ -41,11 +41,6 @@ from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "endpoints"
-_spec = importlib.util.spec_from_file_location("metrics_example_views", EXAMPLE / "views.py")
-assert _spec is not None and _spec.loader is not None
-_views = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_views)
 
 VIEWS, USERS, TASKS = 2500, 50, 4
 

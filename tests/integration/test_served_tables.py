@@ -18,7 +18,6 @@ state from Blob Storage; there a bearer token is required, and the processors pa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import signal
@@ -36,6 +35,8 @@ from websockets.exceptions import ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import unique_job_name
+from tests.integration.endpoints_example import get
+from tests.integration.endpoints_example import views as _views
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
@@ -45,11 +46,6 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "endpoints"
 # the example's views.py, loaded without putting its folder on sys.path (its pipeline.py would shadow the
-# `pipeline` module of every other job a test runs in this process)
-_spec = importlib.util.spec_from_file_location("endpoints_example_views", EXAMPLE / "views.py")
-assert _spec is not None and _spec.loader is not None
-_views = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_views)
 send, view = _views.send, _views.view
 
 USERS = 300
@@ -63,19 +59,6 @@ FAST = ["job.debounce.time.ms=1000"]
 
 def latest(views: int) -> dict[str, dict[str, Any]]:
     return {f"u{u}": view(max(i for i in range(u, views, USERS)), USERS) for u in range(USERS)}
-
-
-def get(url: str, token: str | None) -> tuple[int, Any]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        try:
-            return exc.code, json.loads(body)
-        except ValueError:  # not one of weirflow's JSON errors: kept as text, so the test shows what came back
-            return exc.code, body.decode(errors="replace")
 
 
 class Client(threading.Thread):

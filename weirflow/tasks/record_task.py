@@ -286,13 +286,6 @@ class RecordTaskRunner(TaskRunner):
         with self._guard:
             if task.name in self._done or (task.name in self._tasks and self._tasks[task.name].thread.is_alive()):
                 return
-        checkpoint = self.checkpoints.read_last_checkpoint(task.name)
-        if checkpoint is not None and TaskControl.from_json(checkpoint.control).drained == self.run_id:
-            with self._guard:
-                self._done.add(task.name)
-            log.info("task %s already drained in run %s", task.name, self.run_id)
-            return
-        with self._guard:
             handle = _TaskThread(self, task, lock)
             self._tasks[task.name] = handle
             self._failed.pop(task.name, None)
@@ -370,10 +363,13 @@ class RecordTaskRunner(TaskRunner):
     # --- the task loop --------------------------------------------------------------------------------
     def _start_offsets(self, handle: _TaskThread) -> dict[SystemStreamPartition, str]:
         """Where the task resumes; the checkpoint it read is claimed with this holder's epoch first, so that
-        no former holder's write can land after it (`FencedCheckpointWriter.claim`)."""
+        no former holder's write can land after it (`FencedCheckpointWriter.claim`). A checkpoint drained in this
+        run marks the handle ``drained``: the task has nothing more to do."""
         task = handle.task
         checkpoint = self.checkpoints.read_last_checkpoint(task.name)
         handle.guarded(lambda: handle.writer.claim(checkpoint), hold=False)
+        if checkpoint is not None and TaskControl.from_json(checkpoint.control).drained == self.run_id:
+            handle.drained = True  # nothing more to do in this run (a restart or a rebalance during the drain)
         stored = dict(checkpoint.offsets) if checkpoint else {}
         offsets: dict[SystemStreamPartition, str] = {}
         for ssp in task.ssps:
@@ -410,6 +406,11 @@ class RecordTaskRunner(TaskRunner):
         is committed (`_read_through`), so a stop waits for one record, never for the rest of a read."""
         task = handle.task
         progress = _Progress(self, handle, self._start_offsets(handle))
+        if handle.drained:
+            with self._guard:
+                self._done.add(task.name)
+            log.info("task %s already drained in run %s", task.name, self.run_id)
+            return
         self._restore_tables(handle)
         log.info("task %s started at %s", task.name, {str(k): v for k, v in progress.offsets.items()})
         while not self._halted(handle):
