@@ -110,6 +110,32 @@ def own_kinesalite() -> Iterator[object]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def _session_moto() -> Iterator[list[Any]]:
+    from tests.moto_server import MotoServer
+
+    box = [MotoServer().start()]
+    try:
+        yield box
+    finally:
+        box[0].stop()
+
+
+@pytest.fixture
+def moto(_session_moto: list[Any]) -> Iterator[Any]:
+    """The session's moto server (`tests/moto_server.py`): DynamoDB and S3 for the AWS suite. Its dummy AWS
+    credentials are in the environment, where boto3's chain (and spawned processors) find them. A server that
+    died is started again for the next test, and the test during which it died fails with its log."""
+    if not _session_moto[0].alive():
+        from tests.moto_server import MotoServer
+
+        _session_moto[0] = MotoServer().start()
+    server = _session_moto[0]
+    yield server
+    if not server.alive():
+        pytest.fail(f"moto's server ({server.endpoint}) died during the test; its log: {server.log_tail()}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
     dumps their class archive once, before pytest-xdist starts its workers."""

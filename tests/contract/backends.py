@@ -79,6 +79,38 @@ class EventHubsOnEmulator(FactoryBackend):
         return {**self.__dict__, "emulator": None}
 
 
+AWS_LEASE_MS = 2_000
+
+
+def aws_backend(endpoint: str, bucket: str) -> FactoryBackend:
+    """The AWS suite on a moto server: counter leases, latches and registry in DynamoDB, DynamoDB checkpoints,
+    S3 metadata and Spark state copies. Counter leases have no floor, so leases are short; the timings that
+    must fit inside them (renewals, the self-fence margin, one call's retry deadline) are set to match."""
+    from weirflow_aws.factories import (
+        AwsJobCoordinatorFactory,
+        DynamoCheckpointManagerFactory,
+        S3MetadataStoreFactory,
+    )
+    from weirflow_aws.spark_state import S3SparkStateStoreFactory
+
+    return FactoryBackend(
+        {
+            "aws.endpoint.url": endpoint,
+            "aws.region": "us-east-1",
+            "aws.s3.bucket": bucket,
+            "aws.request.timeout.ms": 1000,
+            "aws.retry.deadline.ms": 1200,
+            "job.coordinator.lease.renew.interval.ms": 400,
+            "job.coordinator.lease.renew.margin.ms": 1500,
+        },
+        coordinator=AwsJobCoordinatorFactory(),
+        checkpoints=DynamoCheckpointManagerFactory(),
+        metadata=S3MetadataStoreFactory(),
+        lease_ms=AWS_LEASE_MS,
+        spark_state=S3SparkStateStoreFactory(),
+    )
+
+
 def eventhub_backend(emulator: Any) -> EventHubsOnEmulator:
     from weirflow_azure.eventhubs.factory import EventHubSystemFactory
 

@@ -10,15 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.backends import azure_backend, local_backend
+from tests.contract.backends import aws_backend, azure_backend, local_backend
 from weirflow.testing import Backend
 
-BACKENDS = ["local", "azure"]
+BACKENDS = ["local", "azure", "aws"]
 SYSTEMS = ["local", "eventhub", "kinesis"]
 
 
 @pytest.fixture(params=BACKENDS)
 def weirflow_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "aws":
+        from tests.moto_server import BUCKET
+
+        return aws_backend(request.getfixturevalue("moto").endpoint, BUCKET)
     if request.param == "azure":
         return azure_backend(request.getfixturevalue("azure_storage"))
     return local_backend(tmp_path)

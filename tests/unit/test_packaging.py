@@ -25,23 +25,30 @@ def _import_name(folder: Path) -> str:
     return relative.replace("/", ".")
 
 
+PACKAGE_FOLDERS = (
+    "weirflow",
+    "azure_coordinator",
+    "checkpoint",
+    "eventhub_system",
+    "kinesis_system",
+    "aws_coordinator",
+)
+INSTALLED_TOPS = {"weirflow", "weirflow_azure", "weirflow_kinesis", "weirflow_aws"}
+
+
 def test_every_package_folder_is_installed_under_its_namespaced_name() -> None:
-    folders = [
-        init.parent
-        for top in ("weirflow", "azure_coordinator", "checkpoint", "eventhub_system", "kinesis_system")
-        for init in (ROOT / top).rglob("__init__.py")
-    ]
+    folders = [init.parent for top in PACKAGE_FOLDERS for init in (ROOT / top).rglob("__init__.py")]
     expected = sorted(_import_name(folder) for folder in folders)
     assert sorted(PYPROJECT["tool"]["setuptools"]["packages"]) == expected
     top_level = {name.split(".")[0] for name in expected}
-    assert top_level == {"weirflow", "weirflow_azure", "weirflow_kinesis"}, top_level
+    assert top_level == INSTALLED_TOPS, top_level
 
 
 def test_entry_points_name_namespaced_modules() -> None:
     for group, aliases in PYPROJECT["project"]["entry-points"].items():
         for alias, target in aliases.items():
             top = target.split(".")[0]
-            assert top in {"weirflow", "weirflow_azure", "weirflow_kinesis"}, (group, alias, target)
+            assert top in INSTALLED_TOPS, (group, alias, target)
 
 
 def test_the_emulator_engine_comes_only_with_its_extra() -> None:

@@ -1,0 +1,90 @@
+"""Run moto's server (pip ``moto[server]``, pinned in pyproject.toml's dev extra): a local DynamoDB and S3 for the
+AWS suite's tests and benchmarks, reached through the unmodified boto3 clients.
+
+`MotoServer.start` runs ``python -m moto.server`` on a free loopback port and waits until it answers. State is in
+memory: each start is empty. Tests give every job its own name, hence its own tables and S3 prefix, so one
+server serves the whole session. (Kinesis stays on kinesalite: docs/kinesis.md says why.)
+
+This is a development tool of the test tree (not installed with weirflow); production jobs leave
+``aws.endpoint.url`` unset and reach AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.kinesalite import use_dummy_credentials
+
+BUCKET = "weirflow-tests"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class MotoServer:
+    def __init__(self) -> None:
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> MotoServer:
+        use_dummy_credentials()
+        self.port = _free_port()
+        handle, name = tempfile.mkstemp(prefix="moto-", suffix=".log")
+        self.log_path = Path(name)
+        with os.fdopen(handle, "w") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:  # a condition polled: the server answering its health page
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"moto's server exited at start: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"moto's server did not answer within {timeout_s:.0f} s: {self.log_tail()}"
+                    ) from None
+                time.sleep(0.1)
+
+    def config(self, bucket: str = BUCKET) -> dict[str, str]:
+        """The ``aws.*`` keys of a job whose coordination, checkpoints and metadata live on this server."""
+        return {"aws.endpoint.url": self.endpoint, "aws.region": "us-east-1", "aws.s3.bucket": bucket}
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return self.log_path.read_text(errors="replace")[-chars:] or "(empty log)"
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+        self._proc = None
