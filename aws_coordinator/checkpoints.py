@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from weirflow_aws.clients import CHECKPOINTS, Aws
-from weirflow_aws.errors import AwsError, is_condition_failure
+from weirflow_aws.errors import CheckpointTooLargeError, is_condition_failure
 
 from weirflow.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
@@ -38,11 +38,6 @@ log = logging.getLogger("weirflow.checkpoint")
 SORT_KEY = "checkpoint"
 MAX_BODY_BYTES = 380_000  # DynamoDB's item limit is 400 KB, key and other attributes included
 _RACES = 20  # writes of one task decided again after another write won the race, before giving up
-
-
-class CheckpointTooLargeError(AwsError):
-    """A task's checkpoint does not fit one DynamoDB item (400 KB, compressed): fewer SSPs per task (more
-    tasks), or the ``azure-table``/``local`` checkpoint manager, which split large checkpoints."""
 
 
 def encode(offsets: dict[SystemStreamPartition, str], control: Any) -> bytes:
@@ -64,12 +59,14 @@ def decode(task: str, body: bytes) -> tuple[dict[SystemStreamPartition, str], di
             for system, stream, partition, offset in data["offsets"]
         }
         control = data.get("control") or {}
-        if not isinstance(control, dict):
-            raise TypeError(f"control is {type(control).__name__}, not an object")
     except (zlib.error, KeyError, TypeError, ValueError) as exc:
         raise MalformedDocumentError(
             f"checkpoint of task {task} is malformed ({type(exc).__name__}: {exc})"
         ) from exc
+    if not isinstance(control, dict):
+        raise MalformedDocumentError(
+            f"checkpoint of task {task}: control is {type(control).__name__}, not an object"
+        )
     return offsets, control
 
 

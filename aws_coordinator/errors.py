@@ -49,6 +49,11 @@ class AwsResourceError(AwsError):
     refused): deploy it, or let the processor create it."""
 
 
+class CheckpointTooLargeError(AwsError):
+    """A task's checkpoint does not fit one DynamoDB item (400 KB, compressed): fewer SSPs per task (more
+    tasks), or the ``azure-table``/``local`` checkpoint manager, which split large checkpoints."""
+
+
 ErrorKey = type[BaseException] | str | int
 ErrorTable = Mapping[ErrorKey, type[WeirflowError]]
 

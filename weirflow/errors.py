@@ -39,12 +39,17 @@ before it was a `WeirflowError` and callers may still catch it so)::
     ├── KinesisError ......................... weirflow_kinesis.errors
     │   ├── KinesisAccessError
     │   └── KinesisStreamInUseError
-    └── AzureStorageError .................... weirflow_azure.coordinator.errors
-        └── AzureStorageAccessError
+    ├── AzureStorageError .................... weirflow_azure.coordinator.errors
+    │   └── AzureStorageAccessError
+    └── AwsError ............................. weirflow_aws.errors
+        ├── AwsAccessError
+        ├── AwsResourceError
+        └── CheckpointTooLargeError
 
 Each plugin's SDK errors become these through one table in its errors module: `EVENTHUB_ERRORS`
 (Event Hubs, by exception type and AMQP condition), `KINESIS_ERRORS` (botocore, by error code and
-exception type) and `STORAGE_ERRORS` (azure.core, by exception type and HTTP status). Every class here
+exception type), `STORAGE_ERRORS` (azure.core, by exception type and HTTP status) and `AWS_ERRORS` (botocore
+for DynamoDB and S3, by error code, HTTP status and exception type). Every class here
 calls its parent's ``__init__`` (tests/unit/test_errors.py checks it).
 """
 

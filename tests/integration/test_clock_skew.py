@@ -1,13 +1,16 @@
-"""Liveness by the store's clock (Azure, Azurite): hosts whose clocks disagree by more than the liveness timeout
-still agree on who is alive, because a heartbeat's age is measured on the clock of the Table service that
-stamped it (`weirflow_azure.coordinator.registry`), never the reader's clock minus the writer's.
+"""Liveness that no clock skew can fool. On Azure (Azurite), a heartbeat's age is measured on the clock of the
+Table service that stamped it (`weirflow_azure.coordinator.registry`); on AWS (moto), on the reader's own clock
+from when it first saw the heartbeat's current value, as KCL judges leases (`weirflow_aws.registry`). Never the
+reader's clock minus the writer's: hosts whose clocks disagree by more than the liveness timeout still agree on
+who is alive.
 
 * In process: rows written by a registry whose clock runs 300 s ahead, or 30 s behind, read back as written
   just now (what a reader judges liveness and debounce by).
-* Processes under ``faketime`` (Debian's libfaketime, which ``make test`` installs): of three processors one
-  runs 30 s behind and one 300 s ahead. They settle on one job model and stay there (no rebalance storm: each
-  would otherwise see the one behind as long dead), and when the one ahead is SIGKILLed its tasks move to the
-  others (otherwise its heartbeats, stamped 300 s in the future, would keep it "alive" for five minutes).
+* Processes under ``faketime`` (Debian's libfaketime, which ``make test`` installs), on each backend: of three
+  processors one runs 30 s behind and one 300 s ahead. They settle on one job model and stay there (no
+  rebalance storm: each would otherwise see the one behind as long dead), and when the one ahead is SIGKILLed its
+  tasks move to the others (otherwise its heartbeats, stamped 300 s in the future, would keep it "alive" for
+  five minutes).
 """
 
 from __future__ import annotations
@@ -73,10 +76,22 @@ def test_a_skewed_writers_heartbeat_reads_back_as_written_now(
 
 
 # --- processors under faketime --------------------------------------------------------------------------------
-@pytest.fixture
-def skewed_job(tmp_path: Path, azure_storage: str) -> Iterator[Job]:
+@pytest.fixture(params=["azure", "aws"])
+def skewed_job(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Job]:
     if libfaketime() is None or shutil.which("faketime") is None:
         pytest.skip("libfaketime is not installed (make test installs Debian's faketime)")
+    if request.param == "aws":
+        backend = {
+            "job.coordinator.factory": "aws",
+            "task.checkpoint.factory": "dynamodb",
+            **request.getfixturevalue("moto").config(),
+        }
+    else:
+        backend = {
+            "job.coordinator.factory": "azure",
+            "task.checkpoint.factory": "azure-table",
+            "azure.storage.connection.string": request.getfixturevalue("azure_storage"),
+        }
     job = Job(
         tmp_path,
         {
@@ -85,13 +100,9 @@ def skewed_job(tmp_path: Path, azure_storage: str) -> Iterator[Job]:
             "job.coordinator.poll.interval.ms": 250,
             "job.debounce.time.ms": DEBOUNCE_MS,
         },
-        {
-            "job.name": unique_job_name("skew"),
-            "job.coordinator.factory": "azure",
-            "task.checkpoint.factory": "azure-table",
-            "azure.storage.connection.string": azure_storage,
-        },
+        {"job.name": unique_job_name("skew"), **backend},
     )
+    job.backend = request.param  # type: ignore[attr-defined]
     yield job
     finish(job)
 
@@ -113,7 +124,8 @@ def test_processors_whose_clocks_disagree_by_minutes_neither_storm_nor_keep_a_de
     _start_skewed(job, "p3", "+300s")
     ids = {"p1", "p2", "p3"}
     took = wait_until(lambda: job.all_tasks_running_once(ids), 90, "12 tasks on p1, p2 (-30 s) and p3 (+300 s)")
-    measure(f"[azure] processors 30 s behind and 300 s ahead share the tasks {took:.1f} s after start")
+    backend = job.backend  # type: ignore[attr-defined]
+    measure(f"[{backend}] processors 30 s behind and 300 s ahead share the tasks {took:.1f} s after start")
     settled = job.status()["job_model_version"]
 
     # No storm: for several liveness timeouts, every processor stays live and the model stays where it is.
@@ -131,11 +143,13 @@ def test_processors_whose_clocks_disagree_by_minutes_neither_storm_nor_keep_a_de
     killed_at = time.monotonic()
     took = wait_until(lambda: "p3" not in job.status()["assignment"], 60, "a model without p3")
     measure(
-        f"[azure] a SIGKILLed processor 300 s ahead left the model {took:.1f} s after the kill "
+        f"[{backend}] a SIGKILLed processor 300 s ahead left the model {took:.1f} s after the kill "
         f"(liveness {LIVENESS_MS / 1000:.0f} s + debounce {DEBOUNCE_MS / 1000:.0f} s)"
     )
     wait_until(lambda: job.all_tasks_running_once({"p1", "p2"}), 60, "p1 and p2 running every task")
-    measure(f"[azure] its tasks running again {time.monotonic() - killed_at:.1f} s after the kill (15 s leases)")
+    measure(
+        f"[{backend}] its tasks running again {time.monotonic() - killed_at:.1f} s after the kill (15 s leases)"
+    )
 
     job.produce(PARTITIONS * 20)
     wait_until(lambda: len(job.relayed_ids()) >= job.sent, 60, "every event relayed")

@@ -55,6 +55,7 @@ PACKAGES = [
     "weirflow_azure.checkpoint",
     "weirflow_azure.eventhubs",
     "weirflow_kinesis",
+    "weirflow_aws",
 ]
 # The modules that hold every error class that crosses an interface: core's and each plugin's own.
 ERROR_MODULES = [
@@ -62,6 +63,7 @@ ERROR_MODULES = [
     "weirflow_azure.eventhubs.errors",
     "weirflow_azure.coordinator.errors",
     "weirflow_kinesis.errors",
+    "weirflow_aws.errors",
 ]
 
 

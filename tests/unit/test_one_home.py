@@ -35,8 +35,15 @@ from weirflow.pipeline.plan import PipelinePlan
 from weirflow.systems import Systems, dead_letter_stream, declared_streams, stream_id_of, stream_ref
 
 REPOSITORY = Path(weirflow.__file__).resolve().parent.parent
-# Every folder of the installed packages: core, the Azure suite and Kinesis (pyproject.toml).
-PACKAGE_DIRS = ["weirflow", "azure_coordinator", "checkpoint", "eventhub_system", "kinesis_system"]
+# Every folder of the installed packages: core, the Azure suite, Kinesis and the AWS suite (pyproject.toml).
+PACKAGE_DIRS = [
+    "weirflow",
+    "azure_coordinator",
+    "checkpoint",
+    "eventhub_system",
+    "kinesis_system",
+    "aws_coordinator",
+]
 
 
 # The contract suite shipped for backend authors writes registry rows and streams as a backend's caller would

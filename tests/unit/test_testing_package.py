@@ -13,7 +13,14 @@ from pathlib import Path
 import weirflow
 
 REPOSITORY = Path(weirflow.__file__).resolve().parent.parent
-PACKAGE_DIRS = ["weirflow", "azure_coordinator", "checkpoint", "eventhub_system"]
+PACKAGE_DIRS = [
+    "weirflow",
+    "azure_coordinator",
+    "checkpoint",
+    "eventhub_system",
+    "kinesis_system",
+    "aws_coordinator",
+]
 
 
 def _imported_modules(tree: ast.Module) -> set[str]:

@@ -209,7 +209,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.coordinator.factory",
         "str",
         "local",
-        "Job coordinator: alias (`local`, `azure`) or `module:Class` implementing `JobCoordinatorFactory`.",
+        "Job coordinator: alias (`local`, `azure`, `aws`) or `module:Class` implementing `JobCoordinatorFactory`.",
         _C,
     ),
     ConfigKey(
@@ -374,7 +374,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "task.checkpoint.factory",
         "str",
         "local",
-        "Checkpoint manager: alias (`local`, `azure-table`) or `module:Class` implementing "
+        "Checkpoint manager: alias (`local`, `azure-table`, `dynamodb`) or `module:Class` implementing "
         "`CheckpointManagerFactory`.",
         _T,
     ),
@@ -432,7 +432,8 @@ KEYS: tuple[ConfigKey, ...] = (
         None,
         "Where a copy of each stateful task's Spark checkpoint dir is kept, so the task keeps its operator "
         "state when it moves to another machine: `azure` (Blob Storage, mirrored after every committed "
-        "micro-batch, restored before the task starts elsewhere), `local` (no copy: the local disk is shared "
+        "micro-batch, restored before the task starts elsewhere), `aws` (S3, the same way), `local` (no copy: the "
+        "local disk is shared "
         "by the embedded job's processors), or a `package.module:Class` path. Default: the coordinator's alias "
         "(`job.coordinator.factory`).",
         _T,
