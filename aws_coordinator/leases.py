@@ -32,6 +32,7 @@ from weirflow_aws.errors import is_condition_failure
 PARTITION = "lease"
 LEADER = "leader"
 LOCK_PREFIX = "lock/"
+_SAME_HOLDER_RACES = 3
 
 
 class Observations:
@@ -143,8 +144,9 @@ class CounterLease:
             item = self._read()
             if self._ours(item):
                 assert item is not None
-                if self._renew_from(item):  # the same tenure goes on
-                    self.epoch = item["epoch"]
+                renewed = self._renewed(item)  # the same tenure goes on
+                if renewed is not None:
+                    self.epoch = renewed["epoch"]
                     return True
                 return False
             if item is None or item["owner"] is None:
@@ -155,17 +157,24 @@ class CounterLease:
 
         return bool(self._call("acquire lease", attempt))
 
-    def _renew_from(self, item: dict[str, Any]) -> bool:
-        counter = item["counter"] + 1
-        renewed = self._update(
-            "SET #c = :n",
-            "#o = :o AND #i = :i AND #c = :c",
-            {":o": _s(self.owner), ":i": _s(self.instance), ":c": _n(item["counter"]), ":n": _n(counter)},
-            {"#o": "owner", "#i": "instance", "#c": "counter"},
-        )
-        if renewed:
-            self._observations.moved(self.name, counter)
-        return renewed
+    def _renewed(self, item: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Increment the counter of ``item``, ours as read, conditional on holder and counter; the item as renewed,
+        or None once it is no longer ours. Another write of this same holder (a second thread renewing) may move
+        the counter between the read and the write: then it is read again, a few times at most."""
+        for _ in range(_SAME_HOLDER_RACES):
+            if item is None or not self._ours(item):
+                return None
+            counter = item["counter"] + 1
+            if self._update(
+                "SET #c = :n",
+                "#o = :o AND #i = :i AND #c = :c",
+                {":o": _s(self.owner), ":i": _s(self.instance), ":c": _n(item["counter"]), ":n": _n(counter)},
+                {"#o": "owner", "#i": "instance", "#c": "counter"},
+            ):
+                self._observations.moved(self.name, counter)
+                return {**item, "counter": counter}
+            item = self._read()
+        return None
 
     def renew(self) -> bool:
         """Increment the counter if we still hold the lease in our tenure (the item read, then a write
@@ -178,7 +187,8 @@ class CounterLease:
             assert item is not None
             if self.epoch and item["epoch"] != self.epoch:
                 return False  # ours again, but in a later tenure: this object's tenure ended
-            return self._renew_from(item)
+            renewed = self._renewed(item)
+            return renewed is not None and (not self.epoch or renewed["epoch"] == self.epoch)
 
         return bool(self._call("renew lease", attempt))
 
