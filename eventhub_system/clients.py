@@ -50,6 +50,7 @@ from weirflow.interfaces.system import (
     PartitionMetadata,
     RecordColumns,
     RecordField,
+    Retention,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -216,6 +217,17 @@ class EventHubSystemAdmin(SystemAdmin):
                 "change streams.<id>.partitions or the hub (partition counts of event hubs are fixed at creation)"
             )
         return False
+
+    def retention(self, stream: str) -> Retention:
+        """Every event hub deletes events once they are older than its retention, read or not (at most 1 day on
+        the Basic tier, 7 on Standard, 90 on Premium and Dedicated), so there is always one. How long is not
+        known here: the Event Hubs SDK reads a hub's partitions, not its retention, which only the management
+        plane (ARM) shows."""
+        return Retention(
+            None,
+            "an event hub deletes events after the retention set on it, up to 90 days by tier, which the "
+            "Event Hubs SDK cannot read",
+        )
 
     def record_fields(self) -> Sequence[RecordField]:
         return RECORD_FIELDS

@@ -33,6 +33,7 @@ from weirflow.errors import (
     RecordTooLargeError,
     ServiceUnavailableError,
     StreamExistsError,
+    StreamNotFoundError,
     WeirflowError,
 )
 from weirflow.interfaces.system import (
@@ -42,6 +43,7 @@ from weirflow.interfaces.system import (
     ReadPlan,
     RecordColumns,
     RecordField,
+    Retention,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -56,6 +58,7 @@ from weirflow_kinesis.errors import (
     kinesis_errors,
 )
 from weirflow_kinesis.hashing import key_hash, partition_key, pinning_key, slice_of
+from weirflow_kinesis.keys import MIN_RETENTION_HOURS
 from weirflow_kinesis.reader import SliceReader, Walk
 from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
@@ -70,6 +73,7 @@ MAX_RECORD_BYTES = 1024 * 1024  # data + partition key
 
 # The stream tag holding a stream's virtual task count (docs/kinesis.md).
 VIRTUAL_TASKS_TAG = "weirflow.virtual.tasks"
+_HOUR_MS = 3_600_000
 # A count of records read (`KinesisSystemAdmin.records_read`) is bounded by its end offset, not by a number
 _COUNT_LIMIT = 1 << 40
 
@@ -233,8 +237,9 @@ class KinesisSystemAdmin(SystemAdmin):
         }
 
     def create_stream(self, spec: StreamSpec) -> bool:
-        """Create the stream with ``systems.<name>.shards`` shards (or ``spec.properties["shards"]``) and tag it
-        with its virtual task count, ``spec.partitions``; an existing stream must have that count."""
+        """Create the stream with ``systems.<name>.shards`` shards (or ``spec.properties["shards"]``) and
+        ``systems.<name>.retention.hours`` of retention, and tag it with its virtual task count,
+        ``spec.partitions``; an existing stream must have that count (its retention is left as it is)."""
         client = self.clients.client
         shards = int(spec.properties.get("shards", self.settings.shards))
         try:
@@ -247,6 +252,10 @@ class KinesisSystemAdmin(SystemAdmin):
             client.get_waiter("stream_exists").wait(StreamName=spec.stream, WaiterConfig={"Delay": 1})
             if created:
                 client.add_tags_to_stream(StreamName=spec.stream, Tags={VIRTUAL_TASKS_TAG: str(spec.partitions)})
+                if self.settings.retention_hours > MIN_RETENTION_HOURS:
+                    client.increase_stream_retention_period(
+                        StreamName=spec.stream, RetentionPeriodHours=self.settings.retention_hours
+                    )
         self.clients.forget(spec.stream)
         existing = self.clients.virtual_tasks(spec.stream)
         if existing != spec.partitions:
@@ -266,6 +275,19 @@ class KinesisSystemAdmin(SystemAdmin):
                     break
                 response = self.clients.client.list_streams(ExclusiveStartStreamName=names[-1])
         return {name: self.clients.virtual_tasks(name) for name in names}
+
+    def retention(self, stream: str) -> Retention:
+        """The stream's ``RetentionPeriodHours`` (`DescribeStreamSummary`); for a stream that does not exist yet,
+        ``systems.<name>.retention.hours``, which `create_stream` gives it. Kinesis deletes every record once it
+        is that old, read or not, so there is always a retention."""
+        try:
+            with self.clients.errors(stream):
+                summary = self.clients.client.describe_stream_summary(StreamName=stream)
+        except StreamNotFoundError:
+            key = f"systems.{self.settings.system}.retention.hours"
+            return Retention(self.settings.retention_hours * _HOUR_MS, f"{key}, which weirflow creates it with")
+        hours = int(summary["StreamDescriptionSummary"]["RetentionPeriodHours"])
+        return Retention(hours * _HOUR_MS, "the stream's RetentionPeriodHours")
 
     def record_fields(self) -> Sequence[RecordField]:
         return RECORD_FIELDS

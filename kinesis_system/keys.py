@@ -13,6 +13,8 @@ from weirflow.interfaces.config import ConfigKey
 SYSTEM = "kinesis"
 # Most virtual tasks a stream may have: slices stay wide enough that a 1,024-task job's partition keys spread.
 MAX_VIRTUAL_TASKS = 1024
+# The retention periods Kinesis accepts, in hours (24 is the one a stream is created with).
+MIN_RETENTION_HOURS, MAX_RETENTION_HOURS = 24, 8760
 
 SECTION = "Kinesis systems (`kinesis`)"
 
@@ -50,6 +52,18 @@ KEYS: tuple[ConfigKey, ...] = (
         4,
         "Shards of a stream weirflow creates (`weirflow streams create`, intermediate streams). The stream's "
         "partition count is its virtual task count, whatever its shards.",
+        SECTION,
+        system=SYSTEM,
+    ),
+    ConfigKey(
+        "systems.<name>.retention.hours",
+        "int",
+        MIN_RETENTION_HOURS,
+        f"Retention of the streams weirflow creates, in hours ({MIN_RETENTION_HOURS}, Kinesis's default, to "
+        f"{MAX_RETENTION_HOURS}): Kinesis deletes a record this long after it arrived, read or not. Streams that "
+        "exist keep theirs (`aws kinesis increase-stream-retention-period`). Intermediate streams and table "
+        'changelogs on Kinesis also need `systems.<name>.retention.loss.allowed` (docs/guarantees.md, "Streams '
+        'read back whole").',
         SECTION,
         system=SYSTEM,
     ),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weirflow.interfaces.config import ConfigView
-from weirflow_kinesis.keys import MAX_VIRTUAL_TASKS
+from weirflow_kinesis.keys import MAX_RETENTION_HOURS, MAX_VIRTUAL_TASKS, MIN_RETENTION_HOURS
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class KinesisSettings:
     record_id_field: str = "weirflow_id"
     spool_max_bytes: int = 256 * 1024 * 1024
     read_failures: int = 5
+    retention_hours: int = MIN_RETENTION_HOURS
 
     @classmethod
     def from_config(cls, system: str, config: ConfigView) -> KinesisSettings:
@@ -37,6 +38,12 @@ class KinesisSettings:
         for key in ("read.interval.ms", "shard.refresh.ms", "spool.retention.ms"):
             if int(config.get(prefix + key)) < 0:
                 raise config.error(prefix + key, "must not be negative")
+        retention = int(config.get(prefix + "retention.hours"))
+        if not MIN_RETENTION_HOURS <= retention <= MAX_RETENTION_HOURS:
+            raise config.error(
+                prefix + "retention.hours",
+                f"{retention} hours: Kinesis keeps records {MIN_RETENTION_HOURS} to {MAX_RETENTION_HOURS} hours",
+            )
         attempts = int(config.get(prefix + "send.attempts"))
         if attempts < 1:
             raise config.error(prefix + "send.attempts", "must be at least 1")
@@ -62,6 +69,7 @@ class KinesisSettings:
             record_id_field=str(config.get(prefix + "record.id.field") or ""),
             spool_max_bytes=int(config.get(prefix + "spool.max.bytes")),
             read_failures=int(config.get(prefix + "read.failures")),
+            retention_hours=retention,
         )
 
     @property

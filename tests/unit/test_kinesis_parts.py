@@ -1,16 +1,21 @@
 """The pure parts of the Kinesis system (docs/kinesis.md): slices of the MD5 hash space, positions and their
-order, which shards may be read (parents before children), and the producer's rounds and calls."""
+order, which shards may be read (parents before children), the producer's rounds and calls, and its settings."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from weirflow.assignment import assign
+from weirflow.config.loader import Config
+from weirflow.errors import ConfigError
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow_kinesis import positions
 from weirflow_kinesis.clients import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds, _with_id
 from weirflow_kinesis.hashing import HASH_SPACE, key_hash, partition_key, pinning_key, slice_of, slice_range
+from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
 
 
@@ -97,3 +102,16 @@ def test_an_output_record_s_id_becomes_the_last_field_of_its_json_object() -> No
     assert _with_id(packed, "weirflow_id") is packed
     no_id = OutgoingRecord("out", b'{"a": 1}')
     assert _with_id(no_id, "weirflow_id") is no_id
+
+
+def test_streams_are_created_with_a_retention_kinesis_accepts() -> None:
+    def retention(hours: int) -> int:
+        config = Config.from_dict(
+            {"job.name": "j", "systems.kin.factory": "kinesis", "systems.kin.retention.hours": hours}
+        )
+        return KinesisSettings.from_config("kin", config).retention_hours
+
+    assert (retention(24), retention(8760)) == (24, 8760)
+    for hours in (23, 8761):
+        with pytest.raises(ConfigError, match="systems.kin.retention.hours"):
+            retention(hours)

@@ -467,6 +467,17 @@ KEYS: tuple[ConfigKey, ...] = (
         "apply only to systems whose factory is that plugin; on another system they are an error.",
         _S,
     ),
+    ConfigKey(
+        "systems.<name>.retention.loss.allowed",
+        "bool",
+        False,
+        "Accept that this system may drop records of the streams a job reads back whole (a record task's table "
+        "changelogs, a pipeline's intermediate streams) before a task reads them: Kinesis and Event Hubs delete "
+        "records after their retention, read or not. Unset, a processor with such a stream on this system "
+        "refuses to start; set, it logs a warning naming each one. What is dropped is lost without any error: "
+        'table rows, or rows between stages (docs/guarantees.md, "Streams read back whole").',
+        _S,
+    ),
     ConfigKey("streams.<id>.system", "str", None, "System holding the stream; default `job.default.system`.", _S),
     ConfigKey("streams.<id>.physical.name", "str", None, "Name of the stream on its system; default `<id>`.", _S),
     ConfigKey(

@@ -33,6 +33,7 @@ from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
     PartitionMetadata,
+    Retention,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -130,6 +131,10 @@ class HttpSystemAdmin(SystemAdmin):
 
     def offset_for_time(self, stream: str, partition: int, timestamp_ms: int) -> str:
         return self.inner.offset_for_time(stream, partition, timestamp_ms)
+
+    def retention(self, stream: str) -> Retention | None:
+        """The backing system's: it holds the records."""
+        return self.inner.retention(stream)
 
     def close(self) -> None:
         self.inner.close()

@@ -186,6 +186,33 @@ class OutgoingRecord:
     id: str | None = None
 
 
+_PERIODS = (("days", 86_400_000), ("hours", 3_600_000), ("minutes", 60_000), ("seconds", 1000))
+
+
+def _period(ms: int) -> str:
+    """``ms`` in the largest unit that divides it: 24 hours, 7 days, 90 minutes."""
+    for unit, size in _PERIODS:
+        if ms >= size and ms % size == 0:
+            count = ms // size
+            return f"{count} {unit if count != 1 else unit[:-1]}"
+    return f"{ms} ms"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a stream keeps a record before its system may delete it, whether or not anything read it
+    (`SystemAdmin.retention`). ``ms`` None: the system may delete records, but how soon is not known.
+    ``source`` is where the figure comes from, or why there is none, for the messages that quote it (the
+    stream's ``RetentionPeriodHours``, a config key)."""
+
+    ms: int | None
+    source: str = ""
+
+    def __str__(self) -> str:
+        said = f"drops records after {_period(self.ms)}" if self.ms is not None else "may drop records"
+        return f"{said} ({self.source})" if self.source else said
+
+
 class ReadPlan(NamedTuple):
     """Where a read from an offset ends (`SystemAdmin.plan_read`): the offset after it and how many records it
     holds. ``at_end`` is True when the read reaches what the partition holds now."""
@@ -286,6 +313,19 @@ class SystemAdmin(ABC):
         none; backs ``streams.<id>.start: sdk-checkpoint``. Systems without such checkpoints raise
         `NotImplementedError` (the runtime turns it into a config error)."""
         raise NotImplementedError(f"{type(self).__name__} has no checkpoints of its own client library")
+
+    def retention(self, stream: str) -> Retention | None:
+        """How long ``stream`` keeps a record, read or not: None when the system never deletes one while the
+        stream exists (the embedded log), else a `Retention`. A stream that does not exist yet answers what
+        `create_stream` would give it: the runtime asks before it creates the streams a job reads back whole (a
+        record task's table changelogs, a pipeline's intermediate streams) and refuses to start when one may
+        lose records, unless ``systems.<name>.retention.loss.allowed`` accepts it (docs/guarantees.md).
+
+        The default answers that the system may drop records, how soon unknown. A system that does not say is not
+        taken to keep everything: that guess, when wrong, loses table rows and changes results with no error at
+        all, which is what the check exists to prevent; the cautious answer, when wrong, costs one config line
+        at start, with the reason in the error. Override it when the system can tell."""
+        return Retention(None, f"{type(self).__name__} does not say how long it keeps records")
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -131,6 +131,10 @@ class LocalSystemAdmin(SystemAdmin):
         rows = self._store.db.connection().execute("SELECT name, partitions FROM streams ORDER BY name").fetchall()
         return {name: count for name, count in rows}
 
+    def retention(self, stream: str) -> None:
+        """None: the embedded log never deletes a record while its stream exists."""
+        return None
+
 
 class LocalSystemConsumer(SystemConsumer):
     def __init__(self, store: SqliteStreamStore) -> None:

@@ -10,8 +10,9 @@ after its first input in declaration order, with characters outside [A-Za-z0-9_]
 **Intermediate streams.** Stream id = the ``partition_by`` name; physical name
 ``<job.name>-<job.id>-<name>`` on system `job.intermediate.system` (default `job.default.system`) with
 `job.intermediate.partitions` partitions (default: the most partitions of any input of the pipeline).
-They are created through the system's `SystemAdmin` when missing. Their messages carry the in-band
-control framing of `weirflow.control`.
+They are created through the system's `SystemAdmin` when missing, once a processor has checked that their
+system keeps every record, or that the job accepts it may not (`weirflow.retention`). Their messages carry the
+in-band control framing of `weirflow.control`.
 
 **Dead letters.** Each input stream ``<id>`` has a dead-letter stream ``<physical>.dlq`` on the same system,
 with as many partitions, created when missing. Both names come from `weirflow.systems` (`stream_ref`,
@@ -30,6 +31,7 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
+from weirflow.retention import ReadBackStream
 from weirflow.systems import StreamRef, Systems, dead_letter_stream, stream_id_of, stream_ref
 from weirflow.user_code import load_callable
 
@@ -175,6 +177,21 @@ class PipelinePlan:
         if self.is_intermediate(stream_id):
             return stream_ref(self.config, stream_id, intermediate=True)
         return self.systems.resolve(stream_id)
+
+    def read_back(self) -> list[ReadBackStream]:
+        """The intermediate streams, which the job must read back whole (`weirflow.retention`)."""
+        placed_by = (
+            "job.intermediate.system" if self.config.get("job.intermediate.system") else "job.default.system"
+        )
+        return [
+            ReadBackStream(
+                self.ref(stream_id),
+                f"intermediate stream '{stream_id}'",
+                placed_by,
+                "the next stage then computes without those rows",
+            )
+            for stream_id in self.app.intermediates
+        ]
 
     def stream_id_of(self, system: str, physical: str) -> str:
         """The id of the stage input called ``physical`` on ``system`` (intermediate streams included)."""

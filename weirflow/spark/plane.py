@@ -15,6 +15,7 @@ from weirflow.job_context import JobContext
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import PipelineError
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
+from weirflow.retention import check_retention
 from weirflow.spark.query import StageBuilder
 from weirflow.spark.runner import SparkTaskRunner
 from weirflow.spark.session import build_spark_session
@@ -38,6 +39,7 @@ class SparkDataPlane:
         except PipelineError as exc:
             target = config.get("app.pipeline")
             raise config.error("app.pipeline", f"{target} builds an invalid pipeline: {exc}") from exc
+        check_retention(config, ctx.systems, self.plan.read_back())  # before creating them
         self.plan.ensure_streams()
         self.builder = StageBuilder(self.spark, self.plan, config.snapshot())
         # Registering the data sources and analysing the stages (~2 s, each a Python process Spark starts)

@@ -5,7 +5,8 @@ outgoing dicts. The row goes to the table's **changelog stream** (Samza's change
 log), ``<job.name>-<job.id>-table-<name>`` on `job.default.system`, in the partition of the task that wrote it;
 the task keeps the table in memory (`weirflow.served_tables.MemoryTable`) and, wherever it starts, rebuilds it
 from its changelog partition before it reads any input. The changelog is written with the task's other
-outputs, before its offsets advance, so the table is never behind the checkpoint.
+outputs, before its offsets advance, so the table is never behind the checkpoint. A changelog is the table's only
+copy: a processor refuses to start with one on a system that may drop records (`weirflow.retention`).
 
 Lookups are routed like a pipeline's: the key's partition in the job's first input stream (its system's
 `SystemAdmin.partition_for_key`) is the task holding it, so a table's keys must be the keys the input records
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from weirflow.grouper import partition_task
 from weirflow.interfaces.config import ConfigView
+from weirflow.retention import ReadBackStream
 from weirflow.systems import StreamRef, Systems
 from weirflow.tasks.planning import RECORD_STAGE
 
@@ -55,6 +57,18 @@ class RecordTables:
         system = str(self.config.get("job.default.system"))
         physical = f"{self.config.get('job.name')}-{self.config.get('job.id')}-table-{table}"
         return StreamRef(f"{table}.changelog", system, physical)
+
+    def read_back(self) -> list[ReadBackStream]:
+        """The changelogs, which the job must read back whole (`weirflow.retention`): they are the tables."""
+        return [
+            ReadBackStream(
+                self.changelog(name),
+                f"the changelog of table '{name}'",
+                "job.default.system",
+                "the table then loses rows",
+            )
+            for name in self.tables
+        ]
 
     def table_task(self, table: str, key: str) -> str:
         assert self.input is not None

@@ -62,6 +62,7 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import IncomingRecord, OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
+from weirflow.retention import check_retention
 from weirflow.served_tables import MemoryTable
 from weirflow.start_position import parse_start, start_offset
 from weirflow.systems import Systems
@@ -268,6 +269,7 @@ class RecordTaskRunner(TaskRunner):
             parse_start(config, stream_id)  # a bad start fails the processor now, naming the key
         tables = RecordTables(config, systems)
         tables.check()
+        check_retention(config, systems, tables.read_back())
         for name in tables.tables:
             ref = tables.changelog(name)
             systems.admin(ref.system).create_stream(StreamSpec(ref.physical, tables.partitions()))
@@ -390,9 +392,10 @@ class RecordTaskRunner(TaskRunner):
             ssp = SystemStreamPartition(ref.system, ref.physical, partition)
             consumer = self.systems.consumer(ref.system)
             admin = self.systems.admin(ref.system)
-            end = admin.partition_metadata_of(ref.physical, [partition])[partition].upcoming
+            held = admin.partition_metadata_of(ref.physical, [partition])[partition]
+            end = held.upcoming
             table = MemoryTable()
-            position = "0"
+            position = held.oldest  # the system's own first offset ("0" is none on Kinesis, whose are positions)
             while records := consumer.read(ssp, position, 5000, end):
                 for record in records:
                     key = (record.key or b"").decode("utf-8", "replace")

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import pytest
 
 from weirflow.errors import StreamExistsError, StreamNotFoundError
-from weirflow.interfaces.system import OutgoingRecord, RecordColumns, StreamSpec, SystemStreamPartition
+from weirflow.interfaces.system import (
+    OutgoingRecord,
+    RecordColumns,
+    Retention,
+    StreamSpec,
+    SystemStreamPartition,
+)
 from weirflow.testing.backend import Backend, SystemClients
 from weirflow.testing.contracts._base import Contract, require_processes
 
@@ -93,6 +99,16 @@ class SystemContract(Contract):
             system.admin.partition_count("nowhere")
         with pytest.raises(StreamNotFoundError, match="nowhere"):
             system.producer.send([OutgoingRecord("nowhere", b"x")])
+
+    def test_retention_is_answered_before_a_stream_exists_and_after(self, system) -> None:
+        """The runtime asks `SystemAdmin.retention` of a job's changelogs and intermediate streams before it
+        creates them (docs/guarantees.md, "Streams read back whole"): a missing stream is answered, not an
+        error."""
+        before = system.admin.retention("kept")
+        system.declare("kept", 2)
+        for answer in (before, system.admin.retention("kept")):
+            assert answer is None or isinstance(answer, Retention), answer
+            assert answer is None or answer.ms is None or answer.ms > 0, "a retention is a positive time"
 
     def test_records_read_back_with_exact_offsets_in_order_within_bounds(self, system) -> None:
         system.declare("views", 2)
