@@ -63,7 +63,7 @@ def test_an_unknown_alias_lists_the_known_ones_and_names_the_key_and_file(tmp_pa
         coordinator_factory(load_config(path))
     message = str(err.value)
     assert "unknown alias 'zookeeper'" in message
-    assert "known aliases: azure, local" in message
+    assert "known aliases: aws, azure, local" in message
     assert "job.coordinator.factory" in message and str(path) in message
 
 
