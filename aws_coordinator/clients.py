@@ -268,8 +268,11 @@ class Aws:
         client = self.s3
 
         def exists() -> bool:
+            # One key listed under the job's prefix rather than HeadBucket: S3 authorises HeadBucket as
+            # s3:ListBucket with no s3:prefix in the request, which the least-privilege policy (docs/aws.md,
+            # infra/aws/processor-policy.json) refuses; a listing under aws.s3.prefix is what it grants.
             try:
-                client.head_bucket(Bucket=name)
+                client.list_objects_v2(Bucket=name, Prefix=self.settings.s3_prefix, MaxKeys=1)
             except Exception as exc:
                 if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
                     return False
