@@ -26,9 +26,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from weirflow.errors import StreamNotFoundError
 from weirflow.grouper import group_by_partition, partition_task
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.interfaces.system import StreamSpec, SystemAdmin, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
 from weirflow.retention import ReadBackStream
@@ -222,7 +223,7 @@ class PipelinePlan:
         for stream_id in self.app.intermediates:
             ref = self.ref(stream_id)
             admin = self.systems.admin(ref.system)
-            if ref.physical not in admin.list_streams():
+            if not _exists(admin, ref.physical):
                 count = count or self._intermediate_partitions()
                 admin.create_stream(StreamSpec(ref.physical, count))
         for sink in self.app.sinks:
@@ -236,7 +237,7 @@ class PipelinePlan:
         ref = self.ref(stream_id)
         partitions = self.config.get(f"streams.{stream_id}.partitions")
         admin = self.systems.admin(ref.system)
-        if partitions and ref.physical not in admin.list_streams():
+        if partitions and not _exists(admin, ref.physical):
             admin.create_stream(StreamSpec(ref.physical, int(partitions)))
         admin.partition_count(ref.physical)
 
@@ -271,6 +272,16 @@ class PipelinePlan:
 
     def task_count(self, stage: Stage) -> int:
         return max(self.partition_count(s) for s in stage.input_ids)
+
+
+def _exists(admin: SystemAdmin, stream: str) -> bool:
+    """Whether ``stream`` exists, asked of that stream alone: listing the system's streams would need the right
+    to see every stream of the account (and, on Kinesis, to read each one's tags)."""
+    try:
+        admin.partition_count(stream)
+    except StreamNotFoundError:
+        return False
+    return True
 
 
 def _inputs_of(node: Node) -> list[Node]:
