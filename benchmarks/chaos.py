@@ -2,7 +2,11 @@
 
 Three `weirflow run` processes share the job. ``--backend azure`` (the default) runs
 ``examples/pageviews/azure.yaml``: coordination and checkpoints in Azure Storage (Azurite, started here), every
-stream on Event Hubs (the project's emulator, started here, spoken to by the real SDK). ``--backend local`` runs
+stream on Event Hubs (the project's emulator, started here, spoken to by the real SDK). ``--backend aws`` runs
+``examples/pageviews/aws.yaml``, AWS alone: every stream on Kinesis (kinesalite, started here), coordination and
+checkpoints in DynamoDB, the job model and Spark state copies in S3 (moto's server, started here), all through
+the unmodified boto3 clients; the input is created before the producer's first send, with its virtual tasks
+(the ``weirflow.virtual.tasks`` tag) equal to its partitions. ``--backend local`` runs
 ``examples/pageviews/job.yaml`` on the embedded default (SQLite coordination, checkpoints and streams, one
 state directory for every processor, as on one machine). Events are produced at a steady ``--rate`` for
 ``--duration`` seconds; every ``--kill-every`` seconds a random processor is SIGKILLed and a new one started in
@@ -25,7 +29,8 @@ The output is compared with pandas over every event sent. One JSON line last::
   must be 0;
 * ``duplicate_outputs`` — output records beyond the first for a window, once records whose id
   (docs/guarantees.md: the embedded log drops them itself, Event Hubs carries the id as the ``weirflow-id``
-  property) was seen before are dropped, as a downstream consumer would; ``replayed_outputs`` counts those;
+  property, Kinesis as the ``weirflow_id`` field of the record's JSON) was seen before are dropped, as a
+  downstream consumer would; ``replayed_outputs`` counts those;
 * ``intermediate_replays_dropped`` — rows a replayed first-stage batch wrote again to the intermediate stream,
   which the counting stage dropped (the processors' logs);
 * ``overcounted_windows`` / ``undercounted_windows`` — windows whose final count is above / below pandas'
@@ -36,7 +41,7 @@ The output is compared with pandas over every event sent. One JSON line last::
 * ``exact_windows`` / ``windows`` — windows whose final count equals pandas', of all pandas windows.
 
 ``baseline`` is the reference itself (pandas over the same events, computed in this run).
-Usage: ``python benchmarks/chaos.py [--backend azure|local] [--duration 180] [--rate 150] [--kill-every 20]
+Usage: ``python benchmarks/chaos.py [--backend azure|aws|local] [--duration 180] [--rate 150] [--kill-every 20]
 [--processors 3] [--set KEY=VALUE ...]`` (``--set``: config overrides for every processor, as
 ``weirflow run --set``).
 """
@@ -59,10 +64,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
+sys.path.insert(0, str(ROOT))  # tests.azurite, tests.kinesalite, tests.moto_server: launchers of the test tree
 EXAMPLE = ROOT / "examples" / "pageviews"
 sys.path.insert(0, str(EXAMPLE))
-CONFIGS = {"azure": EXAMPLE / "azure.yaml", "local": EXAMPLE / "job.yaml"}
+CONFIGS = {"azure": EXAMPLE / "azure.yaml", "aws": EXAMPLE / "aws.yaml", "local": EXAMPLE / "job.yaml"}
+BACKEND_NAMES = {
+    "azure": "azure (Azurite) + event hubs (emulator)",
+    "aws": "aws (moto: DynamoDB + S3) + kinesis (kinesalite)",
+    "local": "local (embedded)",
+}
 
 import generate  # noqa: E402 - the example's event generator
 import results  # noqa: E402 - the example's pandas reference
@@ -146,7 +156,11 @@ class OutputReader:
         self.systems = Systems(config)
         self.ref = self.systems.resolve("page-counts")
         self.consumer = self.systems.consumer(self.ref.system)
-        self.offsets = dict.fromkeys(range(PARTITIONS), "0")
+        metadata = self.systems.admin(self.ref.system).partition_metadata(self.ref.physical)
+        self.offsets = {p: metadata[p].oldest for p in range(PARTITIONS)}  # on Kinesis a position, not "0"
+        # Kinesis records carry no properties: their id is a field of the record's JSON (docs/guarantees.md)
+        kinesis = config.get(f"systems.{self.ref.system}.factory") == "kinesis"
+        self.id_field = config.get(f"systems.{self.ref.system}.record.id.field") if kinesis else None
         self.latest: dict[tuple[str, str], int] = {}
         self.records = 0
         self.ids: set[str] = set()
@@ -163,6 +177,8 @@ class OutputReader:
                     if row["page"] == CLOSING_PAGE:
                         continue
                     record_id = dict(record.attributes.get("properties") or {}).get(RECORD_ID_PROPERTY)
+                    if self.id_field:
+                        record_id = row.get(self.id_field)
                     if record_id is not None:
                         if record_id in self.ids:
                             self.replayed += 1
@@ -245,12 +261,34 @@ class Fleet:
 
 
 class Services:
-    """What the backend needs running: Azurite and the Event Hubs emulator for ``azure``, nothing for ``local``."""
+    """What the backend needs running: Azurite and the Event Hubs emulator for ``azure``, kinesalite and moto's
+    server for ``aws``, nothing for ``local``. Each is pointed at through the environment its config reads."""
 
     def __init__(self, backend: str, work: Path, job_id: str) -> None:
         self.stops: list[Any] = []
-        if backend != "azure":
-            return
+        try:
+            if backend == "azure":
+                self._azure(work, job_id)
+            elif backend == "aws":
+                self._aws()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _aws(self) -> None:
+        from tests.kinesalite import Kinesalite, use_dummy_credentials
+        from tests.moto_server import BUCKET, MotoServer
+
+        use_dummy_credentials()  # boto3's chain finds them in the environment, here and in the processors
+        kinesalite = Kinesalite().start()
+        self.stops.append(kinesalite.stop)
+        moto = MotoServer().start()
+        self.stops.append(moto.stop)
+        os.environ["KINESIS_ENDPOINT"] = kinesalite.endpoint
+        os.environ["AWS_ENDPOINT"] = moto.endpoint
+        os.environ["WEIRFLOW_BUCKET"] = BUCKET
+
+    def _azure(self, work: Path, job_id: str) -> None:
         from tests.azurite import Azurite
         from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
@@ -273,8 +311,17 @@ class Services:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The run on its backend's services, stopped whatever happens (they run in sessions of their own, so a
+    service left running would outlive this process)."""
     job_id = uuid.uuid4().hex[:8]
     services = Services(args.backend, work, job_id)
+    try:
+        return run_job(args, work, job_id)
+    finally:
+        services.stop()
+
+
+def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]:
     config_path = CONFIGS[args.backend]
     overrides = [
         f"job.state.dir={work / 'state'}",
@@ -287,7 +334,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ]
     config = load_config(config_path, overrides)
     physical = config.get("streams.page-views.physical.name") or "page-views"
-    if args.backend == "local":  # the embedded log's input exists before the producer's first send
+    # The input exists before the producer's first send: the embedded log's, or the Kinesis stream, which the
+    # admin tags with its virtual tasks (``weirflow.virtual.tasks``), as `weirflow streams create` does.
+    if args.backend in ("local", "aws"):
         systems = Systems(config)
         try:
             systems.admin(systems.resolve("page-views").system).create_stream(StreamSpec(physical, PARTITIONS))
@@ -320,7 +369,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     finally:
         producer.stop_flag.set()
         fleet.stop()
-        services.stop()
     overlap, batches = overlap_ms(fleet.all_logs)
     lost = sum(max(0, n - got.get(w, 0)) for w, n in expected.items())
     exact = sum(got.get(w) == n for w, n in expected.items())
@@ -346,7 +394,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rate": args.rate,
         "kill_every_s": args.kill_every,
         "processors": args.processors,
-        "backend": "azure (Azurite) + event hubs (emulator)" if args.backend == "azure" else "local (embedded)",
+        "backend": BACKEND_NAMES[args.backend],
         "baseline": {"what": "pandas over every event sent", "windows": len(expected), "events": len(sent)},
     }
 
