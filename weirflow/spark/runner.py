@@ -397,6 +397,12 @@ class SparkTaskRunner(TaskRunner):
                 wait = _SETTLE_S - (time.monotonic() - self._changed)
             if wait > 0:
                 time.sleep(wait)
+            # Grouping tasks into units asks whether stages merge, which waits for the data plane's preparation
+            # (seconds in a fresh JVM): wait here, not under the guard, which the lease keeper needs to publish
+            # renewals (and so to heartbeat) — held through the preparation, it made a new processor fence itself.
+            while not self._ready.wait(_MONITOR_S):
+                if self._closing.is_set():
+                    return
             with self._guard:
                 if self._closing.is_set():
                     return
