@@ -384,6 +384,16 @@ class SparkTaskRunner(TaskRunner):
             except Exception as exc:  # reported by _launch already
                 log.debug("start of %s failed: %s", unit, exc)
 
+    def _prepared(self) -> bool:
+        """Wait for the data plane's preparation (seconds in a fresh JVM), or until closing: whether it ended.
+        Grouping tasks into start units asks whether stages merge, which needs it; the launcher waits here, not
+        under the guard, which the lease keeper needs to publish renewals (and so to heartbeat): held through
+        the preparation, it made a new processor fence itself."""
+        while not self._ready.wait(_MONITOR_S):
+            if self._closing.is_set():
+                return False
+        return True
+
     def _launch_loop(self) -> None:
         """Starts the queries of pending tasks, several at a time: one per stateful task, one per stateless
         stage (restarting the stage's running query with its new set of tasks). Changes settle for
@@ -397,12 +407,8 @@ class SparkTaskRunner(TaskRunner):
                 wait = _SETTLE_S - (time.monotonic() - self._changed)
             if wait > 0:
                 time.sleep(wait)
-            # Grouping tasks into units asks whether stages merge, which waits for the data plane's preparation
-            # (seconds in a fresh JVM): wait here, not under the guard, which the lease keeper needs to publish
-            # renewals (and so to heartbeat) — held through the preparation, it made a new processor fence itself.
-            while not self._ready.wait(_MONITOR_S):
-                if self._closing.is_set():
-                    return
+            if not self._prepared():
+                return
             with self._guard:
                 if self._closing.is_set():
                     return
