@@ -10,7 +10,7 @@ until the two survivors run every task under a new leader. The backends:
   leases, latches, the registry and checkpoints in DynamoDB, the job model in S3, on a moto server started
   here. The example's streams stay on the embedded log: only coordination is measured.
 
-Nothing is tuned unless ``--set`` says so: the shipped defaults are 15 s leases and a 10 s liveness timeout.
+Nothing is tuned unless ``--set`` says so: the shipped defaults are 15 s leases and an 8 s liveness timeout.
 The survivors break the killed leader's leases once its heartbeat is older than the liveness timeout
 (docs/coordination.md, "Failover"), so the liveness timeout, not the lease, is the floor. On ``local`` and
 ``azure`` a heartbeat's age is read on the store's clock. On ``aws`` DynamoDB stamps nothing, so a survivor

@@ -52,7 +52,7 @@ USERS = 300
 VIEWS = 3000
 STAGE, TASKS = "views_by_user", 4
 TOKEN = "t0ken-for-tests"
-# shipped lease (15 s) and liveness (10 s): four Spark processes start at once on two cores here, and a
+# shipped lease (15 s) and liveness (8 s): four Spark processes start at once on two cores here, and a
 # processor starting its queries must not be declared dead for a slow heartbeat
 FAST = ["job.debounce.time.ms=1000"]
 

@@ -241,7 +241,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "job.coordinator.heartbeat.interval.ms",
         "duration_ms",
-        3000,
+        2000,
         "How often a processor writes its heartbeat row. Must be shorter than the liveness timeout minus "
         "its self-fence margin (a fifth of it); a third of the liveness timeout is a good value.",
         _C,
@@ -249,11 +249,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "job.coordinator.liveness.timeout.ms",
         "duration_ms",
-        10000,
-        "A processor silent for longer (by the store's clock) is considered dead: its tasks are reassigned "
-        "at once and the processors that gain them break its leases rather than wait for them to expire. "
-        "A failover takes about this long plus a second. A processor whose heartbeat was not confirmed for "
-        "this minus a fifth of it gives up its tasks and leadership first, so that breaking is safe.",
+        8000,
+        "A processor silent for longer (by the store's clock, or on the `aws` backend by the reader's own) is "
+        "considered dead: its tasks are reassigned at once and the processors that gain them break its leases "
+        "rather than wait for them to expire. A failover takes about this long plus a second (under 10 s, as "
+        "the Kinesis Client Library's). A processor whose heartbeat was not confirmed for this minus a fifth of "
+        "it gives up its tasks and leadership first, so that breaking is safe.",
         _C,
     ),
     ConfigKey(
