@@ -9,7 +9,7 @@ so under concurrent requests two writers conditional on the same counter can bot
 wins in 351 contended updates from 8 threads). DynamoDB and S3 decide a condition and its write atomically, and
 the AWS suite's leases, fences and compare-and-set rest on that. The launcher therefore serves moto's WSGI app
 behind one lock, which gives the emulator the services' atomicity; the suite's correctness under real
-contention is then what the tests see (docs/aws.md, "Verified here and on AWS").
+contention is then what the tests see (docs/aws.md, "What is verified here, and what only on AWS").
 
 Tests give every job its own name, hence its own tables and S3 prefix, so one server serves the whole session.
 (Kinesis stays on kinesalite: docs/kinesis.md says why.)
