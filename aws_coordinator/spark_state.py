@@ -39,7 +39,13 @@ from weirflow_aws.errors import error_code, is_condition_failure
 
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.spark_checkpoint import committed_files, history_of, last_committed_batch
+from weirflow.interfaces.spark_checkpoint import (
+    committed_files,
+    history_of,
+    last_committed_batch,
+    local_versions,
+    manifest_versions,
+)
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 
 T = TypeVar("T")
@@ -89,12 +95,12 @@ class S3SparkStateStore(SparkStateStore):
         if known is None:
             manifest, etag = self._read_manifest(task)
             manifest = manifest or {}
-            known = etag, int(manifest.get("epoch", 0)), _versions(manifest), manifest.get("history")
+            known = etag, int(manifest.get("epoch", 0)), manifest_versions(manifest), manifest.get("history")
         etag, stored_epoch, stored, stored_history = known
         if stored_epoch > epoch:
             raise FencedOffError(task, epoch, stored_epoch)
         history = history_of(local)
-        versions = _local_versions(local, committed_files(local, batch))
+        versions = local_versions(local, committed_files(local, batch))
         same = history == stored_history
         sizes = self._send(
             task, local, [rel for rel, version in versions.items() if not same or stored.get(rel) != version]
@@ -166,7 +172,7 @@ class S3SparkStateStore(SparkStateStore):
         if manifest is None:
             return None
         history = manifest.get("history")
-        self._known[task] = etag, int(manifest.get("epoch", 0)), _versions(manifest), history
+        self._known[task] = etag, int(manifest.get("epoch", 0)), manifest_versions(manifest), history
         batch = int(manifest["batch"])
         have = last_committed_batch(local) if local.exists() else None
         # a local directory as far on is kept only if it is the same history (see the Azure store's reasons)
@@ -224,22 +230,6 @@ class S3SparkStateStore(SparkStateStore):
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self._aws.close()
-
-
-def _versions(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    modified = manifest.get("modified", {})
-    return {rel: (int(size), int(modified.get(rel, -1))) for rel, size in manifest.get("files", {}).items()}
-
-
-def _local_versions(local: Path, files: dict[str, int]) -> dict[str, tuple[int, int]]:
-    versions = {}
-    for rel in files:
-        try:
-            stat = (local / rel).stat()
-        except FileNotFoundError:
-            continue
-        versions[rel] = (stat.st_size, stat.st_mtime_ns)
-    return versions
 
 
 class S3SparkStateStoreFactory(SparkStateStoreFactory):

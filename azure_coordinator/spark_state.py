@@ -40,7 +40,13 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 
 from weirflow.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.spark_checkpoint import committed_files, history_of, last_committed_batch
+from weirflow.interfaces.spark_checkpoint import (
+    committed_files,
+    history_of,
+    last_committed_batch,
+    local_versions,
+    manifest_versions,
+)
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
 from weirflow_azure.coordinator.storage import Storage
 
@@ -92,13 +98,13 @@ class BlobSparkStateStore(SparkStateStore):
         if known is None:
             manifest, etag = self._read_manifest(task)
             manifest = manifest or {}
-            known = etag, int(manifest.get("epoch", 0)), _versions(manifest), manifest.get("history")
+            known = etag, int(manifest.get("epoch", 0)), manifest_versions(manifest), manifest.get("history")
         etag, stored_epoch, stored, stored_history = known
         if stored_epoch > epoch:
             raise FencedOffError(task, epoch, stored_epoch)
         history = history_of(local)
         # stat before the files are read: a file rewritten meanwhile is recorded older than it is, and sent again
-        versions = _local_versions(local, committed_files(local, batch))
+        versions = local_versions(local, committed_files(local, batch))
         # a file of another Spark history is another file, whatever its name and size: send them all
         same = history == stored_history
         sizes = self._send(
@@ -178,7 +184,7 @@ class BlobSparkStateStore(SparkStateStore):
         if manifest is None:
             return None
         history = manifest.get("history")
-        self._known[task] = etag, int(manifest.get("epoch", 0)), _versions(manifest), history
+        self._known[task] = etag, int(manifest.get("epoch", 0)), manifest_versions(manifest), history
         batch = int(manifest["batch"])
         have = last_committed_batch(local) if local.exists() else None
         # a local directory as far on is kept only if it is the same history: batch numbers of two histories
@@ -234,25 +240,6 @@ class BlobSparkStateStore(SparkStateStore):
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         self._storage.close()
-
-
-def _versions(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Path -> (size, modification time in ns) of the files a manifest lists; a manifest written before
-    modification times were recorded gives -1, which no local file matches (each is sent once more)."""
-    modified = manifest.get("modified", {})
-    return {rel: (int(size), int(modified.get(rel, -1))) for rel, size in manifest.get("files", {}).items()}
-
-
-def _local_versions(local: Path, files: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """(size, modification time in ns) of ``files`` under ``local``; a file gone since the listing is left out."""
-    versions = {}
-    for rel in files:
-        try:
-            stat = (local / rel).stat()
-        except FileNotFoundError:
-            continue
-        versions[rel] = (stat.st_size, stat.st_mtime_ns)
-    return versions
 
 
 class BlobSparkStateStoreFactory(SparkStateStoreFactory):

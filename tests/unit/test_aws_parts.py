@@ -91,13 +91,6 @@ def test_a_lease_is_stale_only_after_its_counter_stood_still_for_the_lease_on_th
     assert seen.stale_for("leader", 9) == 0.0
 
 
-class FakeDynamo:
-    """A registry's whole view of the table: the items a query returns (our own interface's double)."""
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-
 def _registry(
     monkeypatch: pytest.MonkeyPatch, rows: list[ProcessorInfo], now: list[int]
 ) -> DynamoProcessorRegistry:

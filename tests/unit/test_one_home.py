@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import weirflow
+from tests.unit.test_packaging import PACKAGE_FOLDERS
 from weirflow import clock
 from weirflow.cli import status_document
 from weirflow.config.loader import Config
@@ -35,16 +36,6 @@ from weirflow.pipeline.plan import PipelinePlan
 from weirflow.systems import Systems, dead_letter_stream, declared_streams, stream_id_of, stream_ref
 
 REPOSITORY = Path(weirflow.__file__).resolve().parent.parent
-# Every folder of the installed packages: core, the Azure suite, Kinesis and the AWS suite (pyproject.toml).
-PACKAGE_DIRS = [
-    "weirflow",
-    "azure_coordinator",
-    "checkpoint",
-    "eventhub_system",
-    "kinesis_system",
-    "aws_coordinator",
-]
-
 
 # The contract suite shipped for backend authors writes registry rows and streams as a backend's caller would
 # (states spelled out included); it states expectations, it does not apply the rules.
@@ -54,7 +45,7 @@ NOT_SCANNED = ("weirflow/testing/",)
 def _sources() -> list[tuple[Path, ast.Module]]:
     files = sorted(
         p
-        for d in PACKAGE_DIRS
+        for d in PACKAGE_FOLDERS
         for p in (REPOSITORY / d).rglob("*.py")
         if not p.relative_to(REPOSITORY).as_posix().startswith(NOT_SCANNED)
     )

@@ -25,6 +25,7 @@ def _import_name(folder: Path) -> str:
     return relative.replace("/", ".")
 
 
+# Every folder of the installed packages (pyproject.toml): the one list the unit tests that walk the code use.
 PACKAGE_FOLDERS = (
     "weirflow",
     "azure_coordinator",

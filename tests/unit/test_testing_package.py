@@ -11,16 +11,9 @@ import textwrap
 from pathlib import Path
 
 import weirflow
+from tests.unit.test_packaging import PACKAGE_FOLDERS
 
 REPOSITORY = Path(weirflow.__file__).resolve().parent.parent
-PACKAGE_DIRS = [
-    "weirflow",
-    "azure_coordinator",
-    "checkpoint",
-    "eventhub_system",
-    "kinesis_system",
-    "aws_coordinator",
-]
 
 
 def _imported_modules(tree: ast.Module) -> set[str]:
@@ -35,7 +28,7 @@ def _imported_modules(tree: ast.Module) -> set[str]:
 
 def test_no_runtime_module_imports_the_testing_package_or_pytest() -> None:
     offenders = []
-    for directory in PACKAGE_DIRS:
+    for directory in PACKAGE_FOLDERS:
         for path in sorted((REPOSITORY / directory).rglob("*.py")):
             relative = path.relative_to(REPOSITORY).as_posix()
             if relative.startswith("weirflow/testing/"):

@@ -186,3 +186,24 @@ def committed_files(local: Path, batch: int) -> dict[str, int]:
         except FileNotFoundError:  # Spark purged it meanwhile
             continue
     return found
+
+
+def manifest_versions(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Path -> (size, modification time in ns) of the files a stored copy's manifest lists (a
+    `weirflow.interfaces.spark_state.SparkStateStore`'s record of what it holds); a manifest written before
+    modification times were recorded gives -1, which no local file matches (each is sent once more)."""
+    modified = manifest.get("modified", {})
+    return {rel: (int(size), int(modified.get(rel, -1))) for rel, size in manifest.get("files", {}).items()}
+
+
+def local_versions(local: Path, files: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(size, modification time in ns) of ``files`` under ``local``, to compare with `manifest_versions`; a file
+    gone since the listing (purged by Spark) is left out."""
+    versions = {}
+    for rel in files:
+        try:
+            stat = (local / rel).stat()
+        except FileNotFoundError:
+            continue
+        versions[rel] = (stat.st_size, stat.st_mtime_ns)
+    return versions
