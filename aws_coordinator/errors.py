@@ -32,7 +32,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError, raising_mapped
+from weirflow.errors import ServiceUnavailableError, WeirflowError, raising_mapped, table_entry
 
 
 class AwsError(WeirflowError):
@@ -120,17 +120,7 @@ def status_of(exc: BaseException) -> int | None:
 def classify(exc: BaseException, table: ErrorTable = AWS_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: its error code's entry first, then its HTTP
     status's, then the entry of its most derived type."""
-    code = error_code(exc)
-    if code and code in table:
-        return table[code]
-    status = status_of(exc)
-    if status is not None and status in table:
-        return table[status]
-    for cls in type(exc).__mro__:
-        target = table.get(cls)
-        if target is not None:
-            return target
-    return None
+    return table_entry(table, exc, error_code(exc), status_of(exc))
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -34,7 +34,13 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
+from weirflow.errors import (
+    ServiceUnavailableError,
+    StreamNotFoundError,
+    WeirflowError,
+    raising_mapped,
+    table_entry,
+)
 
 
 class KinesisError(WeirflowError):
@@ -105,14 +111,7 @@ def error_code(exc: BaseException) -> str:
 def classify(exc: BaseException, table: ErrorTable = KINESIS_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: its error code's entry first (the service's verdict
     says more than which operation reported it), else the entry of its most derived type."""
-    code = error_code(exc)
-    if code and code in table:
-        return table[code]
-    for cls in type(exc).__mro__:
-        target = table.get(cls)
-        if target is not None:
-            return target
-    return None
+    return table_entry(table, exc, error_code(exc))
 
 
 class Where(Protocol):

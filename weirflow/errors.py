@@ -55,7 +55,7 @@ calls its parent's ``__init__`` (tests/unit/test_errors.py checks it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -218,6 +218,22 @@ class TapError(WeirflowError, ValueError):
 
 class ServiceUnavailableError(WeirflowError):
     """A remote service stayed unreachable after bounded retries; the message names the endpoint."""
+
+
+def table_entry(
+    table: Mapping[Any, type[WeirflowError]], exc: BaseException, *keys: Any
+) -> type[WeirflowError] | None:
+    """The weirflow error a plugin's error table maps ``exc`` to, or None: the entry of the first of ``keys``
+    the table has (what the service answered: an error code, an HTTP status; a None or empty key is skipped),
+    else the entry of the most derived type of ``exc``. The lookup each plugin's ``classify`` makes."""
+    for key in keys:
+        if key is not None and key != "" and key in table:
+            return table[key]
+    for cls in type(exc).__mro__:
+        target = table.get(cls)
+        if target is not None:
+            return target
+    return None
 
 
 @contextmanager
