@@ -209,6 +209,7 @@ class KinesisClients:
 
 class KinesisSystemAdmin(SystemAdmin):
     dense_offsets = False
+    record_ordinals = True  # each shard is a lane; ordinals travel in the positions (`positions.ordinal_of`)
     task_prefix = "v"  # tasks are <stage>-v<k>: virtual task k
 
     def __init__(self, clients: KinesisClients) -> None:
@@ -393,6 +394,8 @@ class KinesisSystemConsumer(SystemConsumer):
             timestamps_ms=[r.arrival_ms for r in records],
             next_offset=walk.end,
             attributes=[_attributes(r, s) for r, s in zip(records, walk.shards, strict=True)] * attributes,
+            lanes=[positions.lane(s) for s in walk.shards],
+            ordinals=walk.ordinals,
         )
 
     def warm(self, ssp: SystemStreamPartition, start: str, end: str | None = None) -> bool:

@@ -3,7 +3,12 @@
 Kinesis sequence numbers are not dense (a shard's next record is not ``n + 1``) and a task reads several
 shards, so an offset is a **position**: canonical JSON ``{"<shard id>": "<state>"}`` where a state is
 
-* ``"<sequence number>"`` — the last record of the shard this task has processed;
+* ``"<sequence number>#<ordinal>"`` — the last record of the shard this task has processed, and how many
+  records of the task's slice in the shard it has processed up to it since the shard's start point (the
+  record's **ordinal**: the first record after an absent or time state is 1). A replay from any position
+  gives every record the ordinal it had before, which is what lets the Spark data plane drop the rows of a
+  replayed batch downstream (docs/guarantees.md). ``"<sequence number>"`` alone (written by versions before
+  ordinals) counts from 0 at that record;
 * ``"E"`` — the shard is processed to its ``SHARD_END`` (closed by a split or merge);
 * ``"@<epoch ms>"`` — nothing processed yet; start at the first record that arrived at or after that time
   (``start: latest`` and ``start: <time>``);
@@ -16,12 +21,16 @@ A shard absent from a position is read only once every parent of it that holds k
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping
 
 from weirflow.errors import InvalidOffsetError
 
 ENDED = "E"
 EARLIEST = "{}"
+_ORDINAL = "#"
+# The most shard numbers a lane can tell apart (`lane`): lanes are stored in 31 bits.
+MAX_LANE = 2**31 - 2
 
 
 def decode(offset: str) -> dict[str, str]:
@@ -48,6 +57,34 @@ def is_sequence(state: str | None) -> bool:
     return bool(state) and state[0].isdigit()  # type: ignore[index]
 
 
+def processed(sequence_number: str, ordinal: int) -> str:
+    """The state of a shard whose last processed record is ``sequence_number``, the ``ordinal``-th."""
+    return f"{sequence_number}{_ORDINAL}{ordinal}"
+
+
+def sequence_of(state: str) -> str:
+    """A state without its ordinal: the sequence number of a processed state, any other state as it is."""
+    return state.split(_ORDINAL, 1)[0]
+
+
+def ordinal_of(state: str | None) -> int:
+    """The ordinal of a processed state's last record; 0 for a shard with nothing processed yet (and for a
+    state written without ordinals)."""
+    if not state or _ORDINAL not in state:
+        return 0
+    return int(state.split(_ORDINAL, 1)[1])
+
+
+def lane(shard_id: str) -> int:
+    """A shard's number, which names its lane in a virtual task's rows
+    (`weirflow.interfaces.system.RecordColumns`): Kinesis numbers shards ``shardId-<12 digits>`` in creation
+    order; another form gets a 31-bit CRC32."""
+    number = shard_id.rsplit("-", 1)[-1]
+    if number.isdigit() and int(number) <= MAX_LANE:
+        return int(number)
+    return zlib.crc32(shard_id.encode()) % (MAX_LANE + 1)
+
+
 def sequence_key(sequence_number: str) -> str:
     """A sortable text form of a sequence number (decimal integers, 56 digits on AWS today)."""
     return sequence_number.rjust(64, "0")
@@ -70,11 +107,11 @@ def _rank(state: str | None) -> tuple[int, str]:
         return (0, "")
     if state == ENDED:
         return (2, "")
-    return (1, sequence_key(state))
+    return (1, sequence_key(sequence_of(state)))
 
 
 def _compare_state(a: str | None, b: str | None) -> int | None:
-    if a == b:
+    if a == b or (a is not None and b is not None and sequence_of(a) == sequence_of(b)):
         return 0
     if a is not None and b is not None and a.startswith("@") and b.startswith("@"):
         return None  # two start times say nothing of records processed

@@ -65,11 +65,12 @@ class _Failing:
 
 @dataclass
 class Walk:
-    """What a walk took: the records, the shard of each, the position before each (when asked for) and the
-    position after the last."""
+    """What a walk took: the records, the shard and ordinal of each (`positions.ordinal_of`), the position
+    before each (when asked for) and the position after the last."""
 
     records: list[SpooledRecord] = field(default_factory=list)
     shards: list[str] = field(default_factory=list)
+    ordinals: list[int] = field(default_factory=list)
     before: list[str] = field(default_factory=list)
     end: str = positions.EARLIEST
     at_end: bool = False  # the walk stopped because nothing more is there now (not because of its limit)
@@ -101,12 +102,15 @@ class _WalkState:
     walk: Walk = field(default_factory=Walk)
 
     def take(self, shard: str, records: list[SpooledRecord]) -> None:
+        ordinal = positions.ordinal_of(self.position.get(shard))
         for record in records:
             if self.positions_before:
                 self.walk.before.append(positions.encode(self.position))
-            self.position[shard] = record.sequence_number
+            ordinal += 1
+            self.position[shard] = positions.processed(record.sequence_number, ordinal)
             self.walk.records.append(record)
             self.walk.shards.append(shard)
+            self.walk.ordinals.append(ordinal)
 
 
 class SliceReader:
@@ -346,7 +350,7 @@ class SliceReader:
         if not state.patient:  # a planner: read this shard ahead from now on
             self._interest[shard_id] = time.monotonic()
         room = state.limit - len(walk.records)
-        took, finished, reached = self._shard(state, shard_id, current or "", room, goal)
+        took, finished, reached = self._shard(state, shard_id, positions.sequence_of(current or ""), room, goal)
         state.take(shard_id, took)
         if finished:
             state.position[shard_id] = positions.ENDED
@@ -356,7 +360,7 @@ class SliceReader:
 
     def _goal(self, shard: str, state: str | None, goal: str | None) -> _Goal | None:
         """The shard's goal in an end position, or None when the shard has nothing to read before it."""
-        if goal is None or goal == state:
+        if goal is None or (state is not None and positions.sequence_of(goal) == positions.sequence_of(state)):
             return None
         if goal == positions.ENDED:
             return _Goal(ended=True)
@@ -369,7 +373,7 @@ class SliceReader:
             goal = resolved
         if goal.startswith("<"):
             return _Goal(upto=goal[1:], inclusive=False)
-        return _Goal(upto=goal)
+        return _Goal(upto=positions.sequence_of(goal))
 
     def _shard(
         self, walk: _WalkState, shard: str, state: str, room: int, goal: _Goal | None

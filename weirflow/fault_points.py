@@ -6,6 +6,8 @@ guarantee is hardest to keep (docs/guarantees.md, "How it is tested").
 
 * ``before-checkpoint`` — a micro-batch's rows and control messages are durable in the task's outputs, and
   the checkpoint naming the batch's input offsets is not written yet: the next holder replays the batch.
+* ``before-checkpoint-of-rows`` — the same moment, counting only micro-batches that wrote rows (a batch that
+  only moved its offsets, say past a closed Kinesis shard, replays nothing).
 * ``before-drained-checkpoint`` — a draining task sent its last batch's rows and its DRAIN message
   downstream, and its ``drained`` checkpoint is not written yet: the next holder replays the batch and
   drains again, after the first DRAIN (docs/drain.md).
@@ -16,6 +18,9 @@ guarantee is hardest to keep (docs/guarantees.md, "How it is tested").
 
 A point reached in a Spark worker kills the processor too (`PROCESSOR_PID`, set when the processor starts
 Spark, which its workers inherit).
+
+``WEIRFLOW_FAULT_ARMED_BY=<path>`` as well counts a point's hits only once that file exists: a test arms the
+fault at the moment it chooses (after a reshard, say) and the kill still lands on the named point.
 
 Unset (the default), a point costs one dictionary lookup.
 """
@@ -29,7 +34,8 @@ import threading
 from weirflow.errors import InvalidArgumentError
 
 ENV = "WEIRFLOW_FAULT_POINT"
-POINTS = ("before-checkpoint", "before-drained-checkpoint", "before-spark-commit")
+ARMED_BY = "WEIRFLOW_FAULT_ARMED_BY"
+POINTS = ("before-checkpoint", "before-checkpoint-of-rows", "before-drained-checkpoint", "before-spark-commit")
 PROCESSOR_PID = "WEIRFLOW_PROCESSOR_PID"
 
 _lock = threading.Lock()
@@ -44,12 +50,15 @@ def _parse(text: str) -> tuple[str, str, int]:
 
 
 _ARMED = _parse(os.environ[ENV]) if os.environ.get(ENV) else None
+_ARMED_BY = os.environ.get(ARMED_BY) or None
 
 
 def reached(point: str, task: str) -> None:
     """Task ``task`` is at ``point``: SIGKILL this process if that is the armed fault's moment."""
     global _hits
     if _ARMED is None or _ARMED[0] != point or not task.startswith(_ARMED[1]):
+        return
+    if _ARMED_BY is not None and not os.path.exists(_ARMED_BY):
         return
     with _lock:
         _hits += 1

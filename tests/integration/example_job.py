@@ -26,8 +26,8 @@ class ExampleJob:
         self.finish_s = finish_s
         self.processors: list[ProcessorProcess] = []
 
-    def start(self, name: str) -> ProcessorProcess:
-        proc = start_processor(self.config_path, name, self.overrides, log_dir=self.logs)
+    def start(self, name: str, env: dict[str, str] | None = None) -> ProcessorProcess:
+        proc = start_processor(self.config_path, name, self.overrides, log_dir=self.logs, env=env)
         self.processors.append(proc)
         return proc
 

@@ -25,6 +25,8 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import ExampleJob, generate, results
 from weirflow.config import load_config
+from weirflow.fault_points import ARMED_BY
+from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.local.launcher import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
@@ -141,7 +143,8 @@ class KinesisPageViews(ExampleJob):
         for (task, shard), sequence in self.latest.items():
             state = done.get(task, {}).get(shard)
             if state != positions.ENDED and not (
-                positions.is_sequence(state) and positions.sequence_key(state) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
+                positions.is_sequence(state)
+                and positions.sequence_key(positions.sequence_of(state)) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
             ):
                 return False
         return True
@@ -251,16 +254,22 @@ def test_md5_routing_equals_kinesis_s_own_shard_choice_for_10000_keys(kinesalite
     assert mismatched == []
 
 
-def test_a_processor_sigkilled_during_a_split_loses_no_window_on_aws_alone(aws_job, measure) -> None:
+def test_a_processor_sigkilled_during_a_split_loses_no_window_on_aws_alone(aws_job, tmp_path, measure) -> None:
     """Two processors of aws.yaml share the virtual tasks, coordinated through DynamoDB counter leases and
-    checkpointing in DynamoDB; one is SIGKILLed right after the split, while the children begin to fill; the
-    survivor breaks its leases once its heartbeat stood still for the liveness timeout on the survivor's own
-    clock, takes its tasks (from their checkpointed positions, parents read to their end first, window state
-    restored from S3) and every window still equals pandas."""
+    checkpointing in DynamoDB; one is SIGKILLed right after the split, while the children begin to fill, at
+    the worst moment for exactly-once: a first-stage batch's rows are in the intermediate stream (on Kinesis)
+    and its checkpoint is not written. The survivor breaks its leases once its heartbeat stood still for the
+    liveness timeout on the survivor's own clock, takes its tasks (from their checkpointed positions, parents
+    read to their end first, window state restored from S3) and replays that batch; the counting stage drops
+    the replayed rows by their shard ordinals (docs/guarantees.md) and every window still equals pandas."""
     job = aws_job
     events = list(generate.events(6000, seed=29))
     job.write(events[:2000])
-    procs = [job.start("p0"), job.start("p1")]
+    arms = {name: tmp_path / f"arm-{name}" for name in ("p0", "p1")}
+    procs = [
+        job.start(name, {FAULT_POINT: "before-checkpoint-of-rows:page_views-:1", ARMED_BY: str(arm)})
+        for name, arm in arms.items()
+    ]
     wait_until(lambda: all(_started(p.log_text()) for p in procs), FINISH_S, "both processors to run tasks", 0.2)
     job.wait_consumed("the first third")
 
@@ -268,7 +277,9 @@ def test_a_processor_sigkilled_during_a_split_loses_no_window_on_aws_alone(aws_j
     victim = readers[0]  # a processor reading the resharded input
     job.split_all()
     job.write(events[2000:2600])
-    victim.kill()  # SIGKILL while the parents end and the children start
+    arms[victim.processor_id].touch()  # SIGKILL before its next first-stage checkpoint of rows
+    wait_until(lambda: not victim.alive(), FINISH_S, "the victim to reach its armed fault point", 0.1)
+    assert victim.popen.wait(5) == -9
     killed_at = time.monotonic()
     job.write(events[2600:4000])
     job.wait_consumed("the second third, on the survivor")
@@ -285,9 +296,21 @@ def test_a_processor_sigkilled_during_a_split_loses_no_window_on_aws_alone(aws_j
     assert got == results.expected_counts(events), "window counts differ from pandas"
     moved = set(_started(victim.log_text())) & set(_started(survivor.log_text()))
     assert any(t.startswith("page_views-") for t in moved), "the survivor took the killed processor's readers"
+    dropped = _replays_dropped(survivor.log_text())
+    assert dropped > 0, "no replayed row was dropped: the fault did not land between a write and its checkpoint"
     measure(
-        f"[kinesis + aws] SIGKILL during a split: {len(moved)} tasks moved, all consumed {recovered:.1f} s "
-        f"after the kill, {len(got)} windows equal pandas"
+        f"[kinesis + aws] SIGKILL during a split, before a first-stage checkpoint: {len(moved)} tasks moved, "
+        f"all consumed {recovered:.1f} s after the kill, {dropped} replayed rows dropped, {len(got)} windows "
+        "equal pandas"
+    )
+
+
+def _replays_dropped(log: str) -> int:
+    """Replayed intermediate rows the counting stage dropped, from its "N replayed rows of ... dropped" lines."""
+    return sum(
+        int(line.split(" replayed rows")[0].rsplit(": ", 1)[1])
+        for line in log.splitlines()
+        if "replayed rows of" in line
     )
 
 

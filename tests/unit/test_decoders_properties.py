@@ -489,7 +489,11 @@ def test_typed_config_values_round_trip(number: int, unit: str, flag: bool, item
 
 
 # --- Kinesis positions ------------------------------------------------------------------------------------------
-position_states = st.sampled_from(["E", "@0", "@1763820000000"]) | st.integers(0, 10**56).map(str)
+position_states = (
+    st.sampled_from(["E", "@0", "@1763820000000"])
+    | st.integers(0, 10**56).map(str)
+    | st.tuples(st.integers(0, 10**56), st.integers(1, 2**40)).map(lambda t: positions.processed(str(t[0]), t[1]))
+)
 
 
 @SETTINGS

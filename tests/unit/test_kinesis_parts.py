@@ -49,6 +49,20 @@ def test_positions_compare_shard_by_shard_and_encode_canonically() -> None:
     assert positions.sequence_key("9") < positions.sequence_key("10")
 
 
+def test_a_processed_state_carries_its_ordinal_and_compares_by_its_sequence_number() -> None:
+    state = positions.processed("100", 7)
+    assert (positions.sequence_of(state), positions.ordinal_of(state)) == ("100", 7)
+    assert positions.ordinal_of("100") == 0 and positions.ordinal_of(None) == 0 and positions.ordinal_of("@5") == 0
+    # a state written before ordinals is the same place in the shard
+    assert positions.compare(positions.encode({"s0": state}), positions.encode({"s0": "100"})) == 0
+    assert (
+        positions.compare(positions.encode({"s0": positions.processed("99", 9)}), positions.encode({"s0": state}))
+        == -1
+    )
+    assert positions.lane("shardId-000000000012") == 12
+    assert 0 <= positions.lane("not-a-shard-id") <= positions.MAX_LANE
+
+
 def _shard(shard_id: str, low: int, high: int, parents: tuple[str, ...] = (), closed: bool = False) -> Shard:
     return Shard(shard_id, low, high, parents, "1" + shard_id[-1] * 3, "9" if closed else None)
 

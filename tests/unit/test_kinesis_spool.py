@@ -1,6 +1,7 @@
-"""The Kinesis spool and its reader (docs/kinesis.md, "Reading: one spool per processor"): a run never claims
-records it does not hold, trimming never takes what a read still needs, read-ahead failures reach the task,
-read-ahead stays within ``spool.max.bytes`` and a corrupt spool file is rebuilt.
+"""The Kinesis spool and its reader (docs/kinesis.md, "Reading: one spool per processor"): a record's ordinal
+is the same in every walk that reaches it, a run never claims records it does not hold, trimming never takes
+what a read still needs, read-ahead failures reach the task, read-ahead stays within ``spool.max.bytes`` and a
+corrupt spool file is rebuilt.
 
 Kinesis is `FakeShards`, an in-memory stand-in for the part of a Kinesis client the spool calls
 (`get_shard_iterator`, `get_records`, ``exceptions``); the races are driven through the spool's hooks
@@ -9,8 +10,10 @@ Kinesis is `FakeShards`, an in-memory stand-in for the part of a Kinesis client 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
+import tempfile
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +21,8 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weirflow.clock import now_ms
 from weirflow.local.launcher import wait_until
@@ -282,3 +287,42 @@ def test_a_spool_file_corrupted_while_open_is_rebuilt_by_the_next_walk(
     with caplog.at_level(logging.WARNING, logger="weirflow.kinesis.spool"):
         assert _read(reader, SEQ[9]) == SEQ[10:]
     assert [r for r in caplog.records if str(spool.path) in r.getMessage()]
+
+
+def _walked(reader: SliceReader, start: str, sizes: list[int]) -> tuple[list[tuple[str, int]], str]:
+    """(sequence number, ordinal) of every record after ``start``, walked in reads of ``sizes`` records each
+    (cycled), each from the position the last one ended at; and the position after the last record."""
+    taken, position = [], start
+    for size in itertools.cycle(sizes):
+        walk = reader.walk(0, position, size, patient=True)
+        if not walk.records:
+            return taken, position
+        taken += [(r.sequence_number, n) for r, n in zip(walk.records, walk.ordinals, strict=True)]
+        position = walk.end
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=6), st.integers(0, len(SEQ)))
+def test_a_record_s_ordinal_is_the_same_in_every_walk_that_reaches_it(sizes: list[int], resume_after: int) -> None:
+    """What lets a replay be recognised downstream (docs/guarantees.md): walks of any sizes, and a walk resumed
+    from any position one of them ended at (as the next holder of a task resumes from its checkpoint), give
+    each record the ordinal it has in one walk of the whole shard."""
+    with tempfile.TemporaryDirectory() as directory:
+        spool = _spool(Path(directory), FakeShards(per_call=3))
+        reader = _reader(spool)
+        try:
+            whole = reader.walk(0, positions.EARLIEST, 1000, patient=True)
+            while len(whole.records) < len(SEQ):  # a patient walk reads one GetRecords call's worth when behind
+                whole = reader.walk(0, positions.EARLIEST, 1000, patient=True)
+            expected = [(seq, i + 1) for i, seq in enumerate(SEQ)]
+            assert list(zip([r.sequence_number for r in whole.records], whole.ordinals, strict=True)) == expected
+            chunked, end = _walked(reader, positions.EARLIEST, sizes)
+            assert chunked == expected and end == whole.end
+            checkpoint = (
+                reader.walk(0, positions.EARLIEST, resume_after, patient=True).end if resume_after else None
+            )
+            resumed, _ = _walked(reader, checkpoint or positions.EARLIEST, [len(SEQ)])
+            assert resumed == expected[resume_after:]
+            assert positions.ordinal_of(positions.decode(end)[SHARD]) == len(SEQ)
+        finally:
+            reader.close()

@@ -58,7 +58,7 @@ def _rows(partitions: list[int], first: int) -> pa.RecordBatch:
         {
             "__key": pa.array([f"k{first + i}".encode() for i in range(n)], pa.binary()),
             "__value": pa.array([b"{}"] * n, pa.binary()),
-            PSS: pa.array([pss(0, p) for p in partitions], pa.int32()),
+            PSS: pa.array([pss(0, p) for p in partitions], pa.int64()),
             POS: pa.array([(first + i) << 12 for i in range(n)], pa.int64()),
         }
     )

@@ -10,7 +10,18 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weirflow.spark.replay import POS, PSS, K, Marks, MarksCache, output_index, pss, strip
+from weirflow.spark.replay import (
+    POS,
+    PSS,
+    K,
+    Marks,
+    MarksCache,
+    input_partition,
+    lane_pss,
+    output_index,
+    pss,
+    strip,
+)
 
 PARTITIONS = 3
 
@@ -20,7 +31,7 @@ def _record(rows: list[tuple[int, int, int, str]]) -> pa.Table:
     return pa.table(
         {
             "payload": pa.array(payload),
-            PSS: pa.array(pss_values, pa.int32()),
+            PSS: pa.array(pss_values, pa.int64()),
             POS: pa.array(pos, pa.int64()),
             K: pa.array(k, pa.int32()),
         }
@@ -115,6 +126,59 @@ def test_every_row_is_taken_once_whatever_the_producers_replayed(seed: int, sour
         assert sorted(taken[partition]) == sorted(expected[partition])
 
 
+def _lanes_run(seed: int, lanes: int, length: int) -> tuple[dict[int, list[pa.Table]], dict[int, list[str]]]:
+    """One producer task reading one input partition made of ``lanes`` lanes (Kinesis: a virtual task's
+    shards), rows positioned by (lane, ordinal). Each attempt takes a different number of records from each lane
+    and interleaves the lanes differently, as a replay after a crash does; attempts are killed mid-batch or
+    before their checkpoint (which names every lane's place at once)."""
+    rng = random.Random(seed)
+    logs: dict[int, list[pa.Table]] = {p: [] for p in range(PARTITIONS)}
+    expected: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    for lane in range(lanes):
+        for ordinal in range(1, length + 1):
+            for partition, payload in _outputs(lane, ordinal):
+                expected[partition].append(payload)
+    checkpoint = dict.fromkeys(range(lanes), 0)
+    while any(c < length for c in checkpoint.values()):
+        ends = {lane: min(length, c + rng.randrange(0, 6)) for lane, c in checkpoint.items()}
+        queues = {lane: list(range(checkpoint[lane] + 1, ends[lane] + 1)) for lane in range(lanes)}
+        rows: list[tuple[int, int, int, int, str]] = []
+        while any(queues.values()):  # the lanes interleaved at random, each in its own order
+            lane = rng.choice([n for n, q in queues.items() if q])
+            ordinal = queues[lane].pop(0)
+            lane_of = int(lane_pss(pss(0, 0), np.array([lane]))[0])
+            for j, (partition, payload) in enumerate(_outputs(lane, ordinal)):
+                rows.append((partition, lane_of, ordinal << 12, j, payload))
+        sends = _sends(rng, rows)
+        fate = rng.random()
+        if fate < 0.3:  # killed mid-batch: a prefix of the sends is durable
+            sends = sends[: rng.randrange(len(sends) + 1)]
+        for partition, piece in sends:
+            logs[partition].append(_record(piece))
+        if fate >= 0.6:
+            checkpoint = ends
+    return logs, expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), lanes=st.integers(1, 4), length=st.integers(1, 30))
+def test_rows_of_several_lanes_are_taken_once_however_each_replay_interleaved_them(
+    seed: int, lanes: int, length: int
+) -> None:
+    logs, expected = _lanes_run(seed, lanes, length)
+    taken = _consume(logs)
+    for partition in range(PARTITIONS):
+        assert sorted(taken[partition]) == sorted(expected[partition])
+
+
+def test_a_lane_s_position_names_its_input_partition() -> None:
+    base = pss(1, 3)
+    lanes = lane_pss(base, np.array([0, 7, 2**31 - 2]))
+    assert len(set(lanes.tolist()) | {base}) == 4, "every lane is a partition of its own, none the partition's"
+    assert all(input_partition(int(v)) == base for v in lanes)
+    assert input_partition(base) == base and lanes.dtype == np.int64 and (lanes > 0).all()
+
+
 def test_the_stream_really_holds_replays_that_the_marks_drop() -> None:
     logs, expected = _run(seed=3, sources=2, length=40)
     written = sum(r.num_rows for records in logs.values() for r in records)
@@ -169,3 +233,21 @@ def test_the_cache_keeps_the_read_start_and_end_and_forgets_older_ones(tmp_path)
     assert cache.load(key, "25") is not None, "a replay of the last read needs the marks at its start"
     assert cache.load(key, "10") is None and cache.load(key, "0") is None
     assert cache.load("local.other.0", "40") is None
+
+
+def test_on_a_system_of_positions_the_cache_keeps_the_read_start_and_end_only(tmp_path) -> None:
+    """Kinesis offsets are JSON, which neither names a file nor orders: files are named by a digest of the
+    offset and every one but the read's start and end is removed."""
+    cache = MarksCache(str(tmp_path), dense=False)
+    key = "kin.job-views.0"
+    offsets = [
+        '{"shardId-000000000000":"1#1"}',
+        '{"shardId-000000000000":"9#4"}',
+        '{"shardId-000000000000":"12#5"}',
+    ]
+    for n, (start, end) in enumerate(zip(offsets, offsets[1:], strict=False)):
+        cache.save(key, Marks(end, {"s|0": (n, 0)}), start)
+    assert cache.load(key, offsets[2]) == Marks(offsets[2], {"s|0": (1, 0)})
+    assert cache.load(key, offsets[1]) is not None, "a replay of the last read needs the marks at its start"
+    assert cache.load(key, offsets[0]) is None
+    assert len(list((tmp_path / "kin.job-views.0").glob("*.json"))) == 2

@@ -141,7 +141,14 @@ class RecordColumns:
 
     ``offsets`` name the records (the Spark source puts them in dead letters only; reads resume from
     ``next_offset``): with dense offsets they are `read`'s; a system of positions may name each record by
-    its own identity instead (Kinesis: ``<shard>/<sequence number>``)."""
+    its own identity instead (Kinesis: ``<shard>/<sequence number>``).
+
+    ``lanes`` and ``ordinals`` (a system of positions with `SystemAdmin.record_ordinals`; empty otherwise) say
+    where each record sits in the partition as a replay must see it again: the **lane** is the ordered log
+    within the partition it came from (a Kinesis shard: a number, at most 2**31 - 2), the **ordinal** its
+    place in that lane, increasing, and the same in every read that reaches the record from any offset at or
+    before it. The Spark data plane positions rows by them (docs/guarantees.md), as it does by dense offsets,
+    so a batch replayed after a crash is dropped downstream instead of counted twice."""
 
     offsets: Sequence[str]
     keys: Sequence[bytes | None]
@@ -149,6 +156,8 @@ class RecordColumns:
     timestamps_ms: Sequence[int]
     next_offset: str
     attributes: Sequence[Mapping[str, Any]] = ()
+    lanes: Sequence[int] = ()
+    ordinals: Sequence[int] = ()
 
     def __len__(self) -> int:
         return len(self.values)
@@ -231,6 +240,10 @@ class SystemAdmin(ABC):
 
     # Whether offsets are dense decimal sequence numbers (the module docstring); False: opaque positions.
     dense_offsets: ClassVar[bool] = True
+    # For a system of positions: whether `SystemConsumer.read_columns` gives every record its lane and ordinal
+    # (`RecordColumns`), which make a replay recognisable downstream. Without them, between stages is at least
+    # once on this system (docs/guarantees.md).
+    record_ordinals: ClassVar[bool] = False
     # Put before a task's partition number in its name (`weirflow.grouper`): Kinesis's virtual tasks are "v".
     task_prefix: ClassVar[str] = ""
 

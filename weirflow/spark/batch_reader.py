@@ -26,7 +26,16 @@ from weirflow.control import (
 from weirflow.errors import MalformedDocumentError, UnreadableRangeError
 from weirflow.interfaces.system import RecordColumns
 from weirflow.spark.packing import unpack
-from weirflow.spark.replay import PRODUCER_KEY, ROW_BITS, Marks, MarksCache, pss, strip
+from weirflow.spark.replay import (
+    PRODUCER_KEY,
+    ROW_BITS,
+    Marks,
+    MarksCache,
+    compare_offsets,
+    lane_pss,
+    pss,
+    strip,
+)
 from weirflow.spark.serde import JsonDecoder, KeyValueDecoder
 from weirflow.spark.source_spec import SourceSpec, checkpoints_for, partition_of, systems_for
 
@@ -113,7 +122,7 @@ class BatchReader:
 
         ssp = SystemStreamPartition(self.spec.system, self.spec.physical, partition_of(key))
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
-        cache = MarksCache(self.spec.marks_dir) if self.spec.keeps_marks else None
+        cache = MarksCache(self.spec.marks_dir, self.spec.dense) if self.spec.keeps_marks else None
         self._marks = self._marks_at(key, ssp, start, cache) if cache is not None else None
         self._dropped = 0
         self._taken = 0
@@ -141,7 +150,7 @@ class BatchReader:
                 )
         if self.spec.intermediate and self._taken:
             yield self._control_batch([(0, self._ctl("rows", key, task_count=self._taken))])
-        if self._marks is not None and cache is not None and int(end) > int(start):
+        if self._marks is not None and cache is not None and self._order(end, start) != 0:
             self._marks.at = end
             cache.save(key, self._marks, start)
             detail = json.dumps({**self._marks.to_json(), "dropped": self._dropped})
@@ -188,13 +197,13 @@ class BatchReader:
         if stored is None:
             return Marks(start)  # nothing read from this partition yet (or a checkpoint written before marks)
         marks = Marks.from_json(stored)
-        if int(marks.at) > int(start):  # a read from before the checkpoint's marks: they cannot apply
-            return Marks(start)
+        if self._order(marks.at, start) != -1:  # a read from before the checkpoint's marks: they cannot apply
+            return marks if marks.at == start else Marks(start)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
         position = marks.at
-        while int(position) < int(start):
+        while self._order(position, start) == -1:
             chunk = consumer.read_columns(ssp, position, _READ_CHUNK, start)
-            if not len(chunk):
+            if not len(chunk) and chunk.next_offset == position:
                 raise UnreadableRangeError(
                     f"{key}: offsets [{position}, {start}) cannot be read to rebuild its marks"
                 )
@@ -208,6 +217,13 @@ class BatchReader:
             position = chunk.next_offset
         marks.at = start
         return marks
+
+    def _order(self, a: str, b: str) -> int | None:
+        """Offset ``a`` of one of this stream's partitions against ``b``
+        (`weirflow.spark.replay.compare_offsets`)."""
+        if self.spec.dense:
+            return (int(a) > int(b)) - (int(a) < int(b))
+        return compare_offsets(systems_for(self.spec.snapshot).admin(self.spec.system), a, b)
 
     # --- decoding a chunk -------------------------------------------------------------------------------
     def _decode(self, key: str, chunk: RecordColumns) -> Iterator[pa.RecordBatch]:
@@ -316,7 +332,12 @@ class BatchReader:
                 f"packed rows lack column(s) {', '.join(missing)} of this stage's input (written by another "
                 f"version of the pipeline?)"
             )
-        position = (int(chunk.offsets[i]) << ROW_BITS) | row_index if self.spec.dense else None
+        if self.spec.dense:
+            position = (int(chunk.offsets[i]) << ROW_BITS) | row_index
+        elif chunk.ordinals:
+            position = (int(chunk.ordinals[i]) << ROW_BITS) | row_index
+        else:
+            position = None
         try:
             return self._data(key, strip(rows), [i] * rows.num_rows, chunk, position), None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -330,14 +351,21 @@ class BatchReader:
         system's record columns around them."""
         spec = self.spec
         n = table.num_rows
-        if not spec.dense:
-            pss_array, pos_array = pa.nulls(n, pa.int32()), pa.nulls(n, pa.int64())
-        else:
+        base = pss(spec.stream_index, partition_of(key))
+        if spec.dense:
             if position is None:
                 offsets = np.array(chunk.offsets).astype(np.int64)
                 position = offsets[np.asarray(index, dtype=np.int64)] << ROW_BITS
-            pss_array = pa.repeat(pa.scalar(pss(spec.stream_index, partition_of(key)), pa.int32()), n)
+            pss_array = pa.repeat(pa.scalar(base, pa.int64()), n)
             pos_array = pa.array(np.asarray(position, dtype=np.int64))
+        elif chunk.ordinals:  # each lane is a partition of its own (`weirflow.spark.replay.lane_pss`)
+            at = np.asarray(index, dtype=np.int64)
+            if position is None:
+                position = np.asarray(chunk.ordinals, dtype=np.int64)[at] << ROW_BITS
+            pss_array = pa.array(lane_pss(base, np.asarray(chunk.lanes, dtype=np.int64)[at]))
+            pos_array = pa.array(np.asarray(position, dtype=np.int64))
+        else:
+            pss_array, pos_array = pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64())
         columns = [_column(table, f) for f in self.user_fields]
         event_time = None
         if spec.event_time_from_record:

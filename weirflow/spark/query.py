@@ -270,11 +270,17 @@ class StageBuilder:
     def carries_positions(self, stage: Stage) -> bool:
         """Whether ``stage``'s transforms see (and may pass on) each row's position, ``__pss`` and ``__pos``
         (`weirflow.spark.replay`): in a stateless stage that keeps its rows in input order and reads systems of
-        dense offsets. A stateful stage's rows are results, not input rows: its transforms never see positions."""
+        dense offsets or of records with ordinals. A stateful stage's rows are results, not input rows: its
+        transforms never see positions."""
         if not (self.stateless(stage) and self._ordered[stage.name]):
             return False
-        systems = self.plan.systems
-        return all(systems.admin(self.plan.ref(s).system).dense_offsets for s in stage.input_ids)
+        return all(self._positioned(s) for s in stage.input_ids)
+
+    def _positioned(self, stream_id: str) -> bool:
+        """Whether rows read from ``stream_id`` carry positions: its system's offsets are dense, or its records
+        come with lanes and ordinals (`SystemAdmin.record_ordinals`)."""
+        admin = self.plan.systems.admin(self.plan.ref(stream_id).system)
+        return admin.dense_offsets or admin.record_ordinals
 
     # --- frames -----------------------------------------------------------------------------------------
     def _source(
@@ -315,6 +321,7 @@ class StageBuilder:
             ),
             "max_records": str(self._read_limit(settings)),
             "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
+            "ordinals": str(self.plan.systems.admin(ref.system).record_ordinals).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
             "stream_index": str(index),
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",

@@ -5,9 +5,12 @@ batch's input offsets is replayed by the next holder from that checkpoint: the r
 are recognised, not avoided. Every row a row-wise stage writes carries its **position**, which a replay
 reproduces: the input it came from and where in that input,
 
-* ``__pss`` (int32): the input stream's index among the stage's inputs (high 16 bits) and its partition;
-* ``__pos`` (int64): the record's offset times 4,096 plus the row's index in the record (a packed
-  intermediate record holds at most 4,096 rows; an input record is one row, index 0);
+* ``__pss`` (int64): the input stream's index among the stage's inputs (bits 16-31) and its partition (bits
+  0-15); on a system whose partitions interleave several ordered lanes (Kinesis: a virtual task reads
+  several shards; `weirflow.interfaces.system.RecordColumns`), the lane plus one in bits 32-62, so that each
+  lane is a partition of its own here;
+* ``__pos`` (int64): the record's offset (or its ordinal in its lane) times 4,096 plus the row's index in the
+  record (a packed intermediate record holds at most 4,096 rows; an input record is one row, index 0);
 * ``__k`` (int32, set by the sink): the row's index among the outputs of that input row, in order.
 
 A consuming task keeps, per intermediate partition it reads, a **mark** per (producer stage, ``__pss``): the
@@ -27,6 +30,7 @@ them by reading the stream from the checkpoint's offset.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -37,10 +41,14 @@ from urllib.parse import quote
 import numpy as np
 import pyarrow as pa
 
+from weirflow.interfaces.system import SystemAdmin
+
 PSS = "__pss"
 POS = "__pos"
 K = "__k"
 POSITION_COLUMNS = (PSS, POS)
+LANE_SHIFT = 32  # ``__pss`` bits above: the lane plus one (0: a partition of one lane)
+PARTITION_MASK = (1 << LANE_SHIFT) - 1
 ROW_BITS = 12  # a packed record holds at most 2**12 rows (`weirflow.spark.packing.MAX_ROWS`)
 PRODUCER_KEY = b"weirflow.stage"  # the packed record's schema metadata naming the producing stage
 
@@ -48,6 +56,16 @@ PRODUCER_KEY = b"weirflow.stage"  # the packed record's schema metadata naming t
 def pss(stream_index: int, partition: int) -> int:
     """The ``__pss`` of partition ``partition`` of a stage's ``stream_index``-th input."""
     return (stream_index << 16) | partition
+
+
+def lane_pss(base: int, lanes: np.ndarray) -> np.ndarray:
+    """The ``__pss`` of rows read from lanes ``lanes`` of the input partition whose ``__pss`` is ``base``."""
+    return ((lanes.astype(np.int64) + 1) << LANE_SHIFT) | base
+
+
+def input_partition(pss_value: int) -> int:
+    """The ``__pss`` of the input partition a row's ``__pss`` belongs to (its lane, if any, dropped)."""
+    return pss_value & PARTITION_MASK
 
 
 @dataclass
@@ -86,6 +104,14 @@ class Marks:
         return cls(str(data["at"]), {str(n): (int(m[0]), int(m[1])) for n, m in dict(data.get("m", {})).items()})
 
 
+def compare_offsets(admin: SystemAdmin, a: str, b: str) -> int | None:
+    """-1, 0 or 1 as offset ``a`` of a partition is before, at or after ``b``; None when the system cannot
+    tell (two positions neither of which is past the other). Dense offsets compare as numbers."""
+    if admin.dense_offsets:
+        return (int(a) > int(b)) - (int(a) < int(b))
+    return admin.compare_offsets(a, b)
+
+
 def strip(rows: pa.Table) -> pa.Table:
     """A packed record's rows without the producer's position columns."""
     drop = [c for c in (PSS, POS, K) if c in rows.column_names]
@@ -112,32 +138,44 @@ def output_index(pss_values: np.ndarray, pos: np.ndarray, carry: tuple[int, int,
 
 class MarksCache:
     """Marks of each intermediate partition at the offsets reads ended at, one small file each, kept for the
-    next read (the next micro-batch, or Spark's replay of the last one) and removed once older."""
+    next read (the next micro-batch, or Spark's replay of the last one) and removed once older. A file is
+    named by its offset; on a system of positions (``dense`` False: JSON, not a file name) by the offset's
+    BLAKE2b digest, and every file but the two a save names is removed (positions do not order file names)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, dense: bool = True) -> None:
         self.directory = Path(directory)
+        self.dense = dense
 
     def _dir(self, ssp_key: str) -> Path:
         return self.directory / quote(ssp_key, safe="")
 
+    def _name(self, offset: str) -> str:
+        return offset if self.dense else hashlib.blake2b(offset.encode(), digest_size=16).hexdigest()
+
     def load(self, ssp_key: str, offset: str) -> Marks | None:
         try:
-            return Marks.from_json(json.loads((self._dir(ssp_key) / f"{offset}.json").read_text()))
+            marks = Marks.from_json(json.loads((self._dir(ssp_key) / f"{self._name(offset)}.json").read_text()))
         except (FileNotFoundError, ValueError, KeyError):
             return None
+        return marks if marks.at == offset else None
 
     def save(self, ssp_key: str, marks: Marks, start: str) -> None:
         """Keep ``marks`` (at the read's end) and the file at ``start`` (a replay of the read needs it);
         remove the older ones."""
         directory = self._dir(ssp_key)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{marks.at}.{os.getpid()}.tmp"
+        name = self._name(marks.at)
+        tmp = directory / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(marks.to_json()))
-        tmp.replace(directory / f"{marks.at}.json")
+        tmp.replace(directory / f"{name}.json")
+        keep = {name, self._name(start)}
         for path in directory.glob("*.json"):
-            try:
-                older = int(path.stem) < int(start)
-            except ValueError:
-                continue
+            if self.dense:
+                try:
+                    older = int(path.stem) < int(start)
+                except ValueError:
+                    continue
+            else:
+                older = path.stem not in keep
             if older:
                 path.unlink(missing_ok=True)

@@ -44,7 +44,7 @@ from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
-from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, output_index
+from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, input_partition, output_index
 from weirflow.spark.result_replays import TASK_KEY, Replays, row_digests
 from weirflow.spark.source import systems_for
 from weirflow.systems import dead_letter_stream
@@ -216,7 +216,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         counted = pc.value_counts(rows.column(PSS))
         stream = sink["stream"]
         for value, n in zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True):
-            task = self.owners.get(value) if value is not None else None
+            task = self.owners.get(input_partition(value)) if value is not None else None
             if task is not None:
                 _add(by_task.setdefault(task, {}), {stream: int(n)})
 

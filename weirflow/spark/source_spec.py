@@ -27,9 +27,10 @@ INTERNAL_FIELDS = [
     T.StructField("__ctl", CONTROL_TYPE, True),
 ]
 INTERNAL_COLUMNS = [f.name for f in INTERNAL_FIELDS]
-# Every data row's position (`weirflow.spark.replay`); null where the system's offsets are not dense numbers.
+# Every data row's position (`weirflow.spark.replay`); null where the system's offsets are not dense numbers
+# and its records have no ordinals (`SystemAdmin.record_ordinals`).
 POSITION_FIELDS = [
-    T.StructField(PSS, T.IntegerType(), True),
+    T.StructField(PSS, T.LongType(), True),
     T.StructField(POS, T.LongType(), True),
 ]
 
@@ -101,6 +102,8 @@ class SourceSpec:
         # whether the system's offsets are dense sequence numbers (`SystemAdmin.dense_offsets`); positions are
         # planned and compared only through the system's admin
         self.dense: bool = options.get("dense", "true") == "true"
+        # for a system of positions: whether its records come with lanes and ordinals (rows then carry positions)
+        self.ordinals: bool = options.get("ordinals", "false") == "true"
         # the system's record columns asked for (streams.<id>.system-columns)
         self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
         # the stream's index among the stage's inputs (its rows' ``__pss``), and the directory of the marks that
@@ -110,7 +113,12 @@ class SourceSpec:
 
     @property
     def keeps_marks(self) -> bool:
-        return self.intermediate and self.dense and bool(self.marks_dir)
+        return self.intermediate and bool(self.marks_dir)
+
+    @property
+    def positioned(self) -> bool:
+        """Whether this stream's rows carry positions (`weirflow.spark.replay`)."""
+        return self.dense or self.ordinals
 
     @property
     def schema(self) -> T.StructType:

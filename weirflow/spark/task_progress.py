@@ -50,6 +50,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
+from weirflow.spark.replay import compare_offsets
 from weirflow.spark.result_replays import Replays
 from weirflow.systems import Systems
 from weirflow.telemetry import BATCH_BUCKETS, Histogram
@@ -154,7 +155,9 @@ class TaskProgress:
 
     def _apply(self, report: ProgressView) -> None:
         """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
+        before = sum(self.records_out.values())
         tails, replayed = self._count_written(report.batchId)
+        wrote = sum(self.records_out.values()) > before  # the batch wrote rows (of any of the query's tasks)
         if not self.merged:  # a stateful task's results: where this batch's writes end, what it did not write
             self._results_written(self.tasks[0], tails, replayed)
         offsets, positions = self._batch_ends(report)
@@ -177,7 +180,7 @@ class TaskProgress:
                 flushed = spark_watermark >= FLUSHED_WATERMARK_MS if report.stateOperators else injected_all
                 finishing = self._all_inputs_ended(t) and flushed
                 out = self._output_watermark(t, report, spark_watermark)
-            if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name]):
+            if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name], wrote):
                 continue
             t.stats.batches += 1
             t.stats.records_in += self._records_read(t, offsets[t.name]) + rows.get(t.name, 0)
@@ -289,7 +292,11 @@ class TaskProgress:
             t.stats.replays_dropped += dropped
             log.info("task %s: %d replayed rows of %s dropped", t.name, dropped, ssp_key)
         current = t.control.marks.get(ssp_key)
-        if current is None or int(detail["at"]) >= int(current["at"]):
+        if current is None:
+            t.control.marks[ssp_key] = detail
+            return
+        admin = self.runner.plan.systems.admin(SystemStreamPartition.parse(ssp_key).system)
+        if compare_offsets(admin, str(detail["at"]), str(current["at"])) != -1:  # incomparable: the newer read
             t.control.marks[ssp_key] = detail
 
     def _checkpoint(
@@ -300,8 +307,10 @@ class TaskProgress:
         out: int | None,
         offsets: Offsets,
         positions: Positions,
+        wrote: bool = False,
     ) -> bool:
-        """Send the task's control messages, then write its checkpoint; False (task failed) when that fails."""
+        """Send the task's control messages, then write its checkpoint; False (task failed) when that fails.
+        ``wrote``: the batch wrote rows (a fault point tells such batches apart)."""
         valid = self.runner.lease_valid
         if valid is not None and not valid(t.name):  # paused past the lease: nothing more for this task
             t.error = "its lock was not confirmed in time (the processor was paused or cut off)"
@@ -318,6 +327,8 @@ class TaskProgress:
                 t.control.sent_watermark = out
             self._mirror_state(t, report.batchId)
             fault_points.reached("before-checkpoint", t.name)
+            if wrote:
+                fault_points.reached("before-checkpoint-of-rows", t.name)
             if not self.merged and self.location is not None:
                 if self.history is None:  # the query's directory keeps its history: read its metadata once
                     self.history = history_of(self.location) or ""
