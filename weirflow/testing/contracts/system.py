@@ -266,6 +266,31 @@ class SystemContract(Contract):
         assert position == end
         assert values == [f"v{i}".encode() for i in range(10)]
 
+    def test_a_record_s_lane_and_ordinal_are_the_same_from_any_offset_before_it(self, system) -> None:
+        """`SystemAdmin.record_ordinals`: every record read has a lane and an ordinal, ordinals grow within a
+        lane, and a read from any earlier record's offset gives each record the same pair (what lets the
+        Spark data plane recognise a replay, docs/guarantees.md). A system without them returns none."""
+        system.declare("lanes", 2)
+        system.producer.send([OutgoingRecord("lanes", f"v{i}".encode(), partition=0) for i in range(12)])
+        ssp = SystemStreamPartition(system.name, "lanes", 0)
+        start = system.admin.partition_metadata("lanes")[0].oldest
+        everything = system.consumer.read(ssp, start, 100)
+        whole = system.consumer.read_columns(ssp, start, 100, everything[-1].next_offset)
+        if not system.admin.record_ordinals:
+            assert list(whole.lanes) == [] and list(whole.ordinals) == []
+            return
+        pairs = dict(zip(whole.values, zip(whole.lanes, whole.ordinals, strict=True), strict=True))
+        assert len(pairs) == 12, "one lane and ordinal per record"
+        last: dict[int, int] = {}
+        for lane, ordinal in pairs.values():
+            assert ordinal > last.get(lane, -1), f"lane {lane}: ordinals do not grow"
+            last[lane] = ordinal
+        for record in everything[1::3]:  # reads resumed where an earlier one ended, as after a checkpoint
+            again = system.consumer.read_columns(ssp, record.offset, 100, everything[-1].next_offset)
+            assert list(again.values) == list(whole.values)[everything.index(record) :]
+            resumed = dict(zip(again.values, zip(again.lanes, again.ordinals, strict=True), strict=True))
+            assert all(pairs[v] == pair for v, pair in resumed.items()), f"different ordinals from {record.offset}"
+
     def test_records_read_counts_the_records_of_a_range_just_read(self, system) -> None:
         """A task's ``records_in`` after each micro-batch (`SystemAdmin.records_read`): every system counts
         the records of a range it has just read, positions included."""
