@@ -221,8 +221,6 @@ class BatchReader:
     def _order(self, a: str, b: str) -> int | None:
         """Offset ``a`` of one of this stream's partitions against ``b``
         (`weirflow.spark.replay.compare_offsets`)."""
-        if self.spec.dense:
-            return (int(a) > int(b)) - (int(a) < int(b))
         return compare_offsets(systems_for(self.spec.snapshot).admin(self.spec.system), a, b)
 
     # --- decoding a chunk -------------------------------------------------------------------------------
