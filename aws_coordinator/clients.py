@@ -33,21 +33,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_exponential,
-    wait_random,
-)
 from weirflow_aws.errors import AwsError, aws_errors, error_code, is_transient, short
 
-from weirflow import telemetry
-from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.config import ConfigView
+from weirflow.service_calls import ServiceCalls
 
 log = logging.getLogger("weirflow.aws")
 
@@ -300,45 +289,24 @@ class Aws:
         self.call("create bucket", name, self.s3_endpoint, create)
         log.info("created S3 bucket %s on %s", name, self.s3_endpoint)
 
-    def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` under the retry policy. ``fn`` handles the errors it expects (a failed condition) and
-        returns; transient ones are retried; the rest are raised naming ``resource`` (`weirflow_aws.errors`)."""
-        s = self.settings
-        retrying = Retrying(
-            stop=stop_after_attempt(s.retry_attempts)
-            | stop_before_delay(max(0.0, s.retry_deadline_s - s.request_timeout_s)),
-            wait=wait_exponential(multiplier=s.retry_initial_s, max=s.retry_max_s)
-            + wait_random(0, s.retry_initial_s),
-            retry=retry_if_exception(is_transient),
-            reraise=False,
-            before_sleep=lambda state: self._retrying(operation, resource, endpoint, state),
+    @cached_property
+    def _calls(self) -> ServiceCalls:
+        return ServiceCalls(
+            store="aws",
+            settings=self.settings,
+            is_transient=is_transient,
+            short=short,
+            errors=aws_errors,
+            mapped=(AwsError,),
+            hint="Is the endpoint reachable (and the emulator running, in development)?",
+            log=log,
         )
-        try:
-            with aws_errors(operation, resource, endpoint):
-                return retrying(fn)
-        except RetryError as exc:
-            telemetry.count(telemetry.STORAGE_ERRORS, store="aws", operation=operation)
-            cause = exc.last_attempt.exception()
-            raise ServiceUnavailableError(
-                f"{operation} {resource} on {endpoint} still failed after {exc.last_attempt.attempt_number} "
-                f"attempts ({s.retry_deadline_s:.1f} s at most): {short(cause)}. Is the endpoint reachable (and "
-                "the emulator running, in development)?"
-            ) from cause
-        except (AwsError, ServiceUnavailableError):
-            telemetry.count(telemetry.STORAGE_ERRORS, store="aws", operation=operation)
-            raise
 
-    def _retrying(self, operation: str, resource: str, endpoint: str, state: RetryCallState) -> None:
-        telemetry.count(telemetry.STORAGE_RETRIES, store="aws", operation=operation)
-        log.warning(
-            "%s %s on %s failed (attempt %d of %d): %s; retrying",
-            operation,
-            resource,
-            endpoint,
-            state.attempt_number,
-            self.settings.retry_attempts,
-            short(state.outcome.exception()) if state.outcome else "?",
-        )
+    def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the retry policy (`weirflow.service_calls`). ``fn`` handles the errors it expects (a
+        failed condition) and returns; transient ones are retried; the rest are raised naming ``resource``
+        (`weirflow_aws.errors`)."""
+        return self._calls.call(operation, resource, endpoint, fn)
 
     def close(self) -> None:
         for name in ("dynamodb", "s3"):

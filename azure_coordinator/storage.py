@@ -39,20 +39,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from azure.core.exceptions import ResourceExistsError
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_exponential,
-    wait_random,
-)
 
-from weirflow import telemetry
-from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.config import ConfigView
+from weirflow.service_calls import ServiceCalls
 from weirflow_azure.coordinator.errors import AzureStorageError, is_transient, short, storage_errors
 
 log = logging.getLogger("weirflow.azure")
@@ -267,52 +256,24 @@ class Storage:
             self._created.add(name)
         return client
 
-    def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` under the retry policy. ``fn`` handles the errors it expects (a 409 on a taken lease,
-        say) and returns; transient ones are retried; the rest are raised naming ``resource``, as the one table
-        of `weirflow_azure.coordinator.errors` (`STORAGE_ERRORS`) maps them."""
-        s = self.settings
-        retrying = Retrying(
-            # no attempt starts (backoff included) when one timing out could end past the deadline
-            stop=stop_after_attempt(s.retry_attempts)
-            | stop_before_delay(max(0.0, s.retry_deadline_s - s.request_timeout_s)),
-            wait=wait_exponential(multiplier=s.retry_initial_s, max=s.retry_max_s)
-            + wait_random(0, s.retry_initial_s),
-            retry=retry_if_exception(is_transient),
-            reraise=False,
-            before_sleep=lambda state: self._retrying(operation, resource, endpoint, state),
+    @cached_property
+    def _calls(self) -> ServiceCalls:
+        return ServiceCalls(
+            store="azure",
+            settings=self.settings,
+            is_transient=is_transient,
+            short=short,
+            errors=storage_errors,
+            mapped=(AzureStorageError,),
+            hint="Is the storage account reachable (and Azurite running, in development)?",
+            log=log,
         )
-        try:
-            with storage_errors(operation, resource, endpoint):
-                return retrying(fn)
-        except RetryError as exc:
-            telemetry.count(telemetry.STORAGE_ERRORS, store="azure", operation=operation)
-            cause = exc.last_attempt.exception()
-            raise ServiceUnavailableError(
-                f"{operation} {resource} on {endpoint} still failed after {exc.last_attempt.attempt_number} "
-                f"attempts ({s.retry_deadline_s:.1f} s at most): "
-                f"{short(cause)}. Is the storage account reachable (and Azurite running, in development)?"
-            ) from cause
-        except (
-            AzureStorageError,
-            ServiceUnavailableError,
-        ):  # the table's errors; a call's own (a conflict) are not
-            telemetry.count(telemetry.STORAGE_ERRORS, store="azure", operation=operation)
-            raise
 
-    def _retrying(self, operation: str, resource: str, endpoint: str, state: RetryCallState) -> None:
-        """Before a retry's backoff: said in the log, counted for ``GET /metrics`` (`weirflow.telemetry`; the
-        operation, never the resource, labels the count, so that its series stay few)."""
-        telemetry.count(telemetry.STORAGE_RETRIES, store="azure", operation=operation)
-        log.warning(
-            "%s %s on %s failed (attempt %d of %d): %s; retrying",
-            operation,
-            resource,
-            endpoint,
-            state.attempt_number,
-            self.settings.retry_attempts,
-            short(state.outcome.exception()) if state.outcome else "?",
-        )
+    def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` under the retry policy (`weirflow.service_calls`). ``fn`` handles the errors it expects (a
+        409 on a taken lease, say) and returns; transient ones are retried; the rest are raised naming
+        ``resource``, as the one table of `weirflow_azure.coordinator.errors` (`STORAGE_ERRORS`) maps them."""
+        return self._calls.call(operation, resource, endpoint, fn)
 
     def close(self) -> None:
         for name in ("blob_service", "table_service"):
