@@ -3,7 +3,7 @@
 #
 #   docker build -t <registry>/weirflow-pageviews:1 --build-arg JOB_DIR=examples/pageviews .
 #
-# The install steps are the Makefile's (`make install`: the JRE through apt when `java` is missing, then pip),
+# The install steps are the Makefile's (`make install`: the JRE through apt when `java` is missing, then uv),
 # run here with the image's own venv and extras, so the image and `make run` install the same way.
 FROM python:3.11-slim
 
