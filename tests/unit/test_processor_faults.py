@@ -6,7 +6,9 @@ are wrappers of our own `Latch` and `CheckpointManager` interfaces, and the data
   everyone else reads one small document;
 * a task stop that hangs is abandoned after `task.stop.timeout.ms` and reported;
 * a lock whose renewal hangs has its task abandoned before the lease can expire, while the other locks and
-  the heartbeat go on being renewed.
+  the heartbeat go on being renewed;
+* a processor whose start takes longer than the liveness timeout after its data plane exists (its endpoint
+  server) stays live all along: no failover is recorded for it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 from weirflow.config import load_config
 from weirflow.coordination.job_finished import JOB_FINISHED_KEY
 from weirflow.coordination.job_model_store import read_job_model
+from weirflow.coordination.model_history import read_history_or_report
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.endpoints.processor_server import serving_processor
 from weirflow.errors import ServiceUnavailableError
@@ -388,4 +391,59 @@ def test_a_lock_whose_renewal_hangs_is_abandoned_before_it_expires_and_the_other
         assert time.time() * 1000 - rows[0].heartbeat_ms < 2000, "the heartbeat stalled"
     finally:
         release.set()
+        assert p1.stop() == 0
+
+
+def test_a_processor_whose_endpoint_server_starts_slowly_is_never_counted_silent(tmp_path: Path) -> None:
+    """The starting processor's announcement runs until its own first heartbeat: a server that takes longer
+    than the liveness timeout to start (2 s here) must not make the leader count it silent and move its tasks."""
+    config = job_config(tmp_path)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_server(processor: StreamProcessor) -> None:
+        entered.set()
+        release.wait(60)  # longer than the waits below: a processor counted silent fails them
+        return None
+
+    p1 = start(config, "p1", lambda ctx: FakeRunner(ctx.checkpoints))
+    p2: Running | None = None
+    try:
+        wait_until(lambda: runs_its_assignment(p1.processor), 30, "p1 running every task")
+        p2 = Running(
+            StreamProcessor(
+                config,
+                processor_id="p2",
+                runner_factory=lambda ctx: FakeRunner(ctx.checkpoints),
+                planner_factory=plan,
+                server_factory=slow_server,
+            )
+        )
+        assert entered.wait(30), "p2 never reached its server's start"
+        registry = p1.processor.ctx.coordination.processor_registry()
+        # the leader sees p2 (its announcement) and shares the tasks with it; p2's row goes on being written
+        # while its server starts, here for 15 more heartbeats (4.5 s: over twice the liveness timeout)
+        wait_until(
+            lambda: set(read_job_model(p1.processor.ctx.metadata)[0].processors) == {"p1", "p2"},
+            30,
+            "a model with p2",
+        )
+
+        def beats() -> int:
+            return next((row.beat for row in registry.processors() if row.processor_id == "p2"), 0)
+
+        first = beats()
+        wait_until(lambda: beats() >= first + 15, 30, "p2's row written while its server starts", 0.1)
+        release.set()
+        wait_until(
+            lambda: runs_its_assignment(p1.processor) and runs_its_assignment(p2.processor), 30, "both running"
+        )
+        history, _etag = read_history_or_report(p1.processor.ctx.metadata)
+        assert any("p2" in change.joined for change in history.changes), history.changes
+        silent = [change.version for change in history.changes if change.silent]
+        assert history.failovers == 0 and not silent, f"p2 was counted silent while it started: {silent}"
+        assert "p2" in {row.processor_id for row in registry.processors()}
+    finally:
+        release.set()
+        if p2 is not None:
+            assert p2.stop() == 0
         assert p1.stop() == 0

@@ -169,19 +169,23 @@ class StreamProcessor:
             started_ms=clock.now_ms(),
             instance=self.instance_id,
         )
+        # The announcement's heartbeats cover everything up to the processor's own first one: the data plane
+        # (a Spark session), the endpoint server, the planner. A gap between the two longer than the liveness
+        # timeout (an endpoint server starting on a loaded machine) had the leader count this processor silent,
+        # publish a model without it, and record a failover that never was.
         announcement = Announcement(registry, starting, self.timings).start()
         try:
             self.runner = self._runner_factory(self.ctx)
+            self.runner.on_started = self._heartbeat_now.set
+            self.runner.lease_valid = self._keeper.valid
+            self.runner.lease_valid_until = self._keeper.valid_until
+            if self._server_factory is not None:
+                self._server = self._server_factory(self)
+                self.endpoint_url = self._server.url if self._server is not None else ""
+            planner = self._planner_factory(self.ctx)
+            self._drain = DrainMonitor(self.ctx.metadata, self.config)
         finally:
             announcement.stop()
-        self.runner.on_started = self._heartbeat_now.set
-        self.runner.lease_valid = self._keeper.valid
-        self.runner.lease_valid_until = self._keeper.valid_until
-        if self._server_factory is not None:
-            self._server = self._server_factory(self)
-            self.endpoint_url = self._server.url if self._server is not None else ""
-        planner = self._planner_factory(self.ctx)
-        self._drain = DrainMonitor(self.ctx.metadata, self.config)
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
         # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
