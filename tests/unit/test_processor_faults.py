@@ -27,7 +27,7 @@ from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.model_history import read_history_or_report
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.endpoints.processor_server import serving_processor
-from weirflow.errors import ServiceUnavailableError
+from weirflow.errors import ServiceUnavailableError, StartupError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils, Latch, LatchState, Lock
 from weirflow.interfaces.metadata import Document, MetadataStore
@@ -446,4 +446,35 @@ def test_a_processor_whose_endpoint_server_starts_slowly_is_never_counted_silent
         release.set()
         if p2 is not None:
             assert p2.stop() == 0
+        assert p1.stop() == 0
+
+
+def test_a_processor_that_fails_to_start_leaves_at_once_instead_of_going_silent(tmp_path: Path) -> None:
+    """A run whose data plane cannot start (a config error found then, say) after the leader counted it from
+    its announcement marks its row failed: the leader moves its tasks back for a processor that left, without
+    waiting out the liveness timeout and without recording a failover."""
+    config = job_config(tmp_path)
+    p1 = start(config, "p1", lambda ctx: FakeRunner(ctx.checkpoints))
+    try:
+        wait_until(lambda: runs_its_assignment(p1.processor), 30, "p1 running every task")
+        metadata = p1.processor.ctx.metadata
+
+        def failing(ctx: JobContext) -> TaskRunner:
+            wait_until(lambda: "p2" in read_job_model(metadata)[0].processors, 30, "a model with p2")
+            raise StartupError("the data plane cannot start")
+
+        p2 = StreamProcessor(config, processor_id="p2", runner_factory=failing, planner_factory=plan)
+        with pytest.raises(StartupError):
+            p2.run()
+        rows = {row.processor_id: row for row in p1.processor.ctx.coordination.processor_registry().processors()}
+        assert rows["p2"].state == "FAILED", rows["p2"]
+        wait_until(
+            lambda: read_job_model(metadata)[0].processors == ("p1",) and runs_its_assignment(p1.processor),
+            30,
+            "p1 running every task again",
+        )
+        history, _etag = read_history_or_report(metadata)
+        assert any("p2" in change.left for change in history.changes), history.changes
+        assert history.failovers == 0, history.changes
+    finally:
         assert p1.stop() == 0

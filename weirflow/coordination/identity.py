@@ -22,7 +22,7 @@ import time
 import uuid
 
 from weirflow import clock
-from weirflow.coordination.state import has_departed
+from weirflow.coordination.state import ProcessorState, has_departed
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import DuplicateProcessorError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
@@ -110,6 +110,15 @@ class Announcement:
             except Exception as exc:  # the next round retries; the processor's own heartbeats report errors
                 log.warning("could not write the starting processor's row: %s", exc)
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """Stop writing the row. ``failed``: the run could not start; its row says so (state FAILED) at once,
+        so the leader counts it as gone now (a processor that left) instead of waiting out the liveness
+        timeout and then recording a failover."""
         self._stop.set()
         self._thread.join()
+        if failed:
+            self._info.state = ProcessorState.FAILED.value
+            try:
+                self._write()
+            except Exception as exc:  # the row then ages out as a silent processor's would
+                log.warning("could not mark the processor that failed to start as failed: %s", exc)
