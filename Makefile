@@ -13,7 +13,7 @@ NODE_STAMP := node_modules/.installed-stamp
 .PHONY: run test install java node faketime chromium spark-archive lint docs clean
 
 # uv installs the packages (pinned here; pip installs it): the same resolution from PyPI as pip, in half
-# of the time (`make install` in a fresh clone: 43 s instead of pip's 89), which every `make run` and `make test`
+# the time (`make install` in a fresh clone: 43 s instead of pip's 89), which every `make run` and `make test`
 # on a new machine waits for. UV_LINK_MODE=copy: the cache and the venv may be on different file systems.
 UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml
