@@ -68,7 +68,7 @@ run: install spark-archive
 # (apt holds one lock).
 test: java node faketime chromium
 	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) spark-archive
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's
 # import hook, so the plugin folders are linked under those names (pyproject.toml's package-dir) in MYPY_PATH,
