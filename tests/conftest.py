@@ -9,6 +9,7 @@ job, so jobs' containers and tables never collide and nothing needs cleaning bet
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -160,12 +161,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     busy = [name for name in by_file if name.startswith("tests/integration/")]
     waiting = [name for name in by_file if not name.startswith("tests/integration/")]
-    order: list[str] = []
-    for index, name in enumerate(busy):
-        order.append(name)
-        if index < len(waiting):
-            order.append(waiting[index])
-    order += waiting[len(busy) :]
+    order = [name for pair in itertools.zip_longest(busy, waiting) for name in pair if name is not None]
     items[:] = [item for name in order for item in by_file[name]]
 
 

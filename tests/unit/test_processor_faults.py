@@ -8,7 +8,9 @@ are wrappers of our own `Latch` and `CheckpointManager` interfaces, and the data
 * a lock whose renewal hangs has its task abandoned before the lease can expire, while the other locks and
   the heartbeat go on being renewed;
 * a processor whose start takes longer than the liveness timeout after its data plane exists (its endpoint
-  server) stays live all along: no failover is recorded for it.
+  server) stays live all along: no failover is recorded for it;
+* a processor that fails to start after the leader counted it marks its row failed and is treated as gone at
+  once, with no failover recorded.
 """
 
 from __future__ import annotations

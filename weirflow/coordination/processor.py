@@ -174,7 +174,6 @@ class StreamProcessor:
         # timeout (an endpoint server starting on a loaded machine) had the leader count this processor silent,
         # publish a model without it, and record a failover that never was.
         announcement = Announcement(registry, starting, self.timings).start()
-        started = False
         try:
             self.runner = self._runner_factory(self.ctx)
             self.runner.on_started = self._heartbeat_now.set
@@ -185,9 +184,10 @@ class StreamProcessor:
                 self.endpoint_url = self._server.url if self._server is not None else ""
             planner = self._planner_factory(self.ctx)
             self._drain = DrainMonitor(self.ctx.metadata, self.config)
-            started = True
-        finally:
-            announcement.stop(failed=not started)
+        except BaseException:
+            announcement.stop(failed=True)
+            raise
+        announcement.stop()
         self._set_state(ProcessorState.STARTED)
         # registration time: the leader debounces membership from it, so it must not include the time this
         # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
