@@ -1,7 +1,8 @@
 """The planner fork server (weirflow/spark/forkserver.py) with real processes: a client started the way
 weirflow's launcher starts it gets a forked child that runs the module as ``python -m`` would, with the client's
 arguments, environment, directory and standard streams; the client's exit code, signals and death are the
-child's; and anything the server does not serve runs in the client itself, as before."""
+child's; anything the server does not serve runs in the client itself, as before; and Spark's worker daemons,
+started through the launcher, are forked by the server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from weirflow.local.launcher import wait_until
 from weirflow.spark import forkserver
+from weirflow.spark.session import worker_python
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests.unit.forkserver_target"
@@ -116,3 +118,41 @@ def test_without_a_server_the_client_runs_the_module_itself(tmp_path):
     report = _report(client)
     assert client.wait(30) == 3
     assert report["pid"] == client.pid
+
+
+def test_sparks_worker_daemons_started_through_the_launcher_are_forked_by_the_server(tmp_path):
+    """Spark starts PySpark's daemon (``-m pyspark.daemon <module>``) through weirflow's launcher: the launcher
+    hands it to the fork server as `weirflow.spark.daemon`, which the server forks with PySpark, pyarrow and
+    pandas already imported; the daemon works as Spark expects (its port on stdout, gone when stdin closes)."""
+    socket_path = tmp_path / "planner.sock"
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    command = [sys.executable, "-m", "weirflow.spark.forkserver", str(socket_path), ",".join(forkserver.SERVED)]
+    server = subprocess.Popen([*command, forkserver.DAEMON], stdin=subprocess.PIPE, env=env)
+    try:
+        wait_until(socket_path.exists, 60, "the fork server's socket", 0.05)
+        daemon = subprocess.Popen(
+            [worker_python(), "-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**env, forkserver.ENV: str(socket_path)},
+        )
+        assert daemon.stdout is not None and daemon.stdin is not None
+        port = int.from_bytes(daemon.stdout.read(4), "big")  # PySpark's daemon: its port, then it serves
+        assert 0 < port < 65536
+        children = _children(server.pid)
+        assert len(children) == 1 and children[0] != daemon.pid, "the daemon was not forked by the server"
+        daemon.stdin.close()  # Spark's way to stop a daemon (PySpark's own then exits with status 1)
+        daemon.wait(30)
+        wait_until(lambda: _gone(children[0]), 30, "the forked daemon to end", 0.05)
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        assert server.wait(30) == 0
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            found += [int(child) for child in listing.read().split()]
+    return found

@@ -32,6 +32,16 @@ def test_environment_defaults_to_this_interpreter_and_loopback(monkeypatch: pyte
     assert os.environ["PYSPARK_DRIVER_PYTHON"] == "/custom/python"  # what the user set wins
 
 
+def test_the_drivers_python_defaults_to_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's JVM runs its driver-side Python (the data source lookup) with PYSPARK_DRIVER_PYTHON: the launcher
+    too, so that process comes from the fork server like the others."""
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    prepare_environment()
+
+    assert os.environ["PYSPARK_DRIVER_PYTHON"] == os.environ["PYSPARK_PYTHON"] == worker_python()
+
+
 def test_workers_run_this_interpreter_and_import_the_installed_pyspark_not_its_archives(tmp_path: Path) -> None:
     """Spark puts pyspark.zip (no bytecode cache) first on every Python worker's path; the launcher drops it
     and keeps every other entry, so workers import the installed package."""

@@ -1,20 +1,25 @@
-"""A warm fork server for the Python process that plans each streaming query's micro-batches.
+"""A warm fork server for the Python processes Spark starts: each streaming query's planner, and the daemons.
 
 Spark starts one Python process per streaming query that reads a Python data source
 (``pyspark.sql.streaming.python_streaming_source_runner``): it asks the weirflow source for offsets and
 partitions at every micro-batch, for as long as the query runs. Spark starts it as a new interpreter, not from
 its worker daemon, so every query start paid for importing PySpark, pyarrow and weirflow again: measured with
 py-spy on the 2-core machine, 1.5 to 3 s of CPU per query, most of a processor's start-up CPU once it runs more
-than a handful of queries (docs/pipelines.md, "Start-up").
+than a handful of queries (docs/pipelines.md, "Start-up"). Spark also starts a new interpreter for each of
+PySpark's worker daemons (`weirflow.spark.daemon`: one for the executor's workers, one for each kind of the
+driver's data source work: lookup, create, plan a read, write, commit), each importing PySpark, pyarrow and
+pandas again: forking those too took a processor of the example job from 23-28 s of CPU to 15-23 s to start,
+count 200 events and stop (5 to 9 s less in each of 7 pairs of runs).
 
-So a processor starts this module first, as its own process: it imports those modules once, then waits on a
-Unix socket. The launcher Spark runs for Python (`weirflow.spark.session.worker_python`) hands a request to start
-the runner to it instead of starting an interpreter: a small client (``CLIENT``, standard library only, started
-without ``site``) sends its arguments, environment, working directory and standard streams (``SCM_RIGHTS``);
-the server forks a child that takes them over and runs the module as ``__main__``, as ``python -m`` would. The
-client stays as the process Spark knows: it forwards SIGTERM, SIGINT and SIGHUP to the child and exits with the
-child's status, and if the client is killed the server kills the child. A client that cannot reach the server,
-or a request the server does not serve, runs the interpreter as before, so the server only ever saves time.
+So a processor starts this module first, as its own process: it imports those modules once, then waits on a Unix
+socket. The launcher Spark runs for Python (`weirflow.spark.session.worker_python`) hands a request to start the
+runner or a daemon to it instead of starting an interpreter: a small client (``CLIENT``, standard library only,
+started without ``site``) sends its arguments, environment, working directory and standard streams
+(``SCM_RIGHTS``); the server forks a child that takes them over and runs the module as ``__main__``, as
+``python -m`` would. The client stays as the process Spark knows: it forwards SIGTERM, SIGINT and SIGHUP to the
+child and exits with the child's status, and if the client is killed the server kills the child. A client that
+cannot reach the server, or a request the server does not serve, runs the interpreter as before, so the server only
+ever saves time.
 
 The server exits when the processor does (its standard input, a pipe from the processor, closes). Only the
 processor's user can connect (the socket's folder is private to it). `task.spark.planner.fork` turns it off.
@@ -42,6 +47,8 @@ import traceback
 from typing import Any
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+DAEMON = "weirflow.spark.daemon"  # Spark's Python worker daemons (weirflow/spark/daemon.py)
+SERVED = (RUNNER, DAEMON)
 ENV = "WEIRFLOW_FORK_SERVER"
 _STARTED, _DECLINED = b"F", b"X"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -98,7 +105,7 @@ def preload_modules() -> list[str]:
     endpoints or the command line, which a runner never needs."""
     skip = ("weirflow.endpoints", "weirflow.cli", "weirflow.__main__")
     loaded = sorted(m for m in sys.modules if m.split(".")[0].startswith("weirflow") and not m.startswith(skip))
-    return [RUNNER, "weirflow.spark.source", *loaded]
+    return [RUNNER, DAEMON, "weirflow.spark.source", *loaded]
 
 
 def start_fork_server() -> str:
@@ -111,7 +118,7 @@ def start_fork_server() -> str:
     folder = tempfile.mkdtemp(prefix="weirflow-fork-")  # private to this user (0700)
     path = os.path.join(folder, "planner.sock")
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}  # what PySpark gives workers
-    command = [sys.executable, "-m", "weirflow.spark.forkserver", path, RUNNER, *preload_modules()]
+    command = [sys.executable, "-m", "weirflow.spark.forkserver", path, ",".join(SERVED), *preload_modules()]
     _server = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
     os.environ[ENV] = path
     return path
@@ -217,19 +224,23 @@ def _exit_with_the_processor() -> None:
 
 def serve(path: str, served: list[str], preload: list[str]) -> None:
     """Accept requests to run one of the ``served`` modules on the socket at ``path`` until the processor exits,
-    having imported ``preload`` first."""
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a runner imports it itself then
-            print(f"weirflow fork server: could not preload {name}: {exc}", file=sys.stderr)
+    having imported ``preload`` first.
+
+    The socket exists before the imports: the launcher uses the server once it sees the socket, so a request
+    that comes while the server still imports (Spark starts its first daemons seconds after the processor
+    starts this server) waits in the socket's backlog instead of starting an interpreter of its own."""
     threading.Thread(target=_exit_with_the_processor, name="processor-watch", daemon=True).start()
     seed = os.environ.get("PYTHONHASHSEED")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     partial = f"{path}.{os.getpid()}"
     listener.bind(partial)
     listener.listen(64)
-    os.rename(partial, path)  # the launcher uses the server once the socket exists: it accepts from then on
+    os.rename(partial, path)
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a runner imports it itself then
+            print(f"weirflow fork server: could not preload {name}: {exc}", file=sys.stderr)
     gc.freeze()  # forked children do not copy the preloaded heap when a collection walks it
     while True:
         conn, _addr = listener.accept()

@@ -96,16 +96,18 @@ done
 unset IFS
 PYTHONPATH="$kept"
 export PYTHONPATH
-# A query's planner process comes from the processor's fork server when it runs (weirflow/spark/forkserver.py).
-if [ "$1" = "-m" ] && [ "$2" = "{runner}" ] && [ -S "${{WEIRFLOW_FORK_SERVER:-}}" ]; then
-  exec "{python}" -I -S "{client}" "$@"
-fi
 # The daemons that fork the driver's data source planners preload their module (weirflow/spark/daemon.py).
 if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ] && [ $# -eq 3 ]; then
   case "$3" in
-    pyspark.sql.worker.*) exec "{python}" -m weirflow.spark.daemon "$3" ;;
+    pyspark.sql.worker.*) set -- -m "{daemon}" "$3" ;;
   esac
 fi
+# A query's planner process and every worker daemon come from the processor's fork server when it runs
+# (weirflow/spark/forkserver.py).
+case "$1 $2" in
+  "-m {runner}"|"-m {daemon}")
+    if [ -S "${{WEIRFLOW_FORK_SERVER:-}}" ]; then exec "{python}" -I -S "{client}" "$@"; fi ;;
+esac
 exec "{python}" "$@"
 """
 
@@ -128,7 +130,11 @@ def worker_python() -> str:
         try:
             client = _write_once(folder, client_name, forkserver.CLIENT, 0o644)
             text = _LAUNCHER.format(
-                python=sys.executable, archives=str(package), runner=forkserver.RUNNER, client=str(client)
+                python=sys.executable,
+                archives=str(package),
+                runner=forkserver.RUNNER,
+                daemon=forkserver.DAEMON,
+                client=str(client),
             )
             name = f"python-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
             return str(_write_once(folder, name, text, 0o755))
@@ -158,7 +164,9 @@ def _spark_runs_the_launcher() -> bool:
 def prepare_environment() -> None:
     """Set ``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON`` and ``SPARK_LOCAL_IP`` unless the user did."""
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark's JVM runs the data source lookup at a session's first query with this one (else PYSPARK_PYTHON):
+    # through the launcher, it too is forked warm.
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", os.environ["PYSPARK_PYTHON"])
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ[PROCESSOR_PID] = str(os.getpid())  # whose Spark this is, for its workers' fault points
 
