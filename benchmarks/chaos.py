@@ -59,7 +59,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +84,12 @@ from weirflow.interfaces.system import (  # noqa: E402
     SystemStreamPartition,
 )
 from weirflow.local.launcher import ProcessorProcess, start_processor  # noqa: E402
+from weirflow.spark import writer_log  # noqa: E402
 from weirflow.systems import Systems  # noqa: E402
 
 PARTITIONS = 4
 CLOSING_PAGE = "/closing"
 DROPPED = re.compile(r"(?P<rows>\d+) replayed rows of \S+ dropped")
-WROTE = re.compile(
-    r"wrote task=(?P<task>\S+) batch=(?P<batch>\d+) epoch=(?P<epoch>\d+) processor=(?P<processor>\S+) "
-    r"start_ms=(?P<start>\d+) end_ms=(?P<end>\d+)"
-)
 
 
 def say(message: str) -> None:
@@ -205,28 +201,7 @@ def replays_dropped(logs: list[Path]) -> int:
 
 def overlap_ms(logs: list[Path]) -> tuple[int | None, int]:
     """Total time two writers (processor, epoch) of one task had overlapping tenures; and the batches seen."""
-    spans: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)
-    batches = 0
-    for path in logs:
-        for match in WROTE.finditer(path.read_text(errors="replace") if path.exists() else ""):
-            batches += 1
-            writer = (match["processor"], match["epoch"])
-            start, end = int(match["start"]), int(match["end"])
-            span = spans[match["task"]].setdefault(writer, [start, end])
-            span[0], span[1] = min(span[0], start), max(span[1], end)
-    if not batches:
-        return None, 0
-    total = 0
-    for writers in spans.values():
-        # sweep: time during which at least two writers' tenures are open
-        events = sorted([(s, 1) for s, _ in writers.values()] + [(e, -1) for _, e in writers.values()])
-        open_count, since = 0, 0
-        for at, step in events:
-            if open_count >= 2:
-                total += at - since
-            open_count += step
-            since = at
-    return total, batches
+    return writer_log.overlap_ms(path.read_text(errors="replace") for path in logs if path.exists())
 
 
 class Fleet:

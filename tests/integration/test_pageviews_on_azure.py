@@ -1,9 +1,12 @@
 """The example pipeline on Azure services by config alone (examples/pageviews/azure.yaml): streams on Event
 Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite). Two
-processors run it over an unbounded input fed at a steady rate and are drained mid-stream (docs/drain.md): the
+processors run it over an unbounded input fed at a steady rate; one is SIGKILLed while it runs tasks and a new
+one takes its place (as a replaced container would), then the job is drained mid-stream (docs/drain.md): the
 notification in Blob Storage, drain messages on every partition of the intermediate hub, drained checkpoints
-in Table Storage. (Bounded inputs ending with end-of-stream: the upgraded run of tests/integration/test_drain.py
-and the chaos test; the SDK checkpoint layout: test_table_checkpoints.py.)
+in Table Storage. Every window up to the cut is written once with pandas' count, and no two writers of one task
+(processor, lock epoch) ever wrote at the same time. (Bounded inputs ending with end-of-stream: the upgraded
+run of tests/integration/test_drain.py; the SDK checkpoint layout: test_table_checkpoints.py; a longer run with
+a SIGKILL every few seconds: benchmarks/chaos.py.)
 
 Inputs have 2 partitions to keep Spark's start-up cost down; each test has its own emulator and job id.
 """
@@ -25,6 +28,7 @@ from weirflow.drain_notice import DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_context import JobContext
 from weirflow.local.launcher import wait_until
+from weirflow.spark import writer_log
 from weirflow.systems import Systems
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
@@ -32,6 +36,12 @@ from weirflow_azure.coordinator.storage import Storage
 pytestmark = pytest.mark.integration
 
 FINISH_S = 300
+# A killed processor is noticed in seconds (the blob lease itself cannot be shorter than 15 s).
+QUICK_FAILOVER = (
+    "job.coordinator.heartbeat.interval.ms=1500",
+    "job.coordinator.liveness.timeout.ms=6000",
+    "job.debounce.time.ms=1000",
+)
 
 
 class AzurePageViews(ExampleJob):
@@ -89,19 +99,29 @@ def job(tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch):
 def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_and_dead_letter_bad_events(
     tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
 ) -> None:
-    extra = ("streams.page-views.bounded=false", "app.run.id=blue")
+    extra = ("streams.page-views.bounded=false", "app.run.id=blue", *QUICK_FAILOVER)
     job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra)
     # fed from when both processors run tasks, at a rate they keep up with: the checks read every event back
     feeder = drain_job.Feeder(job.config, rate=150).create_stream()
     systems = Systems(job.config)
     try:
         systems.producer("eh").send([OutgoingRecord("page-views", b"{not json", partition=1)])
-        procs = [job.start("p0"), job.start("p1")]
-        running = lambda: all("started task" in p.log_text() for p in procs)  # noqa: E731
-        wait_until(lambda: running() or not all(p.alive() for p in procs), FINISH_S, "both to run tasks", 0.2)
-        assert all(p.alive() for p in procs), "\n".join(p.log_text()[-2000:] for p in procs)
+        p0, p1 = job.start("p0"), job.start("p1")
+        running = lambda p: "started task" in p.log_text()  # noqa: E731
+        up = lambda: (running(p0) and running(p1)) or not (p0.alive() and p1.alive())  # noqa: E731
+        wait_until(up, FINISH_S, "both to run tasks", 0.2)
+        assert p0.alive() and p1.alive(), p0.log_text()[-2000:] + p1.log_text()[-2000:]
         feeder.start()
-        wait_until(lambda: results.consumed(job.config) >= 1200, FINISH_S, "the job to process input", 0.5)
+        wait_until(lambda: results.consumed(job.config) >= 600, FINISH_S, "the job to process input", 0.5)
+
+        # a machine dies with tasks running and input arriving; a new processor takes its place
+        p1.kill()
+        p2 = job.start("p2")
+        wait_until(lambda: running(p2) or not p2.alive(), FINISH_S, "the new processor to take tasks over", 0.2)
+        assert p2.alive(), p2.log_text()[-3000:]
+        at_takeover = results.consumed(job.config)
+        wait_until(lambda: results.consumed(job.config) >= at_takeover + 600, FINISH_S, "input after it", 0.5)
+        procs = [p0, p2]
         ctx = JobContext.open(job.config, owner="test")
         try:
             other = DrainUtils(ctx.metadata).write("green")  # another deployment's drain: ignored
@@ -129,9 +149,13 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
         assert got == expected, f"{len(set(expected) ^ set(got))} windows differ from pandas up to the cut"
         assert drain_job.unread_intermediate(job.config) == {}
         assert drain_job.drain_notices(job.config) == [other], "the leader removes its run's notice, not another's"
+        overlap, batches = writer_log.overlap_ms(p.log_text() for p in (p0, p1, p2))
+        assert batches > 0, "no processor logged its committed batches: overlap not measured"
+        assert overlap == 0, f"two writers of one task wrote at the same time for {overlap} ms"
         measure(
-            f"[event hubs + azure] drained in {took:.1f} s; {len(before)} events up to the cut, "
-            f"{len(got)} windows once each, equal pandas; {len(after)} events after the cut"
+            f"[event hubs + azure] p1 SIGKILLed, p2 took over; drained in {took:.1f} s; {len(before)} events up "
+            f"to the cut, {len(got)} windows once each, equal pandas; {len(after)} events after the cut; "
+            f"{batches} batches logged, no two writers of a task at once"
         )
 
         letters = drain_job.dead_letters(job.config)

@@ -52,6 +52,7 @@ from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.replay import compare_offsets
 from weirflow.spark.result_replays import Replays
+from weirflow.spark.writer_log import WROTE_FORMAT
 from weirflow.systems import Systems
 from weirflow.telemetry import BATCH_BUCKETS, Histogram
 
@@ -335,9 +336,9 @@ class TaskProgress:
                 t.control.spark_history = self.history
             t.offsets.update(offsets)
             t.writer.write(Checkpoint(offsets=offsets, control=t.control.to_json(), positions=positions))
-            # one line per committed batch and task: who wrote for the task when (benchmarks/chaos.py reads it)
+            # one line per committed batch and task: who wrote for the task when (weirflow.spark.writer_log)
             log.info(
-                "wrote task=%s batch=%d epoch=%d processor=%s start_ms=%d end_ms=%d",
+                WROTE_FORMAT,
                 t.name,
                 report.batchId,
                 t.writer.epoch,
