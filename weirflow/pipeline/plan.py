@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from weirflow.errors import StreamNotFoundError
 from weirflow.grouper import group_by_partition, partition_task
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.system import StreamSpec, SystemAdmin, SystemStreamPartition
+from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
 from weirflow.retention import ReadBackStream
@@ -210,7 +210,9 @@ class PipelinePlan:
 
     def ensure_streams(self) -> None:
         """Create intermediate and dead-letter streams, and inputs and outputs that set
-        `streams.<id>.partitions`."""
+        `streams.<id>.partitions`. Each stream's partition count is asked once and kept (`partition_count`): on
+        Event Hubs every ask is a management round trip, and asking again for each check took seconds of a
+        processor's start."""
         for stage in self.stages:
             for stream_id in stage.input_ids:
                 if self.is_intermediate(stream_id):
@@ -222,10 +224,10 @@ class PipelinePlan:
         count = None
         for stream_id in self.app.intermediates:
             ref = self.ref(stream_id)
-            admin = self.systems.admin(ref.system)
-            if not _exists(admin, ref.physical):
+            if not self._exists(stream_id):
                 count = count or self._intermediate_partitions()
-                admin.create_stream(StreamSpec(ref.physical, count))
+                self.systems.admin(ref.system).create_stream(StreamSpec(ref.physical, count))
+                self._partitions[stream_id] = count  # made with them, or refused if it has others
         for sink in self.app.sinks:
             if sink.intermediate or sink.serve is not None:
                 continue
@@ -236,10 +238,20 @@ class PipelinePlan:
         missing stream is a `StreamNotFoundError` naming it."""
         ref = self.ref(stream_id)
         partitions = self.config.get(f"streams.{stream_id}.partitions")
-        admin = self.systems.admin(ref.system)
-        if partitions and not _exists(admin, ref.physical):
-            admin.create_stream(StreamSpec(ref.physical, int(partitions)))
-        admin.partition_count(ref.physical)
+        if partitions and not self._exists(stream_id):
+            self.systems.admin(ref.system).create_stream(StreamSpec(ref.physical, int(partitions)))
+            self._partitions[stream_id] = int(partitions)
+        self.partition_count(stream_id)
+
+    def _exists(self, stream_id: str) -> bool:
+        """Whether the stream exists, asked of that stream alone (its partition count, kept): listing the
+        system's streams would need the right to see every stream of the account (and, on Kinesis, to read each
+        one's tags)."""
+        try:
+            self.partition_count(stream_id)
+        except StreamNotFoundError:
+            return False
+        return True
 
     # --- tasks ------------------------------------------------------------------------------------------
     def stage_ssps(self, stage: Stage) -> list[SystemStreamPartition]:
@@ -272,16 +284,6 @@ class PipelinePlan:
 
     def task_count(self, stage: Stage) -> int:
         return max(self.partition_count(s) for s in stage.input_ids)
-
-
-def _exists(admin: SystemAdmin, stream: str) -> bool:
-    """Whether ``stream`` exists, asked of that stream alone: listing the system's streams would need the right
-    to see every stream of the account (and, on Kinesis, to read each one's tags)."""
-    try:
-        admin.partition_count(stream)
-    except StreamNotFoundError:
-        return False
-    return True
 
 
 def _inputs_of(node: Node) -> list[Node]:
