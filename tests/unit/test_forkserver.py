@@ -6,6 +6,7 @@ started through the launcher, are forked by the server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,20 +25,26 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests.unit.forkserver_target"
 
 
+@contextlib.contextmanager
+def _fork_server(socket_path: Path, served: list[str], preload: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A fork server as a processor starts it; stopped as when the processor exits (its stdin closes)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
+    command = [sys.executable, "-m", "weirflow.spark.forkserver", str(socket_path), ",".join(served), *preload]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
+    try:
+        wait_until(socket_path.exists, 30, "the fork server's socket", 0.05)
+        yield proc
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(30) == 0
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Path]:
     socket_path = tmp_path / "planner.sock"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "weirflow.spark.forkserver", str(socket_path), TARGET, "json"],
-        stdin=subprocess.PIPE,
-        env=env,
-    )
-    wait_until(socket_path.exists, 30, "the fork server's socket", 0.05)
-    yield socket_path
-    assert proc.stdin is not None
-    proc.stdin.close()  # as when the processor exits
-    assert proc.wait(10) == 0
+    with _fork_server(socket_path, [TARGET], ["json"]):
+        yield socket_path
 
 
 def _client(tmp_path: Path, socket_path: Path | None, module: str = TARGET, **env: str) -> subprocess.Popen[str]:
@@ -125,16 +132,12 @@ def test_sparks_worker_daemons_started_through_the_launcher_are_forked_by_the_se
     hands it to the fork server as `weirflow.spark.daemon`, which the server forks with PySpark, pyarrow and
     pandas already imported; the daemon works as Spark expects (its port on stdout, gone when stdin closes)."""
     socket_path = tmp_path / "planner.sock"
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    command = [sys.executable, "-m", "weirflow.spark.forkserver", str(socket_path), ",".join(forkserver.SERVED)]
-    server = subprocess.Popen([*command, forkserver.DAEMON], stdin=subprocess.PIPE, env=env)
-    try:
-        wait_until(socket_path.exists, 60, "the fork server's socket", 0.05)
+    with _fork_server(socket_path, list(forkserver.SERVED), [forkserver.DAEMON]) as server:
         daemon = subprocess.Popen(
             [worker_python(), "-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**env, forkserver.ENV: str(socket_path)},
+            env={**os.environ, "PYTHONHASHSEED": "0", forkserver.ENV: str(socket_path)},
         )
         assert daemon.stdout is not None and daemon.stdin is not None
         port = int.from_bytes(daemon.stdout.read(4), "big")  # PySpark's daemon: its port, then it serves
@@ -144,10 +147,6 @@ def test_sparks_worker_daemons_started_through_the_launcher_are_forked_by_the_se
         daemon.stdin.close()  # Spark's way to stop a daemon (PySpark's own then exits with status 1)
         daemon.wait(30)
         wait_until(lambda: _gone(children[0]), 30, "the forked daemon to end", 0.05)
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()
-        assert server.wait(30) == 0
 
 
 def _children(pid: int) -> list[int]:
