@@ -36,7 +36,7 @@ from proton import Collector, Condition, Connection, Delivery, Event, Message, T
 
 from weirflow.errors import WeirflowError
 from weirflow_azure.eventhubs.emulator.frames import FramePadder
-from weirflow_azure.eventhubs.emulator.messages import reply, split_batch, stamped
+from weirflow_azure.eventhubs.emulator.messages import reply, split_batch
 from weirflow_azure.eventhubs.emulator.store import EventStore, Hub
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 
@@ -44,6 +44,9 @@ log = logging.getLogger("weirflow.emulator")
 
 MAX_MESSAGE_SIZE = 1024 * 1024
 PUBLISH_CREDIT = 500
+# How often the loop ticks every client's transport, whatever the traffic: far under any idle time-out the SDK
+# asks for (its keep-alive is tens of seconds), and short enough that a close or a time-out is answered at once.
+HOUSEKEEPING_S = 0.1
 EPOCH = symbol("com.microsoft:epoch")
 _FILTER = re.compile(r"amqp\.annotation\.x-opt-(offset|sequence-number|enqueued-time)\s*(>=|>)\s*'([^']*)'")
 _PATH = re.compile(
@@ -131,6 +134,7 @@ class EventHubsEmulator:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._clients: list[_Client] = []
         self._consumers: list[Consumer] = []
+        self._sent_to: set[_Client] = set()  # clients `_pump` sent events to since the loop last flushed
         self._round_robin: dict[str, itertools.cycle] = {
             name: itertools.cycle(range(len(hub.partitions))) for name, hub in self.store.hubs.items()
         }
@@ -166,19 +170,28 @@ class EventHubsEmulator:
         self.store.close()
 
     def serve_forever(self) -> None:
+        """Each wake-up handles the clients that sent something (`_read` processes and flushes them) and
+        flushes the ones events were pumped to; every client's timers (`Transport.tick`: idle time-outs,
+        keep-alive frames) and leftover engine events are seen to every `HOUSEKEEPING_S`. Ticking and
+        processing every client at every wake-up made the loop's cost grow with connections times frames."""
+        next_housekeeping = 0.0
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.2):
+                timeout = max(0.0, min(HOUSEKEEPING_S, next_housekeeping - time.monotonic()))
+                for key, _ in self._selector.select(timeout=timeout):
                     if key.fileobj is self._listener:
                         self._accept()
                     else:
                         self._read(key.data)
-                now = time.time()
-                for client in list(self._clients):
-                    if not client.closed:
-                        client.transport.tick(now)
-                        self._process(client)
-                self._flush_all()
+                if time.monotonic() >= next_housekeeping:
+                    next_housekeeping = time.monotonic() + HOUSEKEEPING_S
+                    now = time.time()
+                    for client in list(self._clients):
+                        if not client.closed:
+                            client.transport.tick(now)
+                            self._process(client)
+                while self._sent_to:
+                    self._flush(self._sent_to.pop())
         finally:
             for client in list(self._clients):
                 self._drop(client)
@@ -247,10 +260,6 @@ class EventHubsEmulator:
             except OSError:
                 self._drop(client)
                 return
-
-    def _flush_all(self) -> None:
-        for client in list(self._clients):
-            self._flush(client)
 
     def _drop(self, client: _Client) -> None:
         if client.closed:
@@ -497,12 +506,11 @@ class EventHubsEmulator:
         while link.credit > 0 and consumer.next_index < len(events):
             event = events[consumer.next_index]
             delivery = link.delivery(str(next(consumer.tags)))
-            link.send(
-                stamped(event.message, event.sequence_number, event.offset, event.enqueued_ms, event.partition_key)
-            )
+            link.send(event.wire)
             link.advance()
             delivery.settle()
             consumer.next_index += 1
+        self._sent_to.add(consumer.client)
 
 
 def _selector(link: Any) -> str | None:

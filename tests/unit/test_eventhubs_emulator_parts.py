@@ -59,3 +59,30 @@ def test_the_padder_reframes_a_stream_cut_anywhere() -> None:
     assert whole.startswith(b"AMQP\x00\x01\x00\x00")
     first_size = struct.unpack(">I", whole[8:12])[0]
     assert first_size == 8 + 3 + 9 + 1  # header + descriptor + list32 header + one null
+
+
+def test_a_stored_event_is_sent_with_the_service_s_annotations_stamped_once_and_again_after_a_reopen(
+    tmp_path,
+) -> None:
+    """Consumers are sent `StoredEvent.wire` as it is: it must carry the stamp of the event's own sequence
+    number, offset, enqueue time and key, also when the partition is read back from its file."""
+    from proton import Message
+
+    from weirflow_azure.eventhubs.emulator.store import EventStore
+
+    store = EventStore({"hub": 1}, tmp_path)
+    sent = [Message(body=f"event {n}".encode()).encode() for n in range(3)]
+    written = [store.append("hub", 0, message, "user-7" if n == 1 else None) for n, message in enumerate(sent)]
+    store.close()
+    reopened = EventStore({"hub": 1}, tmp_path).hubs["hub"].partitions[0].events
+    for events in (written, reopened):
+        for n, event in enumerate(events):
+            message = Message()
+            message.decode(event.wire)
+            annotations = {str(k): v for k, v in message.annotations.items()}  # keys are AMQP symbols
+            assert message.body == f"event {n}".encode()
+            assert annotations["x-opt-sequence-number"] == n
+            assert annotations["x-opt-offset"] == str(event.offset)
+            assert int(annotations["x-opt-enqueued-time"]) == event.enqueued_ms
+            assert annotations.get("x-opt-partition-key") == ("user-7" if n == 1 else None)
+            assert event.message == sent[n]
