@@ -10,7 +10,7 @@ record a fixed header (sequence number, offset, enqueue ms, key length, message 
 the message, flushed on every append. Reopening the directory restores every partition.
 
 Each event also keeps its wire form, the message with the service's annotations stamped on (`stamped`), built
-once when it is appended or loaded: a consumer is sent those bytes as they are. An event is read many times
+at its first delivery and kept: a consumer is sent those bytes as they are. An event is read many times
 (every consumer group, every re-read after a failover or a restart), and stamping it anew at each delivery was
 a quarter of the emulator's CPU under a running job.
 """
@@ -18,6 +18,7 @@ a quarter of the emulator's CPU under a running job.
 from __future__ import annotations
 
 import bisect
+import functools
 import struct
 import threading
 from dataclasses import dataclass
@@ -36,14 +37,12 @@ class StoredEvent:
     enqueued_ms: int
     partition_key: str | None
     message: bytes  # the encoded AMQP message as sent
-    wire: bytes  # ``message`` stamped with the four fields above: what consumers receive
 
-    @classmethod
-    def of(
-        cls, sequence_number: int, offset: int, enqueued_ms: int, partition_key: str | None, message: bytes
-    ) -> StoredEvent:
-        wire = stamped(message, sequence_number, offset, enqueued_ms, partition_key)
-        return cls(sequence_number, offset, enqueued_ms, partition_key, message, wire)
+    @functools.cached_property
+    def wire(self) -> bytes:
+        """``message`` stamped with the four fields above, what consumers receive: built at the first
+        delivery and kept (an event never read, e.g. one reloaded from its file, is never stamped)."""
+        return stamped(self.message, self.sequence_number, self.offset, self.enqueued_ms, self.partition_key)
 
 
 class Partition:
@@ -70,7 +69,7 @@ class Partition:
                 break  # a torn last record (crash mid-append): ignore it
             key = data[start : start + key_len].decode() if key_len else None
             message = data[start + key_len : start + key_len + msg_len]
-            self._append(StoredEvent.of(seq, offset, enqueued, key, message))
+            self._append(StoredEvent(seq, offset, enqueued, key, message))
             at = start + key_len + msg_len
 
     def _append(self, event: StoredEvent) -> None:
@@ -80,7 +79,7 @@ class Partition:
         self._next_offset = event.offset + len(event.message)
 
     def append(self, message: bytes, partition_key: str | None, now_ms: int) -> StoredEvent:
-        event = StoredEvent.of(len(self.events), self._next_offset, now_ms, partition_key, message)
+        event = StoredEvent(len(self.events), self._next_offset, now_ms, partition_key, message)
         if self._file is not None:
             key = (partition_key or "").encode()
             self._file.write(_RECORD.pack(event.sequence_number, event.offset, now_ms, len(key), len(message)))

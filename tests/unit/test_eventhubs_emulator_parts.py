@@ -86,3 +86,4 @@ def test_a_stored_event_is_sent_with_the_service_s_annotations_stamped_once_and_
             assert int(annotations["x-opt-enqueued-time"]) == event.enqueued_ms
             assert annotations.get("x-opt-partition-key") == ("user-7" if n == 1 else None)
             assert event.message == sent[n]
+            assert event.wire is event.wire, "stamped again at a second delivery"
