@@ -1,12 +1,14 @@
 """The example pipeline on Azure services by config alone (examples/pageviews/azure.yaml): streams on Event
 Hubs (the emulator, through the real SDK), coordination and checkpoints in Azure Storage (Azurite). Two
 processors run it over an unbounded input fed at a steady rate; one is SIGKILLed while it runs tasks and a new
-one takes its place (as a replaced container would), then the job is drained mid-stream (docs/drain.md): the
-notification in Blob Storage, drain messages on every partition of the intermediate hub, drained checkpoints
-in Table Storage. Every window up to the cut is written once with pandas' count, and no two writers of one task
-(processor, lock epoch) ever wrote at the same time. (Bounded inputs ending with end-of-stream: the upgraded
-run of tests/integration/test_drain.py; the SDK checkpoint layout: test_table_checkpoints.py; a longer run with
-a SIGKILL every few seconds: benchmarks/chaos.py.)
+one takes its place (as a replaced container would). Then `weirflow upgrade`, with no run id set anywhere,
+drains the job mid-stream (docs/drain.md): the notification in Blob Storage, drain messages on every partition
+of the intermediate hub, drained checkpoints in Table Storage; it records the next run and becomes a processor
+of the new version, which has another aggregation and an intermediate schema the old rows do not fit. Every
+window is written once with pandas' count on both sides of the cut, no two writers of one task (processor, lock
+epoch) ever wrote at the same time, and an old processor started again after the upgrade runs nothing.
+(Bounded inputs ending with end-of-stream: tests/integration/test_drain.py; the SDK checkpoint layout:
+test_table_checkpoints.py; a longer run with a SIGKILL every few seconds: benchmarks/chaos.py.)
 
 Inputs have 2 partitions to keep Spark's start-up cost down; each test has its own emulator and job id.
 """
@@ -14,6 +16,9 @@ Inputs have 2 partitions to keep Spark's start-up cost down; each test has its o
 from __future__ import annotations
 
 import base64
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,10 +26,11 @@ from pathlib import Path
 import pytest
 
 from tests.integration import drain_job
-from tests.integration.example_job import ExampleJob, results
+from tests.integration.example_job import EXAMPLE, ExampleJob, results
+from tests.integration.test_drain import PIPELINE_V2, _expected_v2
 from weirflow.config import load_config
-from weirflow.control import MessageType, decode, is_control
-from weirflow.drain_notice import DrainUtils
+from weirflow.control import ControlMessage, MessageType, decode, is_control
+from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_context import JobContext
 from weirflow.local.launcher import wait_until
@@ -36,6 +42,11 @@ from weirflow_azure.coordinator.storage import Storage
 pytestmark = pytest.mark.integration
 
 FINISH_S = 300
+V2_KEYS = [
+    "app.pipeline=pipeline_v2:pipeline",
+    "streams.page-views.bounded=true",
+    "streams.page-counts-v2.partitions=2",
+]
 # A killed processor is noticed in seconds (the blob lease itself cannot be shorter than 15 s).
 QUICK_FAILOVER = (
     "job.coordinator.heartbeat.interval.ms=1500",
@@ -89,21 +100,34 @@ class AzurePageViews(ExampleJob):
             client.close()
 
 
-@pytest.fixture
-def job(tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch):
-    j = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch)
-    yield j
-    j.stop_all()
+def _log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
-def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_and_dead_letter_bad_events(
+def _input_offsets(checkpoint) -> dict[int, int]:
+    """A checkpoint's offsets of the job's input, per partition (the first stage's cut)."""
+    return {ssp.partition: int(o) for ssp, o in checkpoint.offsets.items() if ssp.stream == "page-views"}
+
+
+def test_two_processors_on_event_hubs_upgraded_mid_stream_with_every_window_once_and_dead_letter_bad_events(
     tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
 ) -> None:
-    extra = ("streams.page-views.bounded=false", "app.run.id=blue", *QUICK_FAILOVER)
-    job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra)
+    extra = ("streams.page-views.bounded=false", *QUICK_FAILOVER)
+    job = AzurePageViews(tmp_path, eventhubs_emulator, azure_storage, monkeypatch, extra, {"page-counts-v2": 2})
+    v2_dir = tmp_path / "v2"
+    v2_dir.mkdir()
+    shutil.copy(EXAMPLE / "azure.yaml", v2_dir / "azure.yaml")
+    (v2_dir / "pipeline_v2.py").write_text(PIPELINE_V2)
+    log = tmp_path / "upgrade.log"
+    command = [sys.executable, "-m", "weirflow", "upgrade", str(job.config_path), str(v2_dir / "azure.yaml")]
+    for item in job.overrides:
+        command += ["--set", item]
+    for item in V2_KEYS:
+        command += ["--new-set", item]
     # fed from when both processors run tasks, at a rate they keep up with: the checks read every event back
     feeder = drain_job.Feeder(job.config, rate=150).create_stream()
     systems = Systems(job.config)
+    upgrade = None
     try:
         systems.producer("eh").send([OutgoingRecord("page-views", b"{not json", partition=1)])
         p0, p1 = job.start("p0"), job.start("p1")
@@ -111,6 +135,7 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
         up = lambda: (running(p0) and running(p1)) or not (p0.alive() and p1.alive())  # noqa: E731
         wait_until(up, FINISH_S, "both to run tasks", 0.2)
         assert p0.alive() and p1.alive(), p0.log_text()[-2000:] + p1.log_text()[-2000:]
+        assert f"run {DEFAULT_RUN_ID} (" in p0.log_text(), "the job's first run, with no run id set"
         feeder.start()
         wait_until(lambda: results.consumed(job.config) >= 600, FINISH_S, "the job to process input", 0.5)
 
@@ -127,21 +152,45 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
             other = DrainUtils(ctx.metadata).write("green")  # another deployment's drain: ignored
         finally:
             ctx.close()
+
         began = time.monotonic()
-        done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "240")
-        took = time.monotonic() - began
-        assert done.returncode == 0, done.stdout + done.stderr
+        with log.open("w") as out:
+            upgrade = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        # the feed goes on until the processors noticed the drain, and a second longer: input after the cut
+        noticed = lambda: all("drain requested" in p.log_text() for p in procs)  # noqa: E731
+        wait_until(noticed, FINISH_S, "the processors to notice the drain", 0.2)
+        sent = feeder.sent
+        wait_until(lambda: feeder.sent >= sent + 150, 60, "a second more of input", 0.1)
+        feeder.stop()
         for p in procs:
-            assert p.popen.wait(60) == 0, p.log_text()[-4000:]
+            assert p.popen.wait(FINISH_S) == 0, p.log_text()[-4000:]
             assert "ignoring drain notification" in p.log_text()
+        took = time.monotonic() - began
+        wait_until(lambda: "the new version runs as run" in _log(log), FINISH_S, "the next run recorded", 0.2)
+        text = " ".join(_log(log).split())
+        next_run = text.split("the new version runs as run ", 1)[1].split(" ", 1)[0]
+        assert next_run != DEFAULT_RUN_ID and f"(after run {DEFAULT_RUN_ID})" in text, text
+        # v1's cut, read while the new version's processor is still starting Spark (before its first checkpoint)
+        states = drain_job.checkpoints(job.config)
+        drained = [c.control.get("drained") for c in states.values()]
+        assert drained == [DEFAULT_RUN_ID] * 4, f"not v1's drained checkpoints: {states}"
+        cut = {p: o for c in states.values() for p, o in _input_offsets(c).items()}
+
+        # the old version, started again (as a container platform restarts an exited replica), runs nothing
+        old = job.start("p0-again")
+        assert old.popen.wait(120) == 0, old.log_text()[-3000:]
+        assert "drained and was upgraded" in old.log_text() and "started task" not in old.log_text()
+
+        assert upgrade.wait(FINISH_S) == 0, _log(log)[-5000:]
     finally:
+        if upgrade is not None and upgrade.poll() is None:
+            upgrade.kill()
         feeder.stop()
         job.stop_all()
 
     try:
-        states = drain_job.checkpoints(job.config)
-        assert len(states) == 4 and all(c.control.get("drained") == "blue" for c in states.values()), states
-        cut = drain_job.input_cut(job.config)
+        assert f"run {next_run} (joined the running deployment)" in _log(log), _log(log)[-3000:]
+        # v1: every window up to the cut, once, equal to pandas
         before, after = drain_job.split_at_cut(job.config, cut)
         expected = results.expected_counts(before)
         got, twice = drain_job.window_counts_once(job.config)
@@ -152,10 +201,21 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
         overlap, batches = writer_log.overlap_ms(p.log_text() for p in (p0, p1, p2))
         assert batches > 0, "no processor logged its committed batches: overlap not measured"
         assert overlap == 0, f"two writers of one task wrote at the same time for {overlap} ms"
+
+        # v2: every window of the input after the cut, once, equal to pandas; no v1 row read
+        config_v2 = load_config(v2_dir / "azure.yaml", [*job.overrides, *V2_KEYS])
+        rows = drain_job.output_rows(config_v2, "page-counts-v2")
+        got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
+        assert len(rows) == len(got_v2), "a window of the new version was written twice"
+        assert got_v2 == _expected_v2(after), "the new version's output is not exactly the input after the cut"
+        assert drain_job.intermediate_dead_letters(config_v2) == []
+        ended = drain_job.checkpoints(config_v2)
+        assert all(c.control.get("finished") for c in ended.values()), ended
         measure(
-            f"[event hubs + azure] p1 SIGKILLed, p2 took over; drained in {took:.1f} s; {len(before)} events up "
-            f"to the cut, {len(got)} windows once each, equal pandas; {len(after)} events after the cut; "
-            f"{batches} batches logged, no two writers of a task at once"
+            f"[event hubs + azure] p1 SIGKILLed, p2 took over; upgraded without a run id, v1 drained in "
+            f"{took:.1f} s; {len(before)} events up to the cut, {len(got)} windows once each, equal pandas; "
+            f"{batches} batches logged, no two writers of a task at once; v2 as run {next_run} counted the "
+            f"{len(after)} events after the cut in {len(got_v2)} windows, equal pandas"
         )
 
         letters = drain_job.dead_letters(job.config)
@@ -163,25 +223,39 @@ def test_two_processors_on_event_hubs_drain_mid_stream_with_every_window_once_an
         assert "not valid JSON" in letters[0]["error"] and letters[0]["ssp"] == "eh.page-views.1"
         assert base64.b64decode(letters[0]["raw_base64"]) == b"{not json"
 
-        # Control messages reach every partition of the intermediate hub: each upstream task's watermarks and
-        # its drain (for this run), which is what let every downstream task drain.
+        # Control messages reach every partition of the intermediate hub (which both versions write): each
+        # upstream task's watermarks and its drain in v1's run, which is what let every downstream task drain;
+        # the new version's bounded input ends its run with end-of-stream instead.
         middle = f"pageviews-{job.config.get('job.id')}-views-by-page"
         for partition in range(2):
             ssp = SystemStreamPartition("eh", middle, partition)
             records = systems.consumer("eh").read(ssp, "0", 100_000)
-            control = [decode(r.value) for r in records if is_control(r.value)]
-            drains = {b.task_name for kind, b in control if kind is MessageType.DRAIN and b.run_id == "blue"}
-            assert drains == {"page_views-0", "page_views-1"}
-            marks = {body.task_name for kind, body in control if kind is MessageType.WATERMARK}
-            assert marks == {"page_views-0", "page_views-1"}
-            assert not any(kind is MessageType.END_OF_STREAM for kind, _ in control)
+            control = [decode(r.value)[1] for r in records if is_control(r.value)]
+            by_run = {
+                run: {(m.type, m.task_name) for m in control if isinstance(m, ControlMessage) and m.run_id == run}
+                for run in (DEFAULT_RUN_ID, next_run)
+            }
+            producers = {"page_views-0", "page_views-1"}
+            assert {t for kind, t in by_run[DEFAULT_RUN_ID] if kind is MessageType.DRAIN} == producers
+            assert {t for kind, t in by_run[DEFAULT_RUN_ID] if kind is MessageType.WATERMARK} == producers
+            assert not any(kind is MessageType.END_OF_STREAM for kind, _ in by_run[DEFAULT_RUN_ID])
+            assert {t for kind, t in by_run[next_run] if kind is MessageType.END_OF_STREAM} == producers
+            assert not any(kind is MessageType.DRAIN for kind, _ in by_run[next_run])
 
-        # The Azure SDKs' layout for the Event Hubs inputs is never ahead of what was processed.
+        # The Azure SDKs' layout for the Event Hubs inputs is never ahead of what was processed: here the new
+        # version's last checkpoint, which read on from v1's cut.
+        final = {p: o for c in ended.values() for p, o in _input_offsets(c).items()}
+        assert all(final[p] >= cut[p] for p in cut), (final, cut)
         manager = TableCheckpointManager(Storage.from_config(job.config))
         namespace = f"127.0.0.1:{job.emulator.port}"
-        for row in manager.read_sdk_rows():
-            if row["PartitionKey"] == f"{namespace} page-views $Default Checkpoint":
-                assert int(row["sequencenumber"]) < cut[int(row["RowKey"])]
+        rows = [
+            r
+            for r in manager.read_sdk_rows()
+            if r["PartitionKey"] == f"{namespace} page-views $Default Checkpoint"
+        ]
         manager.stop()
+        assert sorted(int(r["RowKey"]) for r in rows) == [0, 1], rows
+        for row in rows:
+            assert int(row["sequencenumber"]) < final[int(row["RowKey"])]
     finally:
         systems.close()
