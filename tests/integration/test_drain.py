@@ -1,9 +1,10 @@
 """Drain and upgrade on the embedded default (docs/drain.md), on the two-stage example over an unbounded input
-fed at a steady rate by two processors: `weirflow drain --wait` stops it at a cut with every window emitted once
-and equal to pandas, bad events dead-lettered with their reasons, and nothing unread in the intermediate stream;
-a drain for another run id changes nothing; the job upgraded under a new run id (another aggregation, an
-incompatible intermediate schema) reads on from exactly the cut and, its input now bounded, finishes at its end;
-and a drain completes on the survivor when a processor is SIGKILLed in the middle of it.
+fed at a steady rate by two processors: a drain for another run id changes nothing; `weirflow drain --wait`
+stops the job at a cut although a processor is SIGKILLed in the middle of it, with every window emitted once
+and equal to pandas and bad events dead-lettered with their reasons; the job upgraded (another aggregation,
+an incompatible intermediate schema) reads on from exactly the cut and, its input now bounded, finishes at its
+end. A drain with nothing in its way, nothing left unread in the intermediate stream, and an upgrade run
+through `weirflow upgrade`: tests/integration/test_pageviews_on_azure.py.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
-from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
+from weirflow.drain_notice import DEFAULT_RUN_ID
 from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord
-from weirflow.job_context import JobContext
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
-from weirflow.runs import current_run_id
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -99,13 +98,6 @@ class DrainJob(ExampleJob):
 
 
 @pytest.fixture
-def job(tmp_path: Path):
-    j = DrainJob(tmp_path)
-    yield j
-    j.stop_all()
-
-
-@pytest.fixture
 def forgetful_job(tmp_path: Path):
     """The job without `app.run.id`, in v1 and in its upgrade."""
     j = DrainJob(tmp_path, run_id=None)
@@ -154,14 +146,38 @@ def _upgrade(job: DrainJob, tmp_path: Path) -> tuple[Any, ProcessorProcess]:
     return load_config(v2.config_path, overrides), proc
 
 
-def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_reads_on_from_it(
-    job: DrainJob, tmp_path: Path, measure
+def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_leaves_nothing_for_the_upgrade(
+    forgetful_job: DrainJob, tmp_path: Path, measure
 ) -> None:
+    """Two processors read the unbounded input, bad events among it; a drain for another deployment changes
+    nothing; then `weirflow drain --wait` drains this one, at the hardest moment of a drain: a first-stage task
+    sent its last rows and its DRAIN message downstream, and its processor dies before the ``drained``
+    checkpoint (a fault point). The survivor replays the task's last batch and drains it again; the counting
+    stage must count no replayed row, every window up to the cut is written once and equals pandas, and the
+    upgrade (another aggregation and intermediate schema) must read nothing of v1's: its output is exactly the
+    input after the cut.
+
+    Neither version sets `app.run.id` (the forgetful upgrade): v1 runs as the job's first run, and the changed
+    job started after the drain gets a run of its own instead of finishing at once in v1's."""
+    job = forgetful_job
     feeder = drain_job.Feeder(job.config, RATE).create_stream()
     bad = [b"{not json", b'{"user": "u1", "page": "/page/1", "event_time": "yesterday"}', b'["a", "list"]']
     systems = Systems(job.config)
-    systems.producer("local").send([OutgoingRecord("page-views", v, key=b"u1", partition=1) for v in bad])
-    procs = [job.start("p0"), job.start("p1")]
+    try:
+        systems.producer("local").send([OutgoingRecord("page-views", v, key=b"u1", partition=1) for v in bad])
+    finally:
+        systems.close()
+    # A fresh assignment gives p0, started first, the first stage (tasks in natural order; docs/coordination.md)
+    first = start_processor(
+        job.config_path,
+        "p0",
+        job.overrides,
+        log_dir=job.logs,
+        env={FAULT_POINT: "before-drained-checkpoint:page_views-:1"},
+    )
+    job.processors.append(first)
+    survivor = job.start("p1")
+    procs = [first, survivor]
     job.with_tasks(["p0", "p1"])
     feeder.start()
     wait_until(lambda: job.consumed() >= 3 * RATE, FINISH_S, "the job to process input", 0.2)
@@ -182,105 +198,24 @@ def test_a_drained_job_stops_at_a_cut_with_every_window_once_and_its_upgrade_rea
     assert all(p.alive() for p in procs)
     assert not any(c.control.get("drained") for c in drain_job.checkpoints(job.config).values())
 
-    # Drain this deployment; the input keeps growing while it drains.
+    # Drain this deployment (its first run, recorded by its processors); the input keeps growing meanwhile.
     began = time.monotonic()
     done = drain_job.drain_command(job.config_path, job.overrides, "--wait", "--timeout", "180")
     took = time.monotonic() - began
     assert done.returncode == 0, done.stdout + done.stderr
     assert "drained" in done.stdout
-    for p in procs:
-        assert p.popen.wait(30) == 0, p.log_text()[-4000:]
-        assert "job drained" in p.log_text()
-    feeder.stop()
-
-    states = drain_job.checkpoints(job.config)
-    assert len(states) == 4 and all(c.control.get("drained") == "r1" for c in states.values()), states
-    cut = drain_job.input_cut(job.config)
-    shown = _status(job)
-    assert shown["drain"] is None and set(shown["tasks"].values()) == {"drained"}, shown
-    before, after = drain_job.split_at_cut(job.config, cut)
-    assert after, "the input did not grow past the cut: the cut was not tested"
-    expected = results.expected_counts(before)
-    got, twice = drain_job.window_counts_once(job.config)
-    assert not twice, f"{len(twice)} windows written more than once, e.g. {twice[:3]}"
-    differ = len(set(expected) ^ set(got)) + sum(got[w] != n for w, n in expected.items() if w in got)
-    assert got == expected, f"{differ} windows differ from pandas over the input up to the cut"
-    assert drain_job.unread_intermediate(job.config) == {}
-    remaining = drain_job.drain_notices(job.config)
-    assert [n.run_id for n in remaining] == ["r0"], "the leader removes its own run's notice, not another's"
-    measure(
-        f"drained in {took:.1f} s (command to every processor exited); cut {sum(cut.values())} events, "
-        f"{len(got)} windows once each, equal pandas; {len(after)} later events left for the next run"
-    )
-
-    letters = drain_job.dead_letters(job.config)
-    systems.close()
-    reasons = sorted(letter["error"] for letter in letters)
-    assert len(letters) == 3, reasons
-    assert any("not valid JSON" in r for r in reasons)
-    assert any("field 'event_time'" in r and "timestamp" in r for r in reasons)
-    assert any("expected a JSON object" in r for r in reasons)
-    assert {letter["ssp"] for letter in letters} == {"local.page-views.1"}
-    assert sorted(base64.b64decode(letter["raw_base64"]) for letter in letters) == sorted(bad)
-    assert sum(c.control.get("dead-letters", 0) for c in states.values()) == 3  # in the drained checkpoints
-
-    # Upgrade: new run id, another aggregation, an incompatible intermediate schema; the input is now read
-    # to its end (bounded) so the run finishes.
-    config_v2, p2 = _upgrade(job, tmp_path)
-    assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in p2.log_text()
-    rows = drain_job.output_rows(config_v2, "page-counts-v2")
-    keys = [(r["page"], r["window_start"][:16]) for r in rows]
-    assert len(keys) == len(set(keys)), "a window of the upgraded job was written twice"
-    got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
-    assert got_v2 == _expected_v2(after), "the upgraded job's output is not exactly the input after the cut"
-    assert sum(n for n, _ in got_v2.values()) == len(after)
-    measure(
-        f"upgrade (new run id, new aggregation and intermediate schema) counted the {len(after)} events "
-        f"after the cut exactly once in {len(got_v2)} windows"
-    )
-
-
-def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_leaves_nothing_for_the_upgrade(
-    forgetful_job: DrainJob, tmp_path: Path, measure
-) -> None:
-    """The hardest moment of a drain: a first-stage task sent its last rows and its DRAIN message downstream,
-    and its processor dies before the ``drained`` checkpoint (a fault point). The survivor replays the task's
-    last batch and drains it again; the counting stage must count no replayed row, and the upgrade (another
-    intermediate schema) must read nothing of v1's: its output is exactly the input after the cut.
-
-    Neither version sets `app.run.id` (the forgetful upgrade): v1 runs as the job's first run, and the changed
-    job started after the drain gets a run of its own instead of finishing at once in v1's."""
-    job = forgetful_job
-    feeder = drain_job.Feeder(job.config, RATE).create_stream()
-    # A fresh assignment gives p0, started first, the first stage (tasks in natural order; docs/coordination.md)
-    first = start_processor(
-        job.config_path,
-        "p0",
-        job.overrides,
-        log_dir=job.logs,
-        env={FAULT_POINT: "before-drained-checkpoint:page_views-:1"},
-    )
-    job.processors.append(first)
-    survivor = job.start("p1")
-    job.with_tasks(["p0", "p1"])
-    feeder.start()
-    wait_until(lambda: job.consumed() >= 3 * RATE, FINISH_S, "the job to process input", 0.2)
-
-    ctx = JobContext.open(job.config, owner="test")
-    try:
-        run = current_run_id(job.config, ctx.metadata)
-        DrainUtils(ctx.metadata).write(run)
-    finally:
-        ctx.close()
-    assert run == DEFAULT_RUN_ID, "the job's first run, recorded by its processors"
     assert first.popen.wait(FINISH_S) == -9, "p0 ran no first-stage task to its drain: " + first.log_text()[-3000:]
     assert survivor.popen.wait(FINISH_S) == 0, survivor.log_text()[-4000:]
     assert "job drained" in survivor.log_text()
     feeder.stop()
 
     states = drain_job.checkpoints(job.config)
-    assert len(states) == 4 and all(c.control.get("drained") == run for c in states.values()), states
+    drained = [c.control.get("drained") for c in states.values()]
+    assert drained == [DEFAULT_RUN_ID] * 4, states
+    shown = _status(job)
+    assert shown["drain"] is None and set(shown["tasks"].values()) == {"drained"}, shown
     before, after = drain_job.split_at_cut(job.config, drain_job.input_cut(job.config))
+    assert after, "the input did not grow past the cut: the cut was not tested"
     expected = results.expected_counts(before)
     got, twice = drain_job.window_counts_once(job.config)
     missing = set(expected) - set(got)
@@ -294,6 +229,18 @@ def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_l
     drains = drain_job.drain_messages(job.config)
     redrained = sorted({task for (task, _), n in drains.items() if n > 1})
     assert redrained, f"no first-stage task sent its DRAIN twice: {dict(drains)}"
+    remaining = drain_job.drain_notices(job.config)
+    assert [n.run_id for n in remaining] == ["r0"], "the leader removes its own run's notice, not another's"
+
+    letters = drain_job.dead_letters(job.config)
+    reasons = sorted(letter["error"] for letter in letters)
+    assert len(letters) == 3, reasons
+    assert any("not valid JSON" in r for r in reasons)
+    assert any("field 'event_time'" in r and "timestamp" in r for r in reasons)
+    assert any("expected a JSON object" in r for r in reasons)
+    assert {letter["ssp"] for letter in letters} == {"local.page-views.1"}
+    assert sorted(base64.b64decode(letter["raw_base64"]) for letter in letters) == sorted(bad)
+    assert sum(c.control.get("dead-letters", 0) for c in states.values()) == 3  # in the drained checkpoints
 
     # The upgrade reads on from the cut with an intermediate schema v1's rows do not fit.
     config_v2, upgraded = _upgrade(job, tmp_path)
@@ -302,11 +249,12 @@ def test_a_processor_killed_between_a_drain_message_and_its_drained_checkpoint_l
     got_v2 = {(r["page"], r["window_start"][:16]): (int(r["views"]), int(r["user_len"])) for r in rows}
     assert len(rows) == len(got_v2), "a window of the upgraded job was written twice"
     assert got_v2 == _expected_v2(after), "the upgraded job's output is not exactly the input after the cut"
+    assert sum(n for n, _ in got_v2.values()) == len(after)
     letters = drain_job.intermediate_dead_letters(config_v2)
     assert letters == [], f"the upgrade read v1 rows: {letters[:2]}"
     measure(
-        f"p0 SIGKILLed between a first-stage task's DRAIN and its drained checkpoint: the drain completed on p1, "
-        f"all {len(expected)} windows exact and once; {', '.join(redrained)} drained twice; "
-        f"{sum(left.values())} v1 records left after the cut, none read by the upgrade, which counted the "
-        f"{len(after)} later events exactly"
+        f"p0 SIGKILLed between a first-stage task's DRAIN and its drained checkpoint: the drain completed on p1 "
+        f"in {took:.1f} s, all {len(expected)} windows exact and once; {', '.join(redrained)} drained twice; "
+        f"3 bad events dead-lettered; {sum(left.values())} v1 records left after the cut, none read by the "
+        f"upgrade, which counted the {len(after)} later events exactly"
     )
