@@ -2,17 +2,19 @@
 
 A drain that cannot finish, because a task fails on every attempt (a poison event its transform raises on):
 `weirflow drain --wait` shows the failing task and the exception as they appear, and gives up at its time-out
-with exit 1, naming both.
+with exit 1, naming both. The processor is then stopped and the job fixed; the notice stays.
 
-A job of one stage (no shuffle, so no intermediate stream carries the drain), and the two-stage example, whose
-drain notice is written while no processor runs. The processor that starts next drains at once: it finishes the
-batches the stopped processor had planned (Spark's offset log; a clean stop does not wait for a batch in
-flight), plans none of its own, so reads none of the input that arrived after the stop, flushes every window,
-and exits 0; every window up to the cut is written once and equals pandas.
+A drain notice the next processor finds at its start: on that fixed job, of one stage (no shuffle, so no
+intermediate stream carries the drain), and on the two-stage example, whose notice is written while no
+processor runs. The processor that starts next drains at once: it finishes the batches the stopped processor
+had planned (Spark's offset log; a clean stop does not wait for a batch in flight), plans none of its own, so
+reads none of the input that arrived after the stop, flushes every window, and exits 0; every window up to the
+cut is written once and equals pandas.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
 from pathlib import Path
@@ -21,10 +23,10 @@ import pandas as pd
 import pytest
 
 from tests.integration import drain_job
-from tests.integration.example_job import EXAMPLE, ExampleJob, results
+from tests.integration.example_job import EXAMPLE, ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord
-from weirflow.local.launcher import wait_until
+from weirflow.local.launcher import ProcessorProcess, wait_until
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
@@ -112,40 +114,34 @@ def _windows_once(config: object, stages: int) -> tuple[dict[tuple[str, str], in
     return got, [w for w, n in written.items() if n > 1]
 
 
-@pytest.mark.parametrize("stages", [1, 2], ids=["one-stage", "two-stages"])
-def test_a_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
-    tmp_path: Path, measure, stages: int
-) -> None:
-    pipeline = PIPELINE if stages == 1 else (EXAMPLE / "pipeline.py").read_text()
-    job, overrides, config = _job(tmp_path, pipeline)
-    feeder = drain_job.Feeder(config, RATE).create_stream()
-    try:
-        first = job.start("p0")
-        wait_until(lambda: "started task" in first.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
-        feeder.start()
-        wait_until(lambda: results.consumed(config) >= 3 * RATE, FINISH_S, "the job to read", 0.2)
-        assert first.terminate() == 0, first.log_text()[-4000:]
-        stopped_at = drain_job.input_cut(config)
-        available = _upcoming(config)  # what any batch p0 planned can reach
-
-        # The notice is written while nothing runs; the input keeps growing.
+def _drain_on_start(job: ExampleJob, overrides: list[str], config: object, stopped: ProcessorProcess) -> dict:
+    """Stop ``stopped`` with SIGTERM, write the drain notice while nothing runs (unless it is there already) and
+    let the input grow; then start the next processor, which must drain and exit 0. Returns where the input was
+    checkpointed and how far it reached at the stop."""
+    assert stopped.terminate() == 0, stopped.log_text()[-4000:]
+    stopped_at = drain_job.input_cut(config)
+    available = _upcoming(config)  # what any batch the stopped processor planned can reach
+    if not drain_job.drain_notices(config):
         notice = drain_job.drain_command(job.config_path, overrides)
         assert notice.returncode == 0, notice.stdout + notice.stderr
-        assert [n.run_id for n in drain_job.drain_notices(config)] == ["r1"]
-        grown = sum(available.values()) + RATE
-        wait_until(lambda: sum(_upcoming(config).values()) >= grown, 60, "more input after the stop", 0.1)
+    assert [n.run_id for n in drain_job.drain_notices(config)] == ["r1"]
+    grown = sum(available.values()) + RATE
+    wait_until(lambda: sum(_upcoming(config).values()) >= grown, 60, "more input after the stop", 0.1)
+    second = job.start("p1")
+    assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
+    assert "job drained" in second.log_text()
+    return {"stopped_at": stopped_at, "available": available}
 
-        second = job.start("p1")
-        assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
-        assert "job drained" in second.log_text()
-    finally:
-        feeder.stop()
-        job.stop_all()
 
+def _check_drained_at_the_stop(config: object, stages: int, stop: dict) -> tuple[dict, list, dict]:
+    """Every task drained in r1 from where the stopped processor left off, reading no input that arrived after
+    the stop; every window once and equal to pandas over the input up to the cut. Returns the cut, the events
+    after it and the windows."""
     states = drain_job.checkpoints(config)
     assert len(states) == 2 * stages, states
     assert all(c.control.get("drained") == "r1" for c in states.values()), states
     cut = drain_job.input_cut(config)
+    stopped_at, available = stop["stopped_at"], stop["available"]
     assert all(stopped_at[p] <= cut[p] <= available[p] for p in cut), (
         f"the processor started under a drain notice read input that arrived after the stop: cut {cut}, "
         f"checkpointed at the stop {stopped_at}, in the stream at the stop {available}"
@@ -156,17 +152,40 @@ def test_a_job_noticed_to_drain_before_its_processor_starts_drains_without_readi
     assert twice == [], "a window was written twice"
     expected = _expected(before) if stages == 1 else dict(results.expected_counts(before))
     assert got == expected, "the windows are not exactly pandas over the input up to the cut"
-    if stages == 2:
-        assert drain_job.unread_intermediate(config) == {}, "the intermediate stream was not read to its end"
     assert drain_job.drain_notices(config) == [], "the leader removes the notice once the job drained"
+    return cut, after, got
+
+
+def test_a_two_stage_job_noticed_to_drain_before_its_processor_starts_drains_without_reading_newer_input(
+    tmp_path: Path, measure
+) -> None:
+    job, overrides, config = _job(tmp_path, (EXAMPLE / "pipeline.py").read_text())
+    feeder = drain_job.Feeder(config, RATE).create_stream()
+    try:
+        first = job.start("p0")
+        wait_until(lambda: "started task" in first.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
+        feeder.start()
+        wait_until(lambda: results.consumed(config) >= 3 * RATE, FINISH_S, "the job to read", 0.2)
+        stop = _drain_on_start(job, overrides, config, first)
+    finally:
+        feeder.stop()
+        job.stop_all()
+    cut, after, got = _check_drained_at_the_stop(config, 2, stop)
+    assert drain_job.unread_intermediate(config) == {}, "the intermediate stream was not read to its end"
     measure(
-        f"notice before start, {stages} stage(s): drained at {sum(cut.values())} events (checkpointed at the stop "
-        f"{sum(stopped_at.values())}, in the stream {sum(available.values())}), "
+        f"notice before start, 2 stages: drained at {sum(cut.values())} events (checkpointed at the stop "
+        f"{sum(stop['stopped_at'].values())}, in the stream {sum(stop['available'].values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )
 
 
-def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_why(tmp_path: Path, measure) -> None:
+def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_completes_once_the_job_is_fixed(
+    tmp_path: Path, measure
+) -> None:
+    """A one-stage job whose task fails on a poison event: the drain names the task and the exception and
+    gives up at its time-out while the healthy task drains. The processor is stopped and the job fixed; the
+    notice stays, so the fixed job's next processor drains at once, without reading input that arrived after
+    the stop (a job of one stage: no intermediate stream carries the drain)."""
     job, overrides, config = _job(tmp_path, POISONED)
     feeder = drain_job.Feeder(config, RATE).create_stream()
     systems = Systems(config)
@@ -175,7 +194,10 @@ def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_why(tmp_
         wait_until(lambda: "started task" in proc.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
         feeder.start()
         wait_until(lambda: results.consumed(config) >= RATE, FINISH_S, "the job to read", 0.2)
-        poison = {"user": "u-poison", "page": "/poison", "event_time": "2026-01-01T00:00:00Z"}
+        # stamped where the feed is, so the fixed job counts it instead of dropping it as late
+        when = generate.START + dt.timedelta(milliseconds=feeder.sent * generate.STEP_MS)
+        stamp = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        poison = {"user": "u-poison", "page": "/poison", "event_time": stamp}
         systems.producer("local").send(
             [OutgoingRecord("page-views", json.dumps(poison).encode(), key=b"u-poison", partition=1)]
         )
@@ -184,15 +206,26 @@ def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_why(tmp_
         )
         done = drain_job.drain_command(job.config_path, overrides, "--wait", "--timeout", "20")
         assert proc.alive(), "the processor keeps running (and retrying the task) while the drain cannot finish"
+        said = " ".join((done.stdout + done.stderr).split())  # the terminal's width wraps the lines
+        assert done.returncode == 1, said
+        assert "did not complete in 20 s" in said and "still draining: page_views-1" in said, said
+        assert "p0: task page_views-1" in said and "ValueError: a poison page view" in said, said
+        assert drain_job.checkpoints(config)["page_views-0"].control.get("drained") == "r1", (
+            "the healthy task drained; only the failing one holds the drain up"
+        )
+
+        # The fix: the transform no longer raises (the poison view is counted like any other).
+        (job.config_path.parent / "job_pipeline.py").write_text(PIPELINE)
+        stop = _drain_on_start(job, overrides, config, proc)
     finally:
         systems.close()
         feeder.stop()
         job.stop_all()
-    said = " ".join((done.stdout + done.stderr).split())  # the terminal's width wraps the lines
-    assert done.returncode == 1, said
-    assert "did not complete in 20 s" in said and "still draining: page_views-1" in said, said
-    assert "p0: task page_views-1" in said and "ValueError: a poison page view" in said, said
-    assert drain_job.checkpoints(config)["page_views-0"].control.get("drained") == "r1", (
-        "the healthy task drained; only the failing one holds the drain up"
+    cut, after, got = _check_drained_at_the_stop(config, 1, stop)
+    assert got[("u-poison", stamp[:16])] == 1, "the fixed job counted the poison view"
+    measure(
+        "a drain held up by a failing task: the command named the task and the exception, exit 1 at 20 s; "
+        f"fixed, the next processor drained at {sum(cut.values())} events (checkpointed at the stop "
+        f"{sum(stop['stopped_at'].values())}, in the stream {sum(stop['available'].values())}), "
+        f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )
-    measure("a drain held up by a failing task: the command named the task and the exception, exit 1 at 20 s")
