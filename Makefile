@@ -10,7 +10,7 @@ EXTRAS ?= dev,azure,emulator,kinesis,aws,monitor
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java node faketime chromium spark-archive lint docs clean
+.PHONY: run test install java node test-tools spark-archive lint docs clean
 
 # uv installs the packages (pinned here; pip installs it): the same resolution from PyPI as pip, in half
 # the time (`make install` in a fresh clone: 43 s instead of pip's 89), which every `make run` and `make test`
@@ -34,17 +34,17 @@ node:
 	  echo "npm not found: installing Node.js with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 
-# libfaketime (Debian's faketime) runs processors with skewed clocks in the clock-skew tests; apt when missing.
-faketime:
-	@command -v faketime >/dev/null 2>&1 || { \
-	  echo "faketime not found: installing it with apt"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; }
-
-# Headless Chromium renders the status page in tests/integration/test_status_page.py; apt when missing.
-chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "chromium not found: installing it with apt"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+# What only the tests use, from Debian, installed through apt when missing, in one apt run: libfaketime
+# (`faketime`) runs processors with skewed clocks in the clock-skew tests; headless Chromium renders the status page
+# in tests/integration/test_status_page.py. `make test` runs this beside the venv's install and npm's (apt waits on
+# the network and dpkg, not on what those write), so a fresh machine does not wait for them one after another.
+TEST_TOOLS := faketime chromium
+test-tools:
+	@missing="$$(for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || echo $$tool; done)"; \
+	if [ -n "$$missing" ]; then \
+	  echo "not found: $$(echo $$missing): installing with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 $(NODE_STAMP): package.json package-lock.json | node
 	npm ci --no-audit --no-fund --loglevel=error
@@ -63,11 +63,11 @@ spark-archive: install
 run: install spark-archive
 	$(PY) examples/pageviews/demo.py
 
-# npm installs Azurite while the venv is installed and Spark's class archive (`weirflow spark-archive`, once per
-# venv) dumped: one waits mostly on the network, the other on a core. The apt checks run first, one at a time
-# (apt holds one lock).
-test: java node faketime chromium
-	@$(MAKE) --no-print-directory -j2 $(NODE_STAMP) spark-archive
+# The JRE and npm checks run first (the venv's install and npm need them; apt holds one lock). Then three at once:
+# apt installs the test tools, npm installs Azurite, and the venv is installed and Spark's class archive
+# (`weirflow spark-archive`, once per venv) dumped: the first two wait mostly on the network, the last on a core.
+test: java node
+	@$(MAKE) --no-print-directory -j3 test-tools $(NODE_STAMP) spark-archive
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's
