@@ -145,23 +145,31 @@ def pytest_configure(config: pytest.Config) -> None:
     spark_jvm.prepare(build=not hasattr(config, "workerinput"))
 
 
+def _interleave(first: list[str], second: list[str]) -> list[str]:
+    return [name for pair in itertools.zip_longest(first, second) for name in pair if name is not None]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Order the test files so that `make test`'s two pytest-xdist workers keep both cores busy.
 
-    An integration file runs processors (a Spark JVM each) and uses about a core or more; many unit and contract
-    files mostly wait (for a lease to expire, a liveness timeout to pass). pytest-xdist hands out whole files
-    (``--dist loadfile``), by default the files with the most tests first: every unit and contract file, then
-    every integration file. Minutes 5 to 7 of a run then had both workers waiting at once, a third to half of
-    the machine idle (vmstat: 47 to 70 % busy, against 81 to 100 % later). Here the integration files alternate
-    with the others, the rest of those last, so a waiting file runs beside a busy one and short files fill the
-    end of the run: minutes 5 to 10 were 95 to 99 % busy. ``--no-loadscope-reorder`` (the Makefile) keeps this
-    order. The order of the tests within a file is kept, and nothing a test checks depends on it."""
+    A file marked ``spark`` runs Spark processors or sessions and uses about a core or more; most other files
+    mostly wait (for a lease to expire, a liveness timeout to pass, an Event Hubs receiver to attach), and unit
+    files are short. pytest-xdist hands out whole files (``--dist loadfile``) in the order given here
+    (``--no-loadscope-reorder``, the Makefile). Two waiting files side by side leave the machine idle: with the
+    integration directory alternating with the rest, the Azure contract files beside the Azure coordination
+    tests, and the system contract beside the Event Hubs files, ran at 15 to 60 % busy for about three minutes
+    of a run. So each Spark file is followed by a waiting file; the waiting files left over alternate with unit
+    files, and short unit files fill the end of the run. The order of the tests within a file is kept, and
+    nothing a test checks depends on it."""
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    busy = [name for name in by_file if name.startswith("tests/integration/")]
-    waiting = [name for name in by_file if not name.startswith("tests/integration/")]
-    order = [name for pair in itertools.zip_longest(busy, waiting) for name in pair if name is not None]
+    busy = [name for name, found in by_file.items() if any(i.get_closest_marker("spark") for i in found)]
+    unit = [name for name in by_file if name.startswith("tests/unit/") and name not in busy]
+    waiting = [name for name in by_file if name not in busy and name not in unit]
+    paired = waiting[: len(busy)] + unit[: max(0, len(busy) - len(waiting))]
+    rest_waiting, rest_unit = waiting[len(busy) :], unit[max(0, len(busy) - len(waiting)) :]
+    order = _interleave(busy, paired) + _interleave(rest_waiting, rest_unit)
     items[:] = [item for name in order for item in by_file[name]]
 
 

@@ -30,7 +30,7 @@ from weirflow.interfaces.system import OutgoingRecord
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 # Events per second into the unbounded input, fed from when both processors run tasks: a rate the job keeps up
 # with on a busy machine, so the cut lies near the input's end and the upgrade reads a few seconds of input.

@@ -29,7 +29,7 @@ from weirflow.interfaces.system import OutgoingRecord
 from weirflow.local.launcher import ProcessorProcess, wait_until
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 RATE = 250
 FINISH_S = 240

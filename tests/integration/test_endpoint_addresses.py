@@ -33,7 +33,7 @@ from weirflow.config import load_config
 from weirflow.endpoints.settings import is_loopback
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 send, view = _views.send, _views.view
 

@@ -19,7 +19,7 @@ from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamP
 from weirflow.local.launcher import start_processor
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 EVENTS = 6_000
 FINISH_S = 240

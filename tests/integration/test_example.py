@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "coordination" / "demo.py"
 

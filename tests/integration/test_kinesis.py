@@ -31,7 +31,7 @@ from weirflow.local.launcher import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 FINISH_S = 240
 VIRTUAL_TASKS = 4

@@ -39,7 +39,7 @@ from weirflow.local.launcher import start_processor, wait_until
 from weirflow.stream_names import stream_ref
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 VIEWS, USERS, TASKS = 2500, 50, 4

@@ -39,7 +39,7 @@ from weirflow.systems import Systems
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 FINISH_S = 300
 V2_KEYS = [

@@ -41,7 +41,7 @@ from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = EXAMPLES / "endpoints"

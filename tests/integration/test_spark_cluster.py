@@ -20,7 +20,7 @@ from tests.spark_cluster import StandaloneCluster
 from weirflow.config import load_config
 from weirflow.local.launcher import start_processor, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 EVENTS = 3000
 

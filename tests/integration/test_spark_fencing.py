@@ -41,7 +41,7 @@ from weirflow.local.factories import job_database_path, stream_database_path
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 PARTITIONS = 8  # two processors run 4 tasks each
 LEASE_MS = 5000

@@ -16,7 +16,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_context import JobContext
 from weirflow.local.launcher import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 PIPELINE = """
 def pipeline(app):

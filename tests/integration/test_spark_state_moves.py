@@ -32,7 +32,7 @@ from weirflow.job_context import JobContext
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
 from weirflow.systems import Systems
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 PAGES = 5
 # 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger: views-0 may have run batches on the other

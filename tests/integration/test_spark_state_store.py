@@ -15,7 +15,7 @@ from weirflow.interfaces.spark_checkpoint import committed_files
 from weirflow_azure.coordinator.spark_state import BlobSparkStateStore
 from weirflow_azure.coordinator.storage import Storage
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def spark_dir(root: Path, files: dict[str, str]) -> Path:
