@@ -167,9 +167,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     busy = [name for name, found in by_file.items() if any(i.get_closest_marker("spark") for i in found)]
     unit = [name for name in by_file if name.startswith("tests/unit/") and name not in busy]
     waiting = [name for name in by_file if name not in busy and name not in unit]
-    paired = waiting[: len(busy)] + unit[: max(0, len(busy) - len(waiting))]
-    rest_waiting, rest_unit = waiting[len(busy) :], unit[max(0, len(busy) - len(waiting)) :]
-    order = _interleave(busy, paired) + _interleave(rest_waiting, rest_unit)
+    others = waiting + unit
+    rest = others[len(busy) :]
+    order = _interleave(busy, others[: len(busy)]) + _interleave(
+        [name for name in rest if name not in unit], [name for name in rest if name in unit]
+    )
     items[:] = [item for name in order for item in by_file[name]]
 
 

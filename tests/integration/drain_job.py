@@ -138,12 +138,13 @@ def checkpoints(config: Any) -> dict[str, Any]:
         manager.stop()
 
 
-def input_cut(config: Any) -> dict[int, int]:
-    """Per input partition, the offset the first stage's tasks stopped at (their checkpointed next offset)."""
+def input_cut(config: Any, states: dict[str, Any] | None = None) -> dict[int, int]:
+    """Per input partition, the offset the first stage's tasks stopped at (their checkpointed next offset), in
+    ``states`` (`checkpoints` read earlier) or in the checkpoints read now."""
     physical = config.get("streams.page-views.physical.name") or "page-views"
     return {
         ssp.partition: int(offset)
-        for checkpoint in checkpoints(config).values()
+        for checkpoint in (checkpoints(config) if states is None else states).values()
         for ssp, offset in checkpoint.offsets.items()
         if ssp.stream == physical
     }

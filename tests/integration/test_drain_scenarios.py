@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -114,7 +115,15 @@ def _windows_once(config: object, stages: int) -> tuple[dict[tuple[str, str], in
     return got, [w for w, n in written.items() if n > 1]
 
 
-def _drain_on_start(job: ExampleJob, overrides: list[str], config: object, stopped: ProcessorProcess) -> dict:
+@dataclass(frozen=True)
+class Stop:
+    """Per input partition: where the stopped processor had checkpointed, and how far the stream reached."""
+
+    stopped_at: dict[int, int]
+    available: dict[int, int]
+
+
+def _drain_on_start(job: ExampleJob, overrides: list[str], config: object, stopped: ProcessorProcess) -> Stop:
     """Stop ``stopped`` with SIGTERM, write the drain notice while nothing runs (unless it is there already) and
     let the input grow; then start the next processor, which must drain and exit 0. Returns where the input was
     checkpointed and how far it reached at the stop."""
@@ -130,10 +139,12 @@ def _drain_on_start(job: ExampleJob, overrides: list[str], config: object, stopp
     second = job.start("p1")
     assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
     assert "job drained" in second.log_text()
-    return {"stopped_at": stopped_at, "available": available}
+    return Stop(stopped_at, available)
 
 
-def _check_drained_at_the_stop(config: object, stages: int, stop: dict) -> tuple[dict, list, dict]:
+def _check_drained_at_the_stop(
+    config: object, stages: int, stop: Stop
+) -> tuple[dict[int, int], list[dict], dict[tuple[str, str], int]]:
     """Every task drained in r1 from where the stopped processor left off, reading no input that arrived after
     the stop; every window once and equal to pandas over the input up to the cut. Returns the cut, the events
     after it and the windows."""
@@ -141,7 +152,7 @@ def _check_drained_at_the_stop(config: object, stages: int, stop: dict) -> tuple
     assert len(states) == 2 * stages, states
     assert all(c.control.get("drained") == "r1" for c in states.values()), states
     cut = drain_job.input_cut(config)
-    stopped_at, available = stop["stopped_at"], stop["available"]
+    stopped_at, available = stop.stopped_at, stop.available
     assert all(stopped_at[p] <= cut[p] <= available[p] for p in cut), (
         f"the processor started under a drain notice read input that arrived after the stop: cut {cut}, "
         f"checkpointed at the stop {stopped_at}, in the stream at the stop {available}"
@@ -174,7 +185,7 @@ def test_a_two_stage_job_noticed_to_drain_before_its_processor_starts_drains_wit
     assert drain_job.unread_intermediate(config) == {}, "the intermediate stream was not read to its end"
     measure(
         f"notice before start, 2 stages: drained at {sum(cut.values())} events (checkpointed at the stop "
-        f"{sum(stop['stopped_at'].values())}, in the stream {sum(stop['available'].values())}), "
+        f"{sum(stop.stopped_at.values())}, in the stream {sum(stop.available.values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )
 
@@ -226,6 +237,6 @@ def test_a_drain_a_failing_task_keeps_from_finishing_names_the_task_and_complete
     measure(
         "a drain held up by a failing task: the command named the task and the exception, exit 1 at 20 s; "
         f"fixed, the next processor drained at {sum(cut.values())} events (checkpointed at the stop "
-        f"{sum(stop['stopped_at'].values())}, in the stream {sum(stop['available'].values())}), "
+        f"{sum(stop.stopped_at.values())}, in the stream {sum(stop.available.values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
     )

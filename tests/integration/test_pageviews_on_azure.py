@@ -104,11 +104,6 @@ def _log(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _input_offsets(checkpoint) -> dict[int, int]:
-    """A checkpoint's offsets of the job's input, per partition (the first stage's cut)."""
-    return {ssp.partition: int(o) for ssp, o in checkpoint.offsets.items() if ssp.stream == "page-views"}
-
-
 def test_two_processors_on_event_hubs_upgraded_mid_stream_with_every_window_once_and_dead_letter_bad_events(
     tmp_path: Path, eventhubs_emulator, azure_storage: str, monkeypatch, measure
 ) -> None:
@@ -174,7 +169,7 @@ def test_two_processors_on_event_hubs_upgraded_mid_stream_with_every_window_once
         states = drain_job.checkpoints(job.config)
         drained = [c.control.get("drained") for c in states.values()]
         assert drained == [DEFAULT_RUN_ID] * 4, f"not v1's drained checkpoints: {states}"
-        cut = {p: o for c in states.values() for p, o in _input_offsets(c).items()}
+        cut = drain_job.input_cut(job.config, states)
 
         # the old version, started again (as a container platform restarts an exited replica), runs nothing
         old = job.start("p0-again")
@@ -244,7 +239,7 @@ def test_two_processors_on_event_hubs_upgraded_mid_stream_with_every_window_once
 
         # The Azure SDKs' layout for the Event Hubs inputs is never ahead of what was processed: here the new
         # version's last checkpoint, which read on from v1's cut.
-        final = {p: o for c in ended.values() for p, o in _input_offsets(c).items()}
+        final = drain_job.input_cut(config_v2, ended)
         assert all(final[p] >= cut[p] for p in cut), (final, cut)
         manager = TableCheckpointManager(Storage.from_config(job.config))
         namespace = f"127.0.0.1:{job.emulator.port}"
