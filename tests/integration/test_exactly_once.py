@@ -1,10 +1,18 @@
-"""Exactly-once between stages (docs/guarantees.md): a processor SIGKILLed after a batch's rows reached the
-intermediate stream but before the checkpoint naming the batch's input offsets. The next holder replays the
-batch and writes its rows again; the counting stage must drop them, so every window's count equals pandas'."""
+"""Exactly-once between stages (docs/guarantees.md) through both replays a SIGKILL can cause, in one run of a
+three-stage pageviews job: views partitioned by page, counted per minute by a stateful stage whose results go
+to a second intermediate stream, then sent to the output.
+
+* A processor SIGKILLed after a first-stage batch's rows reached the intermediate stream, before the checkpoint
+  naming the batch's input offsets (the `before-checkpoint` fault point): the next holder replays the batch
+  and writes its rows again; the counting stage must drop every one of them.
+* A processor SIGKILLed after the counting stage's batch wrote its results to the intermediate stream, before
+  Spark committed the batch (`before-spark-commit`): the next processor's Spark runs the batch again and
+  produces the same results; they must not be written twice.
+
+Every window is then written once, with pandas' count."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -13,22 +21,46 @@ import pytest
 
 from tests.integration.drain_job import window_counts_once
 from tests.integration.example_job import EXAMPLE, generate, results
-from weirflow.config import load_config
+from weirflow.config import Config, load_config
+from weirflow.fault_points import ARMED_BY
 from weirflow.fault_points import ENV as FAULT_POINT
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.local.launcher import start_processor
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.spark.writer_log import WROTE
 from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-EVENTS = 6_000
+EVENTS = 12_000  # 3.6 minutes of views: windows still close after p1's fault is armed, and at the end
 FINISH_S = 240
+
+# The example's stages with a stateful one between them: the counting stage reads the views partitioned by page
+# (whole windows per task) and writes its per-minute counts, results, to the intermediate stream minute-counts.
+PIPELINE = """
+from pyspark.sql import functions as F
+
+
+def per_minute(views):
+    return views.groupBy(F.window("event_time", "1 minute"), "page").count().select(
+        "page", F.col("window.start").alias("window_start"), F.col("count").alias("views")
+    )
+
+
+def pipeline(app):
+    views = app.input("page-views").partition_by("page", name="views-by-page")
+    counts = views.transform(per_minute).partition_by("page", name="minute-counts")
+    minute = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm")
+    counts.send_to("page-counts", key=F.concat_ws("|", "page", minute))
+"""
+
+DROPPED = re.compile(r"task (\S+): (\d+) replayed rows of \S+ dropped")
+NOT_WRITTEN_AGAIN = re.compile(r": (\d+) replayed results not written again")
 
 
 def _overrides(root: Path) -> list[str]:
     return [
         f"job.state.dir={root / 'state'}",
-        "task.max.records.per.trigger=700",  # several batches per task, so the fault lands mid-stream
+        "task.max.records.per.trigger=700",  # several batches per task, so the faults land mid-stream
         "job.coordinator.lease.duration.ms=3000",
         "job.coordinator.lease.renew.interval.ms=1000",
         "job.coordinator.heartbeat.interval.ms=500",
@@ -37,8 +69,8 @@ def _overrides(root: Path) -> list[str]:
     ]
 
 
-def _intermediate_rows(config) -> int:
-    """Rows in the intermediate stream, replays included (each packed record's row count)."""
+def _intermediate_rows(config: Config) -> int:
+    """Rows in the intermediate stream views-by-page, replays included (each packed record's row count)."""
     from weirflow.control import is_control
     from weirflow.spark.packing import unpack
 
@@ -59,118 +91,97 @@ def _intermediate_rows(config) -> int:
         systems.close()
 
 
-def test_a_batch_replayed_after_a_kill_before_its_checkpoint_is_counted_once(tmp_path: Path, measure) -> None:
-    overrides = _overrides(tmp_path)
-    config = load_config(EXAMPLE / "job.yaml", overrides)
+def _rows_dropped(log: str) -> int:
+    """Replayed intermediate rows the counting stage dropped, from its "N replayed rows of ... dropped" lines."""
+    return sum(int(match[2]) for match in DROPPED.finditer(log))
+
+
+def _rows_dropped_and_checkpointed(log: str) -> int:
+    """`_rows_dropped`, counting only the drops whose batch's checkpoint was written: the processor logs a
+    batch's drops, then writes its checkpoint, then logs the task's "wrote task=..." line."""
+    pending: dict[str, int] = {}
+    done = 0
+    for line in log.splitlines():
+        if (drop := DROPPED.search(line)) is not None:
+            pending[drop[1]] = pending.get(drop[1], 0) + int(drop[2])
+        elif (wrote := WROTE.search(line)) is not None:
+            done += pending.pop(wrote["task"], 0)
+    return done
+
+
+def _results_not_written_again(log: str) -> int:
+    """Replayed results the counting stage left out, from its "N replayed results not written again" lines."""
+    return sum(int(n) for n in NOT_WRITTEN_AGAIN.findall(log))
+
+
+def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_results_are_written_once(
+    tmp_path: Path, measure
+) -> None:
+    """p0 dies before a first-stage checkpoint, p1 (its first-stage tasks replay the batch) dies before Spark
+    commits a counting batch that wrote results, p2 (its counting tasks replay that batch) finishes the job.
+    p1's fault is armed only once p1 dropped every row p0 left to replay and wrote the checkpoints of those
+    drops: a kill between a batch's drops and its checkpoint would have the next processor drop them again,
+    and the drops would no longer add up to the rows written twice. Every window once, with pandas' count."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    shutil.copy(EXAMPLE / "job.yaml", job_dir / "job.yaml")
+    (job_dir / "pipeline_three_stages.py").write_text(PIPELINE)
+    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_three_stages:pipeline"]
+    config = load_config(job_dir / "job.yaml", overrides)
     events = generate.write(config, EVENTS)
 
+    def start(name: str, env: dict[str, str] | None = None) -> ProcessorProcess:
+        return start_processor(job_dir / "job.yaml", name, overrides, log_dir=tmp_path / "logs", env=env)
+
     # p0 dies on the third checkpoint of a first-stage task: that batch's rows are in the intermediate stream
-    first = start_processor(
-        EXAMPLE / "job.yaml",
-        "p0",
-        overrides,
-        log_dir=tmp_path / "logs",
-        env={FAULT_POINT: "before-checkpoint:page_views-:3"},
-    )
+    first = start("p0", {FAULT_POINT: "before-checkpoint:page_views-:3"})
     assert first.popen.wait(FINISH_S) == -9, first.log_text()[-4000:]
-    second = start_processor(EXAMPLE / "job.yaml", "p1", overrides, log_dir=tmp_path / "logs")
+    # one row per view: the rows past the views the first stage checkpointed are written again by the next holder
+    replayed = _intermediate_rows(config) - results.consumed(config)
+    assert replayed > 0, "the kill before the checkpoint left no row to replay: " + first.log_text()[-3000:]
+
+    # p1 dies at the first commit of a counting batch with results once armed (per Spark worker: n = 1)
+    armed = tmp_path / "armed"
+    second = start("p1", {FAULT_POINT: "before-spark-commit:views_by_page-:1", ARMED_BY: str(armed)})
     try:
-        assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
+        wait_until(
+            lambda: _rows_dropped_and_checkpointed(second.log_text()) >= replayed or not second.alive(),
+            FINISH_S,
+            "p1's counting stage to drop and checkpoint the replayed rows",
+        )
+        assert _rows_dropped_and_checkpointed(second.log_text()) == replayed, second.log_text()[-4000:]
+        armed.touch()
+        assert second.popen.wait(FINISH_S) == -9, second.log_text()[-4000:]
     finally:
         second.kill()
+    dropped_by_second = _rows_dropped(second.log_text())
+    assert dropped_by_second == replayed, f"p1 dropped {dropped_by_second} replayed rows; p0 left {replayed}"
+
+    third = start("p2")
+    try:
+        assert third.popen.wait(FINISH_S) == 0, third.log_text()[-4000:]
+    finally:
+        third.kill()
 
     written = _intermediate_rows(config)
     assert written > EVENTS, f"{written} rows in the intermediate stream for {EVENTS} events: nothing was replayed"
+    # p2 drops what p1's kill left to replay, if anything: together, every row written twice
+    dropped = dropped_by_second + _rows_dropped(third.log_text())
+    assert dropped == written - EVENTS, (dropped, written)
+    got, twice = window_counts_once(config)
+    assert not twice, f"{len(twice)} windows written more than once, e.g. {twice[:3]}"
     expected = results.expected_counts(events)
-    got = results.read_counts(config)
     wrong = {w: (got.get(w), n) for w, n in expected.items() if got.get(w) != n}
     assert not wrong, (
         f"{len(wrong)} of {len(expected)} windows differ from pandas (got, expected): {list(wrong.items())[:5]}"
     )
     assert set(got) == set(expected)
-    dropped = sum(
-        int(line.split(" replayed rows")[0].rsplit(": ", 1)[1])
-        for line in second.log_text().splitlines()
-        if "replayed rows of" in line
-    )
-    assert dropped == written - EVENTS, (dropped, written)
+    assert results.read_counts(config) == got
+    skipped = _results_not_written_again(third.log_text())
+    assert skipped > 0, "the kill left no result to replay: " + third.log_text()[-3000:]
     measure(
-        f"kill before a first-stage checkpoint: {written - EVENTS} rows written twice to the intermediate stream, "
-        f"all dropped by the counting stage; {len(got)} windows equal pandas"
-    )
-
-
-# A stateful first stage: per-minute counts are results, written to the intermediate stream by their task.
-PIPELINE_RESULTS = """
-from pyspark.sql import functions as F
-
-
-def per_minute(views):
-    return views.groupBy(F.window("event_time", "1 minute"), "page").count().select(
-        "page", F.col("window.start").alias("window_start"), F.col("count").alias("views")
-    )
-
-
-def pipeline(app):
-    counts = app.input("page-views").transform(per_minute).partition_by("page", name="minute-counts")
-    minute = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm")
-    counts.send_to("page-counts", key=F.concat_ws("|", "page", minute))
-"""
-
-
-def _views_keyed_by_page(config, n: int) -> list[dict]:
-    """The example's views, each page's in one partition: a first-stage task counts whole windows."""
-    events = list(generate.events(n))
-    systems = Systems(config)
-    try:
-        systems.admin("local").create_stream(StreamSpec("page-views", 4))
-        systems.producer("local").send(
-            [OutgoingRecord("page-views", json.dumps(e).encode(), key=e["page"].encode()) for e in events]
-        )
-    finally:
-        systems.close()
-    return events
-
-
-def test_a_stateful_stage_s_results_replayed_after_a_kill_before_spark_s_commit_are_written_once(
-    tmp_path: Path, measure
-) -> None:
-    """The counting stage is first: its results go to the intermediate stream. Its processor dies after a
-    batch's results were written, before Spark committed the batch (a fault point in the sink's commit), so
-    the next processor's Spark runs the batch again and produces the same results. They must not be written
-    twice: every window once, with pandas' count."""
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    shutil.copy(EXAMPLE / "job.yaml", job_dir / "job.yaml")
-    (job_dir / "pipeline_results.py").write_text(PIPELINE_RESULTS)
-    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_results:pipeline"]
-    config = load_config(job_dir / "job.yaml", overrides)
-    events = _views_keyed_by_page(config, 20_000)  # six minutes of views: results in most batches
-
-    first = start_processor(
-        job_dir / "job.yaml",
-        "p0",
-        overrides,
-        log_dir=tmp_path / "logs",
-        env={FAULT_POINT: "before-spark-commit:page_views-:1"},
-    )
-    assert first.popen.wait(FINISH_S) == -9, first.log_text()[-4000:]
-    second = start_processor(job_dir / "job.yaml", "p1", overrides, log_dir=tmp_path / "logs")
-    try:
-        assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
-    finally:
-        second.kill()
-
-    got, twice = window_counts_once(config)
-    assert not twice, f"{len(twice)} windows written more than once, e.g. {twice[:3]}"
-    expected = results.expected_counts(events)
-    wrong = {w: (got.get(w), n) for w, n in expected.items() if got.get(w) != n}
-    assert not wrong, f"{len(wrong)} of {len(expected)} windows differ (got, expected): {list(wrong.items())[:5]}"
-    assert set(got) == set(expected)
-    log_text = second.log_text()
-    skipped = sum(int(n) for n in re.findall(r": (\d+) replayed results not written again", log_text))
-    assert skipped > 0, "the kill left no result to replay: " + log_text[-3000:]
-    measure(
-        f"kill after a stateful stage's results were written, before Spark's commit: {skipped} replayed results "
-        f"not written again; {len(got)} windows once each, equal pandas"
+        f"kill before a first-stage checkpoint: {replayed} rows written twice to the intermediate stream, all "
+        f"dropped by the counting stage ({written - EVENTS} with those the second kill left); kill after the "
+        f"counting stage's results were written, before Spark's commit: {skipped} replayed results not written "
+        f"again; {len(got)} windows once each, equal pandas"
     )

@@ -1,14 +1,23 @@
-"""A stateful Spark task keeps its open windows when it moves to another machine (``task.spark.checkpoint.store:
-azure``, the default on the Azure coordinator; `weirflow_azure.coordinator.spark_state`).
+"""A stateful Spark task keeps its state when it moves to another machine (``task.spark.checkpoint.store:
+azure``, the default on the Azure coordinator; `weirflow_azure.coordinator.spark_state`): its open windows when
+its processor is SIGKILLed, and the new run's state when it moves away and back across a drain and an upgrade.
 
 Two processors on Azurite (coordination and checkpoints in Azure Storage) with **separate local state
 directories**, as on two machines; their streams are one embedded log both can reach. The job counts views per
-page and minute over windows that all stay open until the bounded input ends (lateness 1 h), read 60 events
-per trigger (``views-0`` has 720 events: twelve batches). The processor running task ``views-0`` is SIGKILLed once
-that task has committed two batches of its own: every window is open at that moment. The survivor takes the
-task over; its windows must hold the killed processor's counts, restored from Blob Storage, so that every
-window count equals pandas over the whole input. Without the store the survivor starts the task with empty
-state from the checkpoint store's offsets, and the windows lose the events counted before the kill.
+page and minute over windows that all stay open until the job is drained (lateness 1 h), read 60 events per
+trigger. One scenario, two runs of the job:
+
+* **Run r1 (v1), the SIGKILL move.** ``views-0`` has 720 events: twelve batches. The processor running it is
+  SIGKILLed once that task has committed two batches of its own: every window is open at that moment. The
+  survivor takes the task over and reads the rest; the job is then drained at the end of its input. The
+  windows must hold the killed processor's counts, restored from Blob Storage, so that every window count
+  equals pandas over r1's input. Without the store the survivor starts the task with empty state from the
+  checkpoint store's offsets, and the windows lose the events counted before the kill.
+* **Run r2 (v2, another output), away and back.** The upgrade starts the task afresh on the killed machine
+  (its old Spark checkpoint deleted) for two batches of r2, then it comes back to the survivor's machine,
+  whose local directory of the task is of v1's history and further on by batch number. The task must resume
+  from the store's copy of r2's state: every window of r2 counts r2's events only, although r2's views fall
+  in v1's windows (v1's state would add v1's views to them). docs/drain.md describes the drain and upgrade.
 """
 
 from __future__ import annotations
@@ -35,10 +44,10 @@ from weirflow.systems import Systems
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 PAGES = 5
-# 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger: views-0 may have run batches on the other
-# processor before the job model settled, and still has batches left after its owner's two
+# r1: 720 and 480 per partition (pages 0, 2, 4 and 1, 3), 60 per trigger: views-0 may have run batches on the
+# other processor before the job model settled, and still has batches left after its owner's two
 EVENTS = 1200
-VIEWS_0 = EVENTS * 3 // PAGES  # the events of task views-0 (partition 0)
+VIEWS_0 = EVENTS * 3 // PAGES  # the events of task views-0 (partition 0) in r1
 BASE_S = 1_795_000_000 - 1_795_000_000 % 60  # a minute boundary
 
 # Lease: the shortest blob lease. Liveness 8 s: a processor starting Spark on a busy 2-core machine must not be
@@ -60,9 +69,10 @@ streams:
     schema: "page string, event_time timestamp"
     event-time: {{field: event_time}}
     lateness: 1h
-    bounded: true
+    bounded: false
     max-events-per-trigger: 60
   counts: {{partitions: 1}}
+  counts-v2: {{partitions: 1}}
 spark: {{master: "local[2]"}}
 """
 
@@ -79,21 +89,25 @@ def pipeline(app):
     app.input("views").transform(count).send_to("counts", key=F.concat_ws("|", "page", "window_s"))
 """
 
+PIPELINE_V2 = PIPELINE.replace('send_to("counts"', 'send_to("counts-v2"')
+
 
 def event(i: int) -> dict:
     return {"page": f"/p{i % PAGES}", "event_time": BASE_S + (i * 300) // EVENTS}  # 5 minutes of events
 
 
+def _partition(row: dict) -> int:
+    """A page's views all in one partition, so each window is counted by one task."""
+    return int(row["page"][2:]) % 2
+
+
 def _assert_windows_once_and_exact(systems: Systems, stream: str, events: Iterable[dict]) -> Counter:
-    """Every window in ``stream`` (one partition) written once with the count of ``events`` in it; closes
-    ``systems`` and returns the expected counts."""
-    try:
-        out = [
-            json.loads(r.value)
-            for r in systems.consumer("local").read(SystemStreamPartition("local", stream, 0), "0", 100_000)
-        ]
-    finally:
-        systems.close()
+    """Every window in ``stream`` (one partition) written once with the count of ``events`` in it; returns the
+    expected counts."""
+    out = [
+        json.loads(r.value)
+        for r in systems.consumer("local").read(SystemStreamPartition("local", stream, 0), "0", 100_000)
+    ]
     written = Counter((r["page"], int(r["window_s"])) for r in out)
     assert all(n == 1 for n in written.values()), "a window written twice"
     expected = Counter((e["page"], e["event_time"] - e["event_time"] % 60) for e in events)
@@ -102,55 +116,108 @@ def _assert_windows_once_and_exact(systems: Systems, stream: str, events: Iterab
     return expected
 
 
-def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
-    azure_storage: str, tmp_path: Path, measure
-) -> None:
-    (tmp_path / "job.yaml").write_text(
-        textwrap.dedent(
-            JOB.format(name=unique_job_name("state"), storage=azure_storage, log=tmp_path / "streams.db")
+class _Job:
+    """The job on Azurite: its streams on the embedded log, its checkpoint store, and its processors, each on a
+    machine of its own (its own state directory)."""
+
+    def __init__(self, tmp_path: Path, storage: str) -> None:
+        self.tmp_path = tmp_path
+        (tmp_path / "job.yaml").write_text(
+            textwrap.dedent(
+                JOB.format(name=unique_job_name("state"), storage=storage, log=tmp_path / "streams.db")
+            )
         )
-    )
-    (tmp_path / "pipeline.py").write_text(PIPELINE)
-    config = load_config(tmp_path / "job.yaml")
-    systems = Systems(config)
-    admin = systems.admin("local")
-    admin.create_stream(StreamSpec("views", 2))
-    admin.create_stream(StreamSpec("counts", 1))
-    records = []
-    for i in range(EVENTS):
-        row = event(i)
-        value = {"page": row["page"], "event_time": row["event_time"] * 1000}
-        # a page's views all in one partition, so each window is counted by one task
-        records.append(OutgoingRecord("views", json.dumps(value).encode(), partition=(i % PAGES) % 2))
-    systems.producer("local").send(records)
+        (tmp_path / "pipeline.py").write_text(PIPELINE)
+        (tmp_path / "pipeline_v2.py").write_text(PIPELINE_V2)
+        self.config = load_config(tmp_path / "job.yaml")
+        self.systems = Systems(self.config)
+        for stream in ("views", "counts", "counts-v2"):
+            self.systems.admin("local").create_stream(StreamSpec(stream, 2 if stream == "views" else 1))
+        self.manager = checkpoint_factory(self.config).get_checkpoint_manager(self.config)
+        self.manager.start()
+        self.sent: dict[str, list[dict]] = {"r1": [], "r2": []}  # the events of each run
+        self.fed: Counter[int] = Counter()  # events sent per partition of views
+        self.procs: list[ProcessorProcess] = []
 
-    def start(name: str) -> ProcessorProcess:  # its own state directory: another machine
-        return start_processor(
-            tmp_path / "job.yaml", name, [f"job.state.dir={tmp_path / name}"], log_dir=tmp_path / "logs"
+    def feed(self, run: str, indices: Iterable[int]) -> None:
+        rows = [event(i) for i in indices]
+        self.sent[run].extend(rows)
+        self.fed.update(_partition(r) for r in rows)
+        self.systems.producer("local").send(
+            [
+                OutgoingRecord(
+                    "views",
+                    json.dumps({"page": r["page"], "event_time": r["event_time"] * 1000}).encode(),
+                    partition=_partition(r),
+                )
+                for r in rows
+            ]
         )
 
-    manager = checkpoint_factory(config).get_checkpoint_manager(config)
-    manager.start()
+    def start(self, machine: str, run: str) -> ProcessorProcess:
+        """A processor named after ``machine``, with its state directory, running ``run`` (r2: the v2 code)."""
+        overrides = [f"job.state.dir={self.tmp_path / machine}", f"app.run.id={run}"]
+        if run == "r2":
+            overrides.append("app.pipeline=pipeline_v2:pipeline")
+        proc = start_processor(
+            self.tmp_path / "job.yaml", machine, overrides, log_dir=self.tmp_path / f"logs-{run}"
+        )
+        self.procs.append(proc)
+        return proc
 
-    def committed(task: str) -> tuple[int, int]:
+    def drain(self, run: str) -> None:
+        ctx = JobContext.open(load_config(self.tmp_path / "job.yaml", [f"app.run.id={run}"]), owner="test")
+        try:
+            DrainUtils(ctx.metadata).write(run)
+        finally:
+            ctx.close()
+
+    def committed(self, task: str) -> tuple[int, int]:
         """(events committed, the epoch of the tenure that wrote them)."""
-        checkpoint = manager.read_last_checkpoint(task)
+        checkpoint = self.manager.read_last_checkpoint(task)
         return (sum(int(o) for o in checkpoint.offsets.values()), checkpoint.epoch) if checkpoint else (0, 0)
 
-    def running_views_0() -> str | None:
+    def read_all_fed(self) -> bool:
+        """Both tasks committed every event sent so far: a drain now cuts at the end of the input."""
+        return all(self.committed(f"views-{p}")[0] >= n for p, n in self.fed.items())
+
+    def running_views_0(self) -> str | None:
         """The processor that reports task views-0 running, once each processor runs one task."""
-        running = {p["processor_id"]: p["tasks"] for p in status_document(config)["processors"]}
+        running = {p["processor_id"]: p["tasks"] for p in status_document(self.config)["processors"]}
         if sorted(len(tasks) for tasks in running.values()) != [1, 1]:
             return None
         return next(p for p, tasks in running.items() if "views-0" in tasks)
 
-    procs = {name: start(name) for name in ("p1", "p2")}
+    def windows(self, stream: str, run: str) -> Counter:
+        """`_assert_windows_once_and_exact` on ``stream`` over the events of ``run``."""
+        return _assert_windows_once_and_exact(self.systems, stream, self.sent[run])
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGKILL)
+        self.manager.stop()
+        self.systems.close()
+
+
+def test_a_moved_stateful_task_keeps_its_open_windows_after_a_sigkill_and_the_new_run_s_state_after_an_upgrade(
+    azure_storage: str, tmp_path: Path, measure
+) -> None:
+    """Run r1: the processor running ``views-0`` is SIGKILLed with every window open; the survivor restores
+    the task's state from Blob Storage, reads the rest and is drained at the end of the input: every window of
+    r1 exact. Run r2 (the v2 code, output ``counts-v2``): two batches on the killed machine, then back on the
+    survivor's, whose local directory of the task is of v1's history and further on: every window of r2 counts
+    r2's events only."""
+    job = _Job(tmp_path, azure_storage)
     try:
+        # r1: views-0 moved by a SIGKILL with every window open
+        job.feed("r1", range(EVENTS))
+        r1 = {machine: job.start(machine, "r1") for machine in ("p1", "p2")}
         owner = ""
 
         def views_0_runs_somewhere() -> bool:
             nonlocal owner
-            owner = running_views_0() or ""
+            owner = job.running_views_0() or ""
             return owner != ""
 
         # the job's status reads every coordination store: polled twice a second, not ten times, beside the two
@@ -158,129 +225,56 @@ def test_a_stateful_task_moved_by_a_sigkill_keeps_its_open_windows(
         wait_until(views_0_runs_somewhere, 180, "each processor running one task", 0.5)
         # The owner's own tenure must commit batches: views-0 may have run on the other processor first, whose
         # local state would then be as new as the store's and no restore would happen.
-        base, epoch = committed("views-0")
+        base, epoch = job.committed("views-0")
 
         def owner_committed_two_batches() -> bool:  # the checkpoint (one read) first, the status once it is there
-            events, by = committed("views-0")
-            return by == epoch and events >= base + 120 and running_views_0() == owner
+            events, by = job.committed("views-0")
+            return by == epoch and events >= base + 120 and job.running_views_0() == owner
 
         wait_until(owner_committed_two_batches, 120, f"views-0 to commit two batches on {owner}", 0.2)
-        at_kill = committed("views-0")[0]
+        at_kill = job.committed("views-0")[0]
         assert at_kill < VIEWS_0, "the task read all its input before the kill: nothing would be open"
-        procs[owner].kill()  # SIGKILL
-        survivor = procs["p2" if owner == "p1" else "p1"]
-        wait_until(lambda: not survivor.alive(), 240, "the survivor to finish the job")
-        assert survivor.popen.wait() == 0, survivor.log_text()[-4000:]
-    except Exception:
-        for proc in procs.values():
-            print(proc.log_text()[-3000:])
-        raise
-    finally:
-        for proc in procs.values():
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGKILL)
-        manager.stop()
-    assert "restored its Spark state as of batch" in survivor.log_text(), survivor.log_text()[-3000:]
-
-    expected = _assert_windows_once_and_exact(systems, "counts", map(event, range(EVENTS)))
-    measure(
-        f"views-0 moved by SIGKILL after committing {at_kill} of its {VIEWS_0} events, every window open: "
-        f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
-    )
-
-
-PIPELINE_V2 = PIPELINE.replace('send_to("counts"', 'send_to("counts-v2"')
-
-
-def test_a_task_moved_away_and_back_across_a_drain_and_upgrade_keeps_the_new_run_s_state(
-    azure_storage: str, tmp_path: Path, measure
-) -> None:
-    """Machine A runs ``views-0`` far (v1), the job is drained and upgraded (run r2: a fresh Spark history),
-    the task runs two batches of r2 on machine B and comes back to A, whose local directory of the task is of
-    v1's history and further on by batch number. A must resume from the store's copy of r2's state: every
-    window of r2 counts r2's events only (v1's state would add v1's views to them)."""
-    name = unique_job_name("moves")
-    (tmp_path / "job.yaml").write_text(
-        textwrap.dedent(JOB.format(name=name, storage=azure_storage, log=tmp_path / "streams.db"))
-        .replace("bounded: true", "bounded: false")
-        .replace("  counts: {partitions: 1}\n", "  counts: {partitions: 1}\n  counts-v2: {partitions: 1}\n")
-    )
-    (tmp_path / "pipeline.py").write_text(PIPELINE)
-    (tmp_path / "pipeline_v2.py").write_text(PIPELINE_V2)
-    config = load_config(tmp_path / "job.yaml")
-    systems = Systems(config)
-    for stream in ("views", "counts", "counts-v2"):
-        systems.admin("local").create_stream(StreamSpec(stream, 2 if stream == "views" else 1))
-    sent: list[dict] = []
-
-    def feed(n: int) -> None:  # the same five minutes of views again: v1's windows are r2's windows too
-        rows = [event(i) for i in range(len(sent), len(sent) + n)]
-        sent.extend(rows)
-        systems.producer("local").send(
-            [
-                OutgoingRecord(
-                    "views",
-                    json.dumps({"page": r["page"], "event_time": r["event_time"] * 1000}).encode(),
-                    partition=int(r["page"][2:]) % 2,
-                )
-                for r in rows
-            ]
+        r1[owner].kill()  # SIGKILL
+        home = "p2" if owner == "p1" else "p1"  # the survivor's machine: views-0 comes back to it in r2
+        survivor = r1[home]
+        wait_until(job.read_all_fed, 240, "the survivor to read all of r1's input", 0.5)
+        job.drain("r1")
+        assert survivor.popen.wait(120) == 0, survivor.log_text()[-4000:]
+        assert "restored its Spark state as of batch" in survivor.log_text(), survivor.log_text()[-3000:]
+        expected = job.windows("counts", "r1")
+        measure(
+            f"views-0 moved by SIGKILL after committing {at_kill} of its {VIEWS_0} events, every window open: "
+            f"restored from Blob Storage, all {len(expected)} window counts equal pandas"
         )
 
-    def start(machine: str, run: str) -> ProcessorProcess:
-        overrides = [f"job.state.dir={tmp_path / machine}", f"app.run.id={run}"]
-        if run == "r2":
-            overrides.append("app.pipeline=pipeline_v2:pipeline")
-        return start_processor(tmp_path / "job.yaml", machine, overrides, log_dir=tmp_path / f"logs-{run}")
+        # r2: the same five minutes of views again, every sixth event each time (120 of partition 0: two
+        # batches), so each of v1's windows is one of r2's too
+        job.feed("r2", range(0, EVENTS, 6))
+        away = job.start(owner, "r2")
+        wait_until(
+            lambda: job.committed("views-0")[0] >= job.fed[0],
+            180,
+            f"views-0 to read r2's first views on {owner}",
+            0.5,
+        )
+        assert away.terminate(timeout_s=120) == 0, away.log_text()[-4000:]
+        assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in away.log_text()
 
-    def drain(run: str) -> None:
-        ctx = JobContext.open(load_config(tmp_path / "job.yaml", [f"app.run.id={run}"]), owner="test")
-        try:
-            DrainUtils(ctx.metadata).write(run)
-        finally:
-            ctx.close()
-
-    manager = checkpoint_factory(config).get_checkpoint_manager(config)
-    manager.start()
-
-    def views_0_read(n: int) -> bool:
-        checkpoint = manager.read_last_checkpoint("views-0")
-        return checkpoint is not None and sum(int(o) for o in checkpoint.offsets.values()) >= n
-
-    procs: list[ProcessorProcess] = []
-    try:
-        feed(600)  # 360 views of partition 0: six batches of 60 on machine A
-        procs.append(a := start("A", "r1"))
-        wait_until(lambda: views_0_read(360), 180, "views-0 to read its v1 input on A", 0.5)
-        drain("r1")
-        assert a.popen.wait(120) == 0, a.log_text()[-4000:]
-        v1_cut = len(sent)
-
-        feed(200)  # 120 views of partition 0: two batches of r2 on machine B
-        procs.append(b := start("B", "r2"))
-        wait_until(lambda: views_0_read(480), 180, "views-0 to read r2's first views on B", 0.5)
-        assert b.terminate(timeout_s=120) == 0, b.log_text()[-4000:]
-
-        feed(200)
-        procs.append(back := start("A", "r2"))
-        wait_until(lambda: views_0_read(600), 180, "views-0 to read on, back on A", 0.5)
-        drain("r2")
+        job.feed("r2", range(3, EVENTS, 6))
+        back = job.start(home, "r2")
+        wait_until(job.read_all_fed, 180, f"views-0 to read on, back on {home}", 0.5)
+        job.drain("r2")
         assert back.popen.wait(120) == 0, back.log_text()[-4000:]
+        back_log = back.log_text()
+        assert "restored its Spark state as of batch" in back_log or "is of another history" in back_log, back_log
+        expected = job.windows("counts-v2", "r2")
+        measure(
+            f"views-0 then ran r2 on {owner} (the v2 code), then came back to {home} (a local directory of v1's "
+            f"history, further on): all {len(expected)} windows of r2 count r2's {len(job.sent['r2'])} views only"
+        )
     except Exception:
-        for proc in procs:
+        for proc in job.procs:
             print(proc.log_text()[-3000:])
         raise
     finally:
-        for proc in procs:
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGKILL)
-        manager.stop()
-
-    expected = _assert_windows_once_and_exact(systems, "counts-v2", sent[v1_cut:])
-    assert "starting run r2 from its drained offsets with a fresh Spark checkpoint" in b.log_text()
-    back_log = back.log_text()
-    assert "restored its Spark state as of batch" in back_log or "is of another history" in back_log, back_log
-    measure(
-        f"views-0 ran v1 on A, r2 on B, then came back to A (a local directory of v1's history, further on): "
-        f"all {len(expected)} windows of r2 count r2's {len(sent) - v1_cut} views only"
-    )
+        job.close()
