@@ -106,12 +106,16 @@ class StandaloneCluster:
         raise RuntimeError(f"the Spark standalone cluster did not come up in {timeout_s:.0f} s:\n{logs}")
 
     def _until(self, condition: Callable[[dict[str, Any]], bool], deadline: float) -> bool:
-        """Poll the master's status until ``condition`` holds (True), a process died or ``deadline`` passed."""
+        """Poll the master's status until ``condition`` holds (True), a process died or ``deadline`` passed. Seen
+        once while a master started: its web UI answered ``/json/`` with an HTML page instead of the JSON status,
+        which counts as not up yet, like a refused connection."""
         while time.monotonic() < deadline:
             try:
                 if condition(self.status()):
                     return True
-            except OSError:
+            except OSError:  # not listening yet
+                pass
+            except ValueError:  # not JSON yet
                 pass
             if any(p.poll() is not None for p in self._procs):
                 return False
