@@ -142,8 +142,8 @@ def moto(_session_moto: list[Any]) -> Iterator[Any]:
 # synchronous receive (`EventProcessor.start`) loops without sleeping until its receiver exists, about a second
 # per receiver a test opens. At 5 ms, every other thread of the test process waits up to 5 ms for each handover
 # meanwhile: the in-process Event Hubs emulator serving every processor of the test, and the SDK's own handshake
-# thread that ends the loop. Measured on the system contract's Event Hubs tests: 113 s and 48 s of CPU at the
-# default, 88 s and 21 s at 0.5 ms. It changes no result, only how soon a waiting thread runs.
+# thread that ends the loop. Measured on the system contract's Event Hubs tests: 113 s of wall time and 48 s of
+# user CPU at the default, 88 s and 21 s at 0.5 ms. It changes no result, only how soon a waiting thread runs.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

@@ -113,9 +113,7 @@ class StandaloneCluster:
             try:
                 if condition(self.status()):
                     return True
-            except OSError:  # not listening yet
-                pass
-            except ValueError:  # not JSON yet
+            except (OSError, ValueError):  # not listening yet, or not answering JSON yet
                 pass
             if any(p.poll() is not None for p in self._procs):
                 return False

@@ -4,6 +4,7 @@ Azure variants, which differ only in the config file and overrides."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,16 @@ sys.path.insert(0, str(EXAMPLE))
 import generate  # noqa: E402 - the example's own helpers, re-exported for the tests
 import results  # noqa: E402
 
-__all__ = ["EXAMPLE", "ExampleJob", "generate", "results"]
+__all__ = ["DROPPED", "EXAMPLE", "ExampleJob", "generate", "replayed_rows_dropped", "results"]
+
+# What a counting stage logs for the replayed intermediate rows it dropped (`weirflow.spark.task_progress`):
+# the task, then how many.
+DROPPED = re.compile(r"task (\S+): (\d+) replayed rows of \S+ dropped")
+
+
+def replayed_rows_dropped(log: str) -> int:
+    """Replayed intermediate rows the processor whose ``log`` this is dropped, summed over its tasks."""
+    return sum(int(match[2]) for match in DROPPED.finditer(log))
 
 
 class ExampleJob:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.drain_job import window_counts_once
-from tests.integration.example_job import EXAMPLE, generate, results
+from tests.integration.example_job import DROPPED, EXAMPLE, generate, replayed_rows_dropped, results
 from weirflow.config import Config, load_config
 from weirflow.fault_points import ARMED_BY
 from weirflow.fault_points import ENV as FAULT_POINT
@@ -53,7 +53,6 @@ def pipeline(app):
     counts.send_to("page-counts", key=F.concat_ws("|", "page", minute))
 """
 
-DROPPED = re.compile(r"task (\S+): (\d+) replayed rows of \S+ dropped")
 NOT_WRITTEN_AGAIN = re.compile(r": (\d+) replayed results not written again")
 
 
@@ -91,13 +90,8 @@ def _intermediate_rows(config: Config) -> int:
         systems.close()
 
 
-def _rows_dropped(log: str) -> int:
-    """Replayed intermediate rows the counting stage dropped, from its "N replayed rows of ... dropped" lines."""
-    return sum(int(match[2]) for match in DROPPED.finditer(log))
-
-
 def _rows_dropped_and_checkpointed(log: str) -> int:
-    """`_rows_dropped`, counting only the drops whose batch's checkpoint was written: the processor logs a
+    """`replayed_rows_dropped`, counting only the drops whose batch's checkpoint was written: the processor logs a
     batch's drops, then writes its checkpoint, then logs the task's "wrote task=..." line."""
     pending: dict[str, int] = {}
     done = 0
@@ -154,7 +148,7 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
         assert second.popen.wait(FINISH_S) == -9, second.log_text()[-4000:]
     finally:
         second.kill()
-    dropped_by_second = _rows_dropped(second.log_text())
+    dropped_by_second = replayed_rows_dropped(second.log_text())
     assert dropped_by_second == replayed, f"p1 dropped {dropped_by_second} replayed rows; p0 left {replayed}"
 
     third = start("p2")
@@ -166,7 +160,7 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
     written = _intermediate_rows(config)
     assert written > EVENTS, f"{written} rows in the intermediate stream for {EVENTS} events: nothing was replayed"
     # p2 drops what p1's kill left to replay, if anything: together, every row written twice
-    dropped = dropped_by_second + _rows_dropped(third.log_text())
+    dropped = dropped_by_second + replayed_rows_dropped(third.log_text())
     assert dropped == written - EVENTS, (dropped, written)
     got, twice = window_counts_once(config)
     assert not twice, f"{len(twice)} windows written more than once, e.g. {twice[:3]}"

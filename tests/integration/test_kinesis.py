@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.integration import drain_job
-from tests.integration.example_job import ExampleJob, generate, results
+from tests.integration.example_job import ExampleJob, generate, replayed_rows_dropped, results
 from weirflow.config import load_config
 from weirflow.fault_points import ARMED_BY
 from weirflow.fault_points import ENV as FAULT_POINT
@@ -296,21 +296,12 @@ def test_a_processor_sigkilled_during_a_split_loses_no_window_on_aws_alone(aws_j
     assert got == results.expected_counts(events), "window counts differ from pandas"
     moved = set(_started(victim.log_text())) & set(_started(survivor.log_text()))
     assert any(t.startswith("page_views-") for t in moved), "the survivor took the killed processor's readers"
-    dropped = _replays_dropped(survivor.log_text())
+    dropped = replayed_rows_dropped(survivor.log_text())
     assert dropped > 0, "no replayed row was dropped: the fault did not land between a write and its checkpoint"
     measure(
         f"[kinesis + aws] SIGKILL during a split, before a first-stage checkpoint: {len(moved)} tasks moved, "
         f"all consumed {recovered:.1f} s after the kill, {dropped} replayed rows dropped, {len(got)} windows "
         "equal pandas"
-    )
-
-
-def _replays_dropped(log: str) -> int:
-    """Replayed intermediate rows the counting stage dropped, from its "N replayed rows of ... dropped" lines."""
-    return sum(
-        int(line.split(" replayed rows")[0].rsplit(": ", 1)[1])
-        for line in log.splitlines()
-        if "replayed rows of" in line
     )
 
 
