@@ -63,13 +63,17 @@ class LeaderDuties:
         planner: Callable[[], dict[str, TaskModel]],
         timings: CoordinationTimings,
         clock: Callable[[], int] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
+        """``on_change`` is called after this leader published a model or completed a latch: the processor's own
+        follower then acts on it at once instead of at its next poll."""
         self.owner = owner
         self._coordination = coordination
         self._registry = coordination.processor_registry()
         self._metadata = metadata
         self._planner = planner
         self._timings = timings
+        self._on_change = on_change or (lambda: None)
         # the wall clock unless a test drives time; read through the module so a patched `now_ms` counts
         self._clock = clock if clock is not None else lambda: wall_clock.now_ms()
         self._watched_latch: int | None = None  # version whose latch we are waiting on
@@ -163,6 +167,7 @@ class LeaderDuties:
             latch.complete()
             log.info("job model v%d: all %d processors joined; latch complete", model.version, len(joined))
             self._watched_latch = None
+            self._on_change()
         elif now >= self._latch_deadline_ms:
             latch.time_out()
             telemetry.count(telemetry.LATCH_TIMEOUTS)
@@ -201,6 +206,7 @@ class LeaderDuties:
             ", ".join(f"{p}={len(new.tasks_of(p))}" for p in live),
             moved,
         )
+        self._on_change()
         return new
 
     def _record(self, change: ModelChange) -> None:

@@ -104,7 +104,12 @@ class StreamProcessor:
         self.finished = False
         self._state = ProcessorState.NEW
         self._state_lock = threading.Lock()
-        self._stop = threading.Event()  # ends the follower and leader loops
+        self._stop = threading.Event()  # ends the follower and leader loops (set through `_halt`)
+        # A loop's pause between rounds ends early when the other loop of this process has news for it: the
+        # leader published a model or completed a latch (the follower), the follower joined a latch (the
+        # leader). Processors of other processes see the same news at their next poll.
+        self._wake_follower = threading.Event()
+        self._wake_leader = threading.Event()
         self._keeper_stop = threading.Event()  # ends the keeper, last of all
         self.error = ""
         self._fatal = False
@@ -113,6 +118,7 @@ class StreamProcessor:
         self._awaiting_latch = False  # joined (or joining) the latch of the working version, not yet complete
         self._latch_joined = False
         self._latch_complete = False  # the working version's latch completed: its tasks may run
+        self._round_again = False  # the follower's next round runs without a pause
         self._keeper = LeaseKeeper(self.timings)  # the task locks held, by task name
         self._pending: dict[str, int] = {}  # gained task -> earliest next start attempt (ms); follower only
         self._unreadable: dict[str, str] = {}  # pending task -> why its checkpoint cannot be read; follower only
@@ -140,7 +146,7 @@ class StreamProcessor:
 
     def stop(self) -> None:
         """Ask the processor to stop; `run` then stops every task, releases its leases and returns."""
-        self._stop.set()
+        self._halt()
 
     def run(self) -> int:
         """Run until stopped. Returns 0 after a clean stop, 1 after a persistent error (FAILED)."""
@@ -189,9 +195,12 @@ class StreamProcessor:
             raise
         announcement.stop()
         self._set_state(ProcessorState.STARTED)
-        # registration time: the leader debounces membership from it, so it must not include the time this
-        # process took to get here (a Spark session takes seconds), or a burst of joins is not debounced
-        self._started_ms = clock.now_ms()
+        # Registration time stays the announcement's: the leader debounces membership from the latest member's,
+        # and the announcement's row made this processor a member while its data plane started. Counting it from
+        # here instead would make the first leader of a job, or a joiner the leader has not published yet, wait
+        # a debounce more after its Spark session was ready; a burst of processors starting together announces
+        # together, so it is still debounced into one model.
+        self._started_ms = starting.started_ms
         self._write_heartbeat()
         log.info("processor %s started", self.processor_id)
         leader = threading.Thread(target=self._leader_loop, args=(planner,), name="leader", daemon=True)
@@ -291,16 +300,26 @@ class StreamProcessor:
             log.critical("%s loop has failed for %d s; the processor gives up", loop, elapsed // 1000)
             self._fatal = True
             self._set_state(ProcessorState.FAILED)
-            self._stop.set()
+            self._halt()
 
     def _recovered(self, errors: LoopErrors, loop: str) -> None:
         if errors.ok() and self.error.startswith(f"{loop}:"):
             log.info("%s loop recovered", loop)
             self.error = ""
 
-    def _wait(self, ms: int) -> bool:
-        """Sleep up to ``ms`` unless stopping; True when stop was requested."""
-        return self._stop.wait(ms / 1000)
+    def _halt(self) -> None:
+        """End the follower and leader loops, waking them from their pauses."""
+        self._stop.set()
+        self._wake_follower.set()
+        self._wake_leader.set()
+
+    def _wait(self, ms: int, wake: threading.Event) -> bool:
+        """Pause up to ``ms``, less when ``wake`` is set (news from the other loop, or stop); True when stop was
+        requested. A wake set while the loop was busy ends the next pause at once: the loop may have read the
+        news already, and one round more costs a read."""
+        wake.wait(ms / 1000)
+        wake.clear()
+        return self._stop.is_set()
 
     # --- follower -------------------------------------------------------------------------------------
     def _follower_loop(self) -> None:
@@ -313,7 +332,10 @@ class StreamProcessor:
                 self._loop_error("follower", errors, exc)
             if self.finished:
                 break
-            self._wait(self.timings.poll_interval_ms)
+            if self._round_again:  # the model moved on while this round waited on a latch: read it now
+                self._round_again = False
+                continue
+            self._wait(self.timings.poll_interval_ms, self._wake_follower)
 
     def _follower_round(self) -> None:
         assert self.ctx is not None
@@ -343,7 +365,7 @@ class StreamProcessor:
             else:
                 log.info("job finished: all %d tasks consumed their bounded inputs", len(model.tasks))
             self.finished = True
-            self._stop.set()
+            self._halt()
 
     def _job_finished(self, model: JobModel) -> bool:
         """Whether the leader recorded every task of the model as finished (`weirflow.coordination.job_finished`):
@@ -404,6 +426,7 @@ class StreamProcessor:
             latch.join(self.processor_id)
             self._latch_joined = True
             self._heartbeat_now.set()
+            self._wake_leader.set()  # if this process leads, it completes the latch now
         while not self._stop.is_set():
             state = latch.state()
             if state is LatchState.COMPLETE:
@@ -411,8 +434,9 @@ class StreamProcessor:
             if state is LatchState.TIMED_OUT or self._newer_model_published(model.version):
                 log.info("job model v%d superseded before its latch completed", model.version)
                 self._awaiting_latch = False
+                self._round_again = True
                 return
-            self._wait(self.timings.poll_interval_ms)
+            self._wait(self.timings.poll_interval_ms, self._wake_follower)
         if self._stop.is_set():
             return
         self._awaiting_latch = False
@@ -446,7 +470,7 @@ class StreamProcessor:
                 return
             if self._newer_model_published(model.version):
                 return
-            self._wait(self.timings.poll_interval_ms)
+            self._wait(self.timings.poll_interval_ms, self._wake_follower)
 
     def _start_one(self, model: JobModel, task: str) -> bool:
         """Take the task's lock and start it; it stays pending when the lock is held elsewhere (False)."""
@@ -565,7 +589,7 @@ class StreamProcessor:
             except Exception as exc:
                 self._loop_error("leader", errors, exc)
                 self._fence_leadership(tenure)
-            self._wait(self.timings.poll_interval_ms)
+            self._wait(self.timings.poll_interval_ms, self._wake_leader)
         try:
             elector.resign()
         except Exception as exc:
@@ -591,7 +615,14 @@ class StreamProcessor:
                 )
                 metadata = FencedMetadataStore(self.ctx.metadata, fence)
                 coordination = FencedCoordination(self.ctx.coordination, fence)
-                tenure.duties = LeaderDuties(self.processor_id, coordination, metadata, planner, self.timings)
+                tenure.duties = LeaderDuties(
+                    self.processor_id,
+                    coordination,
+                    metadata,
+                    planner,
+                    self.timings,
+                    on_change=self._wake_follower.set,
+                )
                 tenure.finished = FinishedWatch(
                     self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms, run_id_of(self.config)
                 )
@@ -732,7 +763,7 @@ class StreamProcessor:
         assert self.ctx is not None and self.runner is not None
         if self._state is not ProcessorState.FAILED:
             self._set_state(ProcessorState.STOPPING)
-        self._stop.set()
+        self._halt()
         self._heartbeat_now.set()
         leader.join()
         try:
