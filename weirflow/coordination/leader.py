@@ -108,6 +108,11 @@ class LeaderDuties:
                 return None
         return self._publish(model, etag, live, now, rows)
 
+    @property
+    def watching_latch(self) -> bool:
+        """Whether a latch of this leader's is open: it completes the latch once every processor joined."""
+        return self._watched_latch is not None
+
     # --- helpers --------------------------------------------------------------------------------------
     def _see(self, model: JobModel, live: list[str]) -> None:
         if self._failovers is None:

@@ -72,6 +72,10 @@ log = logging.getLogger("weirflow.processor")
 
 _FATAL_AFTER_LEASES = 4
 _TASK_RETRY_MS = 5000
+# While a latch is open, the processors of its model and the leader look at it this often (never less often than
+# every poll): a rebalance's tasks stay stopped until its latch completes and each processor sees that, a few
+# reads for the second or so that takes, where a poll interval per step would add a second or more.
+_LATCH_POLL_MS = 100
 
 
 class StreamProcessor:
@@ -131,6 +135,7 @@ class StreamProcessor:
         self._last_heartbeat = float("-inf")
         self._beats = itertools.count(1_000_000)  # above the announcement's beats: the row's beat only grows
         self._next_finished_read = 0.0
+        self._finished_known = False  # this process's leader wrote `job-finished` (the follower then reads it)
         self._drain: DrainMonitor | None = None
         self.ctx: JobContext | None = None
         self.runner: TaskRunner | None = None
@@ -436,7 +441,7 @@ class StreamProcessor:
                 self._awaiting_latch = False
                 self._round_again = True
                 return
-            self._wait(self.timings.poll_interval_ms, self._wake_follower)
+            self._wait(min(_LATCH_POLL_MS, self.timings.poll_interval_ms), self._wake_follower)
         if self._stop.is_set():
             return
         self._awaiting_latch = False
@@ -589,7 +594,11 @@ class StreamProcessor:
             except Exception as exc:
                 self._loop_error("leader", errors, exc)
                 self._fence_leadership(tenure)
-            self._wait(self.timings.poll_interval_ms, self._wake_leader)
+            duties = tenure.duties
+            pause = self.timings.poll_interval_ms
+            if duties is not None and duties.watching_latch:
+                pause = min(_LATCH_POLL_MS, pause)
+            self._wait(pause, self._wake_leader)
         try:
             elector.resign()
         except Exception as exc:
@@ -638,7 +647,11 @@ class StreamProcessor:
         if tenure.duties is not None:
             tenure.duties.tick()
         if tenure.finished is not None and self._model.version == self._working_version:
-            tenure.finished.check(self._model)
+            if tenure.finished.check(self._model) and not self._finished_known:
+                # written by this process: its follower reads it now rather than a check interval later
+                self._finished_known = True
+                self._next_finished_read = 0.0
+                self._wake_follower.set()
 
     def _break_silent_leader(self, elector: LeaderElector) -> bool:
         """Break the leadership lease when its holder is silent past the liveness timeout; whether it was."""
