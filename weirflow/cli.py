@@ -11,8 +11,9 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -86,15 +87,28 @@ def run(
         pid = processor_id or cfg.get("processor.id") or default_processor_id()
         _setup_logging(log_level, pid)
         processor = serving_processor(cfg, processor_id=pid)
-
-        def _on_signal(signum: int, _frame: Any) -> None:
-            logging.getLogger("weirflow.cli").info("received %s; stopping", signal.Signals(signum).name)
-            processor.stop()
-
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        _stop_on_signals(processor.stop)
         code = processor.run()
     raise typer.Exit(code)
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    """Call ``stop`` on SIGTERM and SIGINT, from a thread of its own. A signal handler runs in the main thread,
+    between two of its bytecodes: there it may interrupt the processor's follower loop inside a
+    `threading.Event` method, holding that event's lock, and ``stop`` sets those events: called in the handler,
+    it would wait for that lock forever (a processor that ignores SIGTERM until it is killed). The handler only
+    writes the signal's number to a pipe, which is safe anywhere."""
+    read_end, write_end = os.pipe()
+
+    def stopper() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            logging.getLogger("weirflow.cli").info("received %s; stopping", signal.Signals(signum).name)
+            stop()
+
+    threading.Thread(target=stopper, name="signals", daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, _frame: os.write(write_end, bytes([number])))
 
 
 def status_document(cfg: Any) -> dict[str, Any]:

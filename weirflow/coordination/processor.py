@@ -150,7 +150,9 @@ class StreamProcessor:
         return self._state
 
     def stop(self) -> None:
-        """Ask the processor to stop; `run` then stops every task, releases its leases and returns."""
+        """Ask the processor to stop; `run` then stops every task, releases its leases and returns. Call it from
+        any thread but not from a signal handler of the thread running `run`, which may hold the lock of an
+        event this sets (`weirflow run` hands signals to a thread of their own)."""
         self._halt()
 
     def run(self) -> int:
