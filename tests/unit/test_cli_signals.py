@@ -1,5 +1,5 @@
 """`weirflow run` stops on SIGTERM even when the signal arrives while the processor's main thread holds the lock of
-an event that stopping sets (docs/coordination.md, "Shutdown"): the handler hands the signal to a thread."""
+an event that stopping sets (docs/coordination.md, "Stopping"): the handler hands the signal to a thread."""
 
 from __future__ import annotations
 
