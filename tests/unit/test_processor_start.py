@@ -4,14 +4,11 @@ embedded SQLite backend with a fake data plane (`tests/unit/test_processor_fault
 * the processor is a member from its announcement, before its data plane starts, so the leader's debounce runs
   while the data plane (a SparkSession, seconds) starts, and is still honoured;
 * its leader and follower loops wake each other: with a poll interval longer than the test's whole wait, the
-  model is published, its latch joined and completed and the tasks started without waiting for one poll;
-* two processors (no wake-ups between them) still share the tasks without waiting for a poll: while a latch is
-  open, the leader and the processor waiting on it look at it every 100 ms.
+  model is published, its latch joined and completed and the tasks started without waiting for one poll.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +37,18 @@ job.debounce.time.ms: {DEBOUNCE_MS}
 """
 
 
-def slow_plane(pid: str, plane: dict[str, Any]) -> Callable[[JobContext], TaskRunner]:
-    """A data plane that takes as long to start as the debounce (as a SparkSession takes seconds); ``plane`` gets
-    when it began, when it was ready and its runner."""
+def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_a_poll(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(CONFIG)
+    config = load_config(tmp_path / "job.yaml")
+    plane: dict[str, Any] = {}
 
-    def build(ctx: JobContext) -> TaskRunner:
+    def slow_plane(ctx: JobContext) -> TaskRunner:
+        """A data plane that takes as long to start as the debounce (as a SparkSession takes seconds)."""
         plane["began_ms"] = clock.now_ms()
         registry = ctx.coordination.processor_registry()
 
         def debounced() -> bool:
-            rows = [r for r in registry.processors() if r.processor_id == pid]
+            rows = [r for r in registry.processors() if r.processor_id == "p1"]
             return bool(rows) and clock.now_ms() - rows[0].started_ms > DEBOUNCE_MS
 
         wait_until(debounced, WAIT_S, "the debounce to pass while the data plane starts", interval_s=0.05)
@@ -57,23 +56,7 @@ def slow_plane(pid: str, plane: dict[str, Any]) -> Callable[[JobContext], TaskRu
         plane["ready_ms"] = clock.now_ms()
         return plane["runner"]
 
-    return build
-
-
-def processor(config: Any, pid: str, plane: dict[str, Any]) -> Running:
-    return Running(
-        StreamProcessor(config, processor_id=pid, runner_factory=slow_plane(pid, plane), planner_factory=plan)
-    )
-
-
-def job_config(tmp_path: Path) -> Any:
-    (tmp_path / "job.yaml").write_text(CONFIG)
-    return load_config(tmp_path / "job.yaml")
-
-
-def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_a_poll(tmp_path: Path) -> None:
-    plane: dict[str, Any] = {}
-    running = processor(job_config(tmp_path), "p1", plane)
+    running = Running(StreamProcessor(config, processor_id="p1", runner_factory=slow_plane, planner_factory=plan))
     try:
         wait_until(
             lambda: "runner" in plane and plane["runner"].running() == set(TASKS),
@@ -90,27 +73,3 @@ def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_
         assert model.created_ms >= plane["ready_ms"], "a model was published before the planner existed"
     finally:
         assert running.stop() == 0
-
-
-def test_two_processors_share_the_tasks_without_waiting_for_a_poll(tmp_path: Path) -> None:
-    config = job_config(tmp_path)
-    planes: dict[str, dict[str, Any]] = {"p1": {}, "p2": {}}
-    processors = [processor(config, pid, plane) for pid, plane in planes.items()]
-
-    def shared() -> bool:
-        runners = [plane.get("runner") for plane in planes.values()]
-        if None in runners:
-            return False
-        held = [runner.running() for runner in runners]
-        return all(held) and held[0] | held[1] == set(TASKS) and not held[0] & held[1]
-
-    try:
-        # one processor leads; the other is told of the model, and the leader of its join, by no wake-up: only
-        # the latch's 100 ms checks bring the tasks up before a poll
-        wait_until(shared, WAIT_S, "both processors running their share, with no poll in between", interval_s=0.05)
-        assert processors[0].processor.ctx is not None
-        model, _ = read_job_model(processors[0].processor.ctx.metadata)
-        assert model.version == 1 and sorted(model.processors) == ["p1", "p2"]
-    finally:
-        for running in processors:
-            assert running.stop() == 0
