@@ -1,8 +1,10 @@
 """Run moto's server (pip ``moto[server]``, pinned in pyproject.toml's dev extra): a local DynamoDB and S3 for the
 AWS suite's tests and benchmarks, reached through the unmodified boto3 clients.
 
-`MotoServer.start` runs moto's server on a free loopback port and waits until it answers. State is in memory:
-each start is empty.
+`MotoServer.start` runs moto's server on a free loopback port and waits until it answers, then makes one request
+to each service the suite uses. moto loads a service's backend on that service's first request (0.45 s for DynamoDB
+on an idle machine), and the contract suite's AWS backend allows one request 1 s (tests/contract/backends.py): a
+first request under a loaded machine's set-up timed out. State is in memory: each start is empty.
 
 **One request at a time.** moto evaluates a conditional write's condition and applies the write without a lock,
 so under concurrent requests two writers conditional on the same counter can both succeed (measured: 7 double
@@ -85,7 +87,7 @@ class MotoServer:
                 raise RuntimeError(f"moto's server exited at start: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2):
-                    return self
+                    pass
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
@@ -93,6 +95,26 @@ class MotoServer:
                         f"moto's server did not answer within {timeout_s:.0f} s: {self.log_tail()}"
                     ) from None
                 time.sleep(0.1)
+                continue
+            self._load_services(timeout_s)
+            return self
+
+    def _load_services(self, timeout_s: float) -> None:
+        """One request to DynamoDB and one to S3, with no time limit shorter than the start's: each loads its
+        service's backend in the server (see the module docstring)."""
+        import boto3
+        from botocore.config import Config
+
+        config = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 0})
+        for service in ("dynamodb", "s3"):
+            client = boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1", config=config)
+            try:
+                if service == "dynamodb":
+                    client.list_tables()
+                else:
+                    client.list_buckets()
+            finally:
+                client.close()
 
     def config(self, bucket: str = BUCKET) -> dict[str, str]:
         """The ``aws.*`` keys of a job whose coordination, checkpoints and metadata live on this server."""
