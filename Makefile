@@ -20,11 +20,11 @@ NODE_STAMP := node_modules/.installed-stamp
 # - uv's default link mode, hard links from its cache into the venv, instead of copying (12 s of it): uv copies
 #   where the two are on different file systems.
 UV_VERSION := 0.13.9
+UV_BUILD := --config-settings-package 'pyspark:--build-option=--compression=stored'
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@test -x $(VENV)/bin/uv || $(PY) -m pip install --quiet 'uv==$(UV_VERSION)'
-	$(VENV)/bin/uv pip install --quiet --python $(PY) \
-	  --config-settings-package 'pyspark:--build-option=--compression=stored' $(EDITABLE) '.[$(EXTRAS)]'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) $(EDITABLE) '.[$(EXTRAS)]' $(UV_BUILD)
 	@touch $(STAMP)
 
 # A Java runtime is installed through apt only when `java` is missing (PySpark needs it).
