@@ -4,11 +4,14 @@ embedded SQLite backend with a fake data plane (`tests/unit/test_processor_fault
 * the processor is a member from its announcement, before its data plane starts, so the leader's debounce runs
   while the data plane (a SparkSession, seconds) starts, and is still honoured;
 * its leader and follower loops wake each other: with a poll interval longer than the test's whole wait, the
-  model is published, its latch joined and completed and the tasks started without waiting for one poll.
+  model is published, its latch joined and completed and the tasks started without waiting for one poll;
+* two processors, which no wake-up connects, share the tasks without waiting for a poll either: while a latch is
+  open, its leader and the processors waiting on it look at it every 100 ms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,53 @@ def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_
         assert model.created_ms >= plane["ready_ms"], "a model was published before the planner existed"
     finally:
         assert running.stop() == 0
+
+
+def test_a_joiner_and_the_leader_see_a_latch_through_its_100_ms_checks_not_a_poll(tmp_path: Path) -> None:
+    """p1 leads. p2's data plane is ready only once p1 published the model of both, so the only way p1's leader
+    learns of p2's join, and p2 of the latch's completion, is by looking at the latch: a poll would come after
+    the test's whole wait. Each data plane waits for both processors' announcements and the debounce after the
+    later one, so the first model holds both whatever the machine's load (no second model, no second latch)."""
+    (tmp_path / "job.yaml").write_text(CONFIG)
+    config = load_config(tmp_path / "job.yaml")
+    runners: dict[str, FakeRunner] = {}
+
+    def plane(pid: str, after_model: bool) -> Callable[[JobContext], TaskRunner]:
+        def build(ctx: JobContext) -> TaskRunner:
+            registry = ctx.coordination.processor_registry()
+
+            def both_debounced() -> bool:
+                rows = registry.processors()
+                return len(rows) == 2 and clock.now_ms() - max(r.started_ms for r in rows) > DEBOUNCE_MS
+
+            wait_until(both_debounced, WAIT_S, "both announced and the debounce after them", interval_s=0.05)
+            if after_model:
+                published = lambda: read_job_model(ctx.metadata)[0].version >= 1  # noqa: E731
+                wait_until(published, WAIT_S, "the leader's first model", interval_s=0.05)
+            runners[pid] = FakeRunner(ctx.checkpoints)
+            return runners[pid]
+
+        return build
+
+    processors = [
+        Running(
+            StreamProcessor(config, processor_id=pid, runner_factory=plane(pid, pid == "p2"), planner_factory=plan)
+        )
+        for pid in ("p1", "p2")
+    ]
+
+    def shared() -> bool:
+        if len(runners) < 2:
+            return False
+        held = [runner.running() for runner in runners.values()]
+        return all(held) and held[0] | held[1] == set(TASKS) and not held[0] & held[1]
+
+    try:
+        wait_until(shared, WAIT_S, "both processors running their share, with no poll in between", interval_s=0.05)
+        assert processors[0].processor.leading and not processors[1].processor.leading
+        assert processors[0].processor.ctx is not None
+        model, _ = read_job_model(processors[0].processor.ctx.metadata)
+        assert model.version == 1 and sorted(model.processors) == ["p1", "p2"], model
+    finally:
+        for running in processors:
+            assert running.stop() == 0
