@@ -106,13 +106,10 @@ class MotoServer:
         from botocore.config import Config
 
         config = Config(connect_timeout=timeout_s, read_timeout=timeout_s, retries={"max_attempts": 0})
-        for service in ("dynamodb", "s3"):
+        for service, operation in (("dynamodb", "list_tables"), ("s3", "list_buckets")):
             client = boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1", config=config)
             try:
-                if service == "dynamodb":
-                    client.list_tables()
-                else:
-                    client.list_buckets()
+                getattr(client, operation)()
             finally:
                 client.close()
 

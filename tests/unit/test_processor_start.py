@@ -40,21 +40,30 @@ job.debounce.time.ms: {DEBOUNCE_MS}
 """
 
 
-def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_a_poll(tmp_path: Path) -> None:
+def job_config(tmp_path: Path) -> Any:
     (tmp_path / "job.yaml").write_text(CONFIG)
-    config = load_config(tmp_path / "job.yaml")
+    return load_config(tmp_path / "job.yaml")
+
+
+def await_debounce(ctx: JobContext, members: int) -> None:
+    """Return once ``members`` processors announced themselves and the debounce after the latest passed: a data
+    plane that takes this long to start (as a SparkSession takes seconds) is ready when the leader may publish."""
+    registry = ctx.coordination.processor_registry()
+
+    def debounced() -> bool:
+        rows = registry.processors()
+        return len(rows) == members and clock.now_ms() - max(r.started_ms for r in rows) > DEBOUNCE_MS
+
+    wait_until(debounced, WAIT_S, f"{members} announced and the debounce after them", interval_s=0.05)
+
+
+def test_the_first_processor_starts_its_tasks_once_its_data_plane_is_up_without_a_poll(tmp_path: Path) -> None:
+    config = job_config(tmp_path)
     plane: dict[str, Any] = {}
 
     def slow_plane(ctx: JobContext) -> TaskRunner:
-        """A data plane that takes as long to start as the debounce (as a SparkSession takes seconds)."""
         plane["began_ms"] = clock.now_ms()
-        registry = ctx.coordination.processor_registry()
-
-        def debounced() -> bool:
-            rows = [r for r in registry.processors() if r.processor_id == "p1"]
-            return bool(rows) and clock.now_ms() - rows[0].started_ms > DEBOUNCE_MS
-
-        wait_until(debounced, WAIT_S, "the debounce to pass while the data plane starts", interval_s=0.05)
+        await_debounce(ctx, members=1)
         plane["runner"] = FakeRunner(ctx.checkpoints)
         plane["ready_ms"] = clock.now_ms()
         return plane["runner"]
@@ -83,19 +92,12 @@ def test_a_joiner_and_the_leader_see_a_latch_through_its_100_ms_checks_not_a_pol
     learns of p2's join, and p2 of the latch's completion, is by looking at the latch: a poll would come after
     the test's whole wait. Each data plane waits for both processors' announcements and the debounce after the
     later one, so the first model holds both whatever the machine's load (no second model, no second latch)."""
-    (tmp_path / "job.yaml").write_text(CONFIG)
-    config = load_config(tmp_path / "job.yaml")
+    config = job_config(tmp_path)
     runners: dict[str, FakeRunner] = {}
 
     def plane(pid: str, after_model: bool) -> Callable[[JobContext], TaskRunner]:
         def build(ctx: JobContext) -> TaskRunner:
-            registry = ctx.coordination.processor_registry()
-
-            def both_debounced() -> bool:
-                rows = registry.processors()
-                return len(rows) == 2 and clock.now_ms() - max(r.started_ms for r in rows) > DEBOUNCE_MS
-
-            wait_until(both_debounced, WAIT_S, "both announced and the debounce after them", interval_s=0.05)
+            await_debounce(ctx, members=2)
             if after_model:
                 published = lambda: read_job_model(ctx.metadata)[0].version >= 1  # noqa: E731
                 wait_until(published, WAIT_S, "the leader's first model", interval_s=0.05)
