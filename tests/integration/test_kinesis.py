@@ -25,6 +25,7 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import ExampleJob, generate, replayed_rows_dropped, results
 from weirflow.config import load_config
+from weirflow.factories import checkpoint_factory
 from weirflow.fault_points import ARMED_BY
 from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.local.launcher import wait_until
@@ -77,6 +78,7 @@ class KinesisPageViews(ExampleJob):
         # (virtual task, shard) -> the sequence number of the last event written there: every event is consumed
         # once each of these is (sequence numbers grow in a shard), which `consumed` checks twice a second
         self.latest: dict[tuple[int, str], str] = {}
+        self._checkpoints: Any = None
 
     def write(self, events: Iterable[dict[str, Any]]) -> None:
         """Append events keyed by user, 500 per `PutRecords`, remembering the sequence number of each virtual
@@ -136,7 +138,7 @@ class KinesisPageViews(ExampleJob):
         last one written to each virtual task and shard is)."""
         done = {
             ssp.partition: positions.decode(offset)
-            for checkpoint in drain_job.checkpoints(self.config).values()
+            for checkpoint in self.checkpoints().values()
             for ssp, offset in checkpoint.offsets.items()
             if ssp.stream == self.input
         }
@@ -148,6 +150,21 @@ class KinesisPageViews(ExampleJob):
             ):
                 return False
         return True
+
+    def checkpoints(self) -> dict[str, Any]:
+        """The job's checkpoints, through one manager kept open for the test: `consumed` reads them twice a
+        second, and a manager opened per read builds its clients again (on the AWS backend a boto3 session and a
+        DescribeTable each time)."""
+        if self._checkpoints is None:
+            self._checkpoints = checkpoint_factory(self.config).get_checkpoint_manager(self.config)
+            self._checkpoints.start()
+        return dict(self._checkpoints.read_all())
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
+            self._checkpoints = None
 
     def wait_consumed(self, what: str) -> None:
         try:
