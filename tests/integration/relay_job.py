@@ -133,6 +133,7 @@ class Job:
                 proc.terminate()
         if self._status_ctx is not None:
             self._status_ctx.close()
+            self._status_ctx = None
         self.systems.close()
 
 

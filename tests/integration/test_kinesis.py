@@ -28,6 +28,7 @@ from weirflow.config import load_config
 from weirflow.factories import checkpoint_factory
 from weirflow.fault_points import ARMED_BY
 from weirflow.fault_points import ENV as FAULT_POINT
+from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.local.launcher import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
@@ -78,7 +79,7 @@ class KinesisPageViews(ExampleJob):
         # (virtual task, shard) -> the sequence number of the last event written there: every event is consumed
         # once each of these is (sequence numbers grow in a shard), which `consumed` checks twice a second
         self.latest: dict[tuple[int, str], str] = {}
-        self._checkpoints: Any = None
+        self._checkpoints: CheckpointManager | None = None
 
     def write(self, events: Iterable[dict[str, Any]]) -> None:
         """Append events keyed by user, 500 per `PutRecords`, remembering the sequence number of each virtual
