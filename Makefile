@@ -69,10 +69,11 @@ run: install spark-archive
 	$(PY) examples/pageviews/demo.py
 
 # The JRE and npm checks run first (the venv's install and npm need them; apt holds one lock). Then three at once:
-# apt installs the test tools, npm installs Azurite, and the venv is installed and Spark's class archive
-# (`weirflow spark-archive`, once per venv) dumped: the first two wait mostly on the network, the last on a core.
+# apt installs the test tools, npm installs Azurite, and the venv is installed: the first two wait mostly on the
+# network, the last on a core. Spark's class archive (once per venv) is not dumped here: pytest starts the dump in
+# the background when it is missing, while its workers collect and run tests that wait (tests/spark_jvm.py).
 test: java node
-	@$(MAKE) --no-print-directory -j3 test-tools $(NODE_STAMP) spark-archive
+	@$(MAKE) --no-print-directory -j3 test-tools $(NODE_STAMP) install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's

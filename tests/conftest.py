@@ -149,13 +149,27 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 def pytest_configure(config: pytest.Config) -> None:
     """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
-    dumps their class archive once, before pytest-xdist starts its workers. Threads of the test process hand the
-    GIL over sooner (`GIL_SWITCH_INTERVAL_S`)."""
+    starts dumping their class archive, when there is none yet, before pytest-xdist starts its workers. Threads
+    of the test process hand the GIL over sooner (`GIL_SWITCH_INTERVAL_S`)."""
     from tests import spark_jvm
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     spark_jvm.prepare(build=not hasattr(config, "workerinput"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of the test starts a JVM: a test marked ``spark`` waits for the class archive's
+    background dump, and every test picks the archive up once it exists (`spark_jvm.await_archive`)."""
+    from tests import spark_jvm
+
+    spark_jvm.await_archive(wait=item.get_closest_marker("spark") is not None)
+
+
+# Two per pytest-xdist worker: in the suite's order these are the checkpoint, latch, leader election and lock
+# contracts, about 110 s of tests that wait for leases and services more than they compute.
+LEAD_WAITING_FILES = 4
 
 
 def _interleave(first: list[str], second: list[str]) -> list[str]:
@@ -173,17 +187,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests, and the system contract beside the Event Hubs files, ran at 15 to 60 % busy for about three minutes
     of a run. So each Spark file is followed by a waiting file; the waiting files left over alternate with unit
     files, and short unit files fill the end of the run. The order of the tests within a file is kept, and
-    nothing a test checks depends on it."""
+    nothing a test checks depends on it.
+
+    A run that dumps the class archive (`tests/spark_jvm.py`: the first on a fresh checkout) begins with
+    `LEAD_WAITING_FILES` waiting files before the first Spark file: the dump takes a core and a half for about
+    36 s meanwhile, and Spark tests wait for it."""
+    from tests import spark_jvm
+
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
     busy = [name for name, found in by_file.items() if any(i.get_closest_marker("spark") for i in found)]
     unit = [name for name in by_file if name.startswith("tests/unit/") and name not in busy]
     waiting = [name for name in by_file if name not in busy and name not in unit]
+    leading = LEAD_WAITING_FILES if os.environ.get(spark_jvm.DUMP_STATUS_ENV) else 0  # the same in every worker
+    lead, waiting = waiting[:leading], waiting[leading:]
     others = waiting + unit
     rest = others[len(busy) :]
-    order = _interleave(busy, others[: len(busy)]) + _interleave(
-        [name for name in rest if name not in unit], [name for name in rest if name in unit]
+    order = (
+        lead
+        + _interleave(busy, others[: len(busy)])
+        + _interleave([name for name in rest if name not in unit], [name for name in rest if name in unit])
     )
     items[:] = [item for name in order for item in by_file[name]]
 
