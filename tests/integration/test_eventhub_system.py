@@ -134,6 +134,40 @@ def test_a_backlog_is_read_with_catch_up_credit_and_a_live_partition_with_the_sm
         fresh.close()
 
 
+def test_a_receiver_behind_a_read_skips_forward_to_it_and_one_far_behind_or_ahead_is_replaced(
+    systems: Systems, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two consumers take turns on one partition's ranges, as two Python workers of a Spark executor do: each
+    finds its receiver behind by the range the other read, and moves it forward instead of attaching another
+    (about a second of a spinning core each time). Going back, or further ahead than `SKIP_MAX_EVENTS`,
+    replaces it."""
+    producer = systems.producer("eh")
+    producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=3) for i in range(1000)])
+    ssp = SystemStreamPartition("eh", "views", 3)
+    workers = [systems.consumer("eh"), EventHubSystemConsumer(systems.consumer("eh")._settings)]
+    try:
+        seen: list[bytes] = []
+        receivers: list[set[int]] = [set(), set()]
+        for n, start in enumerate(range(0, 1000, 100)):
+            worker = workers[n % 2]
+            records = worker.read(ssp, str(start), 10_000, end=str(start + 100))
+            assert [int(r.offset) for r in records] == list(range(start, start + 100))
+            seen += [r.value for r in records]
+            receivers[n % 2].add(id(worker._readers[ssp]))
+        assert seen == [f"v{i}".encode() for i in range(1000)]
+        assert [len(r) for r in receivers] == [1, 1], "a receiver was replaced on a read ahead of it"
+
+        first = workers[0]._readers[ssp]
+        assert [r.value for r in workers[0].read(ssp, "500", 3)] == [b"v500", b"v501", b"v502"]
+        assert workers[0]._readers[ssp] is not first, "going back reopens the receiver"
+        monkeypatch.setattr(_PartitionReader, "SKIP_MAX_EVENTS", 100)
+        second = workers[0]._readers[ssp]
+        assert [r.value for r in workers[0].read(ssp, "900", 2)] == [b"v900", b"v901"]
+        assert workers[0]._readers[ssp] is not second, "397 events ahead of a 100-event skip: reopened"
+    finally:
+        workers[1].close()
+
+
 def test_a_receiver_whose_buffer_runs_dry_on_the_tail_of_a_planned_read_keeps_its_catch_up_credit(
     systems: Systems, monkeypatch: pytest.MonkeyPatch
 ) -> None:
