@@ -139,8 +139,8 @@ def test_a_receiver_behind_a_read_skips_forward_to_it_and_one_far_behind_or_ahea
 ) -> None:
     """Two consumers take turns on one partition's ranges, as two Python workers of a Spark executor do: each
     finds its receiver behind by the range the other read, and moves it forward instead of attaching another
-    (about a second of a spinning core each time). Going back, or further ahead than `SKIP_MAX_EVENTS`,
-    replaces it."""
+    (after asking where the partition ends). Going back, or further ahead than `SKIP_MAX_EVENTS`, replaces
+    it."""
     producer = systems.producer("eh")
     producer.send([OutgoingRecord("views", f"v{i}".encode(), partition=3) for i in range(1000)])
     ssp = SystemStreamPartition("eh", "views", 3)
