@@ -167,10 +167,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     spark_jvm.await_archive(wait=item.get_closest_marker("spark") is not None)
 
 
-# In the suite's order the checkpoint and latch contracts, about 10 s each, which wait for services more than they
-# compute. Not more: four (the leader election and lock contracts too, about 100 s in all) left the waiting files
-# after them short, and the first Spark files then ran side by side (test_drain_scenarios 76 s -> 96-113 s).
-LEAD_WAITING_FILES = 2
+# Two per pytest-xdist worker: in the suite's order these are the checkpoint, latch, leader election and lock
+# contracts, about 110 s of tests that wait for leases and services more than they compute.
+LEAD_WAITING_FILES = 4
 
 
 def _interleave(first: list[str], second: list[str]) -> list[str]:
@@ -192,8 +191,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     A run that dumps the class archive (`tests/spark_jvm.py`: the first on a fresh checkout) begins with
     `LEAD_WAITING_FILES` waiting files before the first Spark file: the dump takes a core and a half for about
-    36 s meanwhile, and Spark tests wait for it. The first Spark file may then wait a few seconds for the dump
-    while the other worker runs a waiting file."""
+    36 s meanwhile, and Spark tests wait for it."""
     from tests import spark_jvm
 
     by_file: dict[str, list[pytest.Item]] = {}
