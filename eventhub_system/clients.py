@@ -385,12 +385,12 @@ class _PartitionReader:
             return len(self._buffer)
 
     def skip_to(self, start: int) -> bool:
-        """Move the reader forward to sequence number ``start`` if that is at most `SKIP_MAX_EVENTS` ahead of
-        it; the events before it are dropped, those buffered now and those still arriving. False (nothing
-        changes) when ``start`` is behind it or further ahead."""
+        """Whether the reader is at sequence number ``start`` now: it was, or ``start`` was at most
+        `SKIP_MAX_EVENTS` ahead and it moved there (the events before it are dropped, those buffered now and
+        those still arriving). False (nothing changes) when ``start`` is behind it or further ahead."""
         with self._arrived:
-            if not 0 <= self.next_seq < start <= self.next_seq + self.SKIP_MAX_EVENTS:
-                return False
+            if not 0 <= self.next_seq <= start <= self.next_seq + self.SKIP_MAX_EVENTS:
+                return self.next_seq == start
             self.next_seq = start
             self._drop_passed()
         return True
@@ -475,7 +475,7 @@ class EventHubSystemConsumer(SystemConsumer):
             if reader is not None and (
                 reader.error is not None
                 or (not catching_up and not tail and reader.prefetch > settings.prefetch)
-                or (reader.next_seq != start and not reader.skip_to(start))
+                or not reader.skip_to(start)
             ):
                 if tail:  # a receiver that failed on a tail is reopened with the credit it had
                     credit = max(credit, reader.prefetch)
@@ -534,7 +534,7 @@ class EventHubSystemConsumer(SystemConsumer):
             return []
         with self._guard:
             current = self._readers.get(ssp)
-        if current is not None and (current.next_seq == first or current.skip_to(first)) and current.buffered():
+        if current is not None and current.skip_to(first) and current.buffered():
             # The common case: the receiver already holds what comes next; no round trip.
             events = current.take(max_records, bound, 0)
             if events:
