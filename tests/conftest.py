@@ -9,7 +9,6 @@ job, so jobs' containers and tables never collide and nothing needs cleaning bet
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import uuid
@@ -149,13 +148,24 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 def pytest_configure(config: pytest.Config) -> None:
     """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
-    starts dumping their class archive, when there is none yet, before pytest-xdist starts its workers. Threads
+    starts dumping their class archive, when there is none yet, before pytest-xdist starts its workers, and
+    makes room for the workers to tell its scheduler the test files' kinds (`tests/scheduling.py`). Threads
     of the test process hand the GIL over sooner (`GIL_SWITCH_INTERVAL_S`)."""
     from tests import spark_jvm
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     spark_jvm.prepare(build=not hasattr(config, "workerinput"))
+    if not hasattr(config, "workerinput") and config.getoption("dist", None) == "loadfile":
+        from tests import scheduling
+
+        scheduling.enable(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests import scheduling
+
+    scheduling.disable(config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -167,32 +177,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     spark_jvm.await_archive(wait=item.get_closest_marker("spark") is not None)
 
 
-# Two per pytest-xdist worker: in the suite's order these are the checkpoint, latch, leader election and lock
-# contracts, about 110 s of tests that wait for leases and services more than they compute.
-LEAD_WAITING_FILES = 4
-
-
-def _interleave(first: list[str], second: list[str]) -> list[str]:
-    return [name for pair in itertools.zip_longest(first, second) for name in pair if name is not None]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the test files so that `make test`'s two pytest-xdist workers keep both cores busy.
-
-    A file marked ``spark`` runs Spark processors or sessions and uses about a core or more; most other files
-    mostly wait (for a lease to expire, a liveness timeout to pass, an Event Hubs receiver to attach), and unit
-    files are short. pytest-xdist hands out whole files (``--dist loadfile``) in the order given here
-    (``--no-loadscope-reorder``, the Makefile). Two waiting files side by side leave the machine idle: with the
-    integration directory alternating with the rest, the Azure contract files beside the Azure coordination
-    tests, and the system contract beside the Event Hubs files, ran at 15 to 60 % busy for about three minutes
-    of a run. So each Spark file is followed by a waiting file; the waiting files left over alternate with unit
-    files, and short unit files fill the end of the run. The order of the tests within a file is kept, and
-    nothing a test checks depends on it.
-
-    A run that dumps the class archive (`tests/spark_jvm.py`: the first on a fresh checkout) begins with
-    `LEAD_WAITING_FILES` waiting files before the first Spark file: the dump takes a core and a half for about
-    36 s meanwhile, and Spark tests wait for it."""
-    from tests import spark_jvm
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the test files for `make test`'s two pytest-xdist workers: the files marked ``spark`` (they keep a
+    core busy), then the other integration and contract files (they mostly wait), then the unit files (short).
+    The scheduler (`tests/scheduling.py`) pairs a busy file with a waiting one, taking each kind in this order;
+    each worker tells it which file is of which kind. The order of the tests within a file is kept, and nothing
+    a test checks depends on it."""
+    from tests import scheduling
 
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -200,16 +191,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     busy = [name for name, found in by_file.items() if any(i.get_closest_marker("spark") for i in found)]
     unit = [name for name in by_file if name.startswith("tests/unit/") and name not in busy]
     waiting = [name for name in by_file if name not in busy and name not in unit]
-    leading = LEAD_WAITING_FILES if os.environ.get(spark_jvm.DUMP_STATUS_ENV) else 0  # the same in every worker
-    lead, waiting = waiting[:leading], waiting[leading:]
-    others = waiting + unit
-    rest = others[len(busy) :]
-    order = (
-        lead
-        + _interleave(busy, others[: len(busy)])
-        + _interleave([name for name in rest if name not in unit], [name for name in rest if name in unit])
-    )
-    items[:] = [item for name in order for item in by_file[name]]
+    items[:] = [item for name in busy + waiting + unit for item in by_file[name]]
+    kinds = {name: scheduling.BUSY if name in busy else scheduling.WAITING for name in by_file}
+    scheduling.record_kinds(config, kinds)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (`make test`) pairs busy files with waiting ones (`tests/scheduling.py`)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from tests import scheduling
+
+    return scheduling.PairingScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    from tests import scheduling
+
+    scheduling.configure_worker(node.config, node.workerinput)
 
 
 def unique_job_name(prefix: str = "t") -> str:

@@ -102,6 +102,12 @@ def _start_dump() -> None:
     )
 
 
+def dump_running() -> bool:
+    """Whether this run started a dump (`prepare`) that has not finished yet."""
+    where = os.environ.get(DUMP_STATUS_ENV)
+    return bool(where) and not Path(where).exists()
+
+
 def await_archive(wait: bool, timeout_s: float = DUMP_TIMEOUT_S) -> None:
     """If this run started a dump (`prepare`) and it has finished, add its archive to the driver options every
     JVM started from now on inherits, or warn once with why it failed. With ``wait``, first wait for it to
