@@ -20,6 +20,10 @@ The workers know the files' marks and the controlling process does not (it colle
 the kind of every file (`record_kinds`) to a file named in its ``workerinput`` before it reports its collection,
 and the scheduler reads it when the collections are complete. Without it (another runner), every file is of
 one kind and the files go out in order, as with ``--dist loadfile``.
+
+It overrides two of pytest-xdist's scheduler methods (`_assign_work_unit`, `_reschedule`), which are not a
+public interface: pyproject.toml keeps pytest-xdist below 4, and `tests/unit/test_scheduling.py` drives the
+scheduler as pytest-xdist's controlling process does.
 """
 
 from __future__ import annotations
