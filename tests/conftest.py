@@ -163,6 +163,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove what `pytest_configure` made for the scheduler."""
     from tests import scheduling
 
     scheduling.disable(config)
@@ -208,6 +209,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
+    """Tell each pytest-xdist worker where to write the test files' kinds for the scheduler."""
     from tests import scheduling
 
     scheduling.configure_worker(node.config, node.workerinput)
