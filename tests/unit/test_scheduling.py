@@ -68,8 +68,9 @@ def _controller(
     return sched, a, b
 
 
-def _files(worker: Worker, from_: int = 0) -> list[str]:
-    return list(dict.fromkeys(COLLECTION[i].split("::")[0].split("/")[-1] for i in worker.sent[from_:]))
+def _files(worker: Worker) -> list[str]:
+    """The files the worker was sent, in order."""
+    return list(dict.fromkeys(COLLECTION[i].split("::")[0].split("/")[-1] for i in worker.sent))
 
 
 def _finish(sched: scheduling.PairingScheduling, worker: Worker, count: int) -> None:
