@@ -107,6 +107,16 @@ def _text(value: Any) -> str:
         return str(value)
 
 
+def event_id(event: Any) -> str | None:
+    """The ``weirflow-id`` property an event was sent with (`OutgoingRecord.id`), else None. Received events
+    carry AMQP property names and string values as bytes."""
+    properties = event.properties or {}
+    value = properties.get(RECORD_ID_PROPERTY.encode(), properties.get(RECORD_ID_PROPERTY))
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else str(value)
+
+
 def event_attributes(event: Any) -> dict[str, Any]:
     """`RECORD_FIELDS` of one received event (the SDK hands AMQP strings over as bytes)."""
     key = event.partition_key
@@ -571,6 +581,7 @@ class EventHubSystemConsumer(SystemConsumer):
                 value=body_bytes(event),
                 timestamp_ms=int(event.enqueued_time.timestamp() * 1000),
                 attributes=event_attributes(event),
+                id=event_id(event),
             )
             for event in events
         ]

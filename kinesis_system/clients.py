@@ -371,6 +371,7 @@ class KinesisSystemConsumer(SystemConsumer):
                 value=r.data,
                 timestamp_ms=r.arrival_ms,
                 attributes=_attributes(r, shard),
+                id=record_id(r.data, self.clients.settings.record_id_field),
             )
             for r, shard, offset, following in zip(walk.records, walk.shards, walk.before, after, strict=True)
         ]
@@ -415,6 +416,25 @@ def _attributes(record: Any, shard: str) -> Mapping[str, Any]:
         "shard_id": shard,
         "approximate_arrival_time": datetime.fromtimestamp(record.arrival_ms / 1000, tz=UTC),
     }
+
+
+def record_id(value: bytes, field: str) -> str | None:
+    """The id `_with_id` wrote into ``value`` as its JSON object's last field ``field``, else None (no field
+    configured, a value that is not a JSON object, or one that does not end with the field)."""
+    if not field:
+        return None
+    text = value.rstrip()
+    if not text.startswith(b"{") or not text.endswith(b'"}'):
+        return None
+    name = json.dumps(field).encode() + b":"
+    at = text.rfind(name)
+    if at < 0:
+        return None
+    try:
+        found = json.loads(text[at + len(name) : -1])
+    except ValueError:
+        return None
+    return found if isinstance(found, str) else None
 
 
 def _with_id(record: OutgoingRecord, field: str) -> OutgoingRecord:

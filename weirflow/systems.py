@@ -18,6 +18,7 @@ from weirflow.interfaces.system import (
     SystemFactory,
     SystemProducer,
 )
+from weirflow.interfaces.table import TableWriter
 from weirflow.stream_names import (
     DEAD_LETTER_SUFFIX,
     StreamRef,
@@ -67,6 +68,7 @@ class Systems:
         self._admins: dict[str, SystemAdmin] = {}
         self._consumers: dict[str, SystemConsumer] = {}
         self._producers: dict[str, SystemProducer] = {}
+        self._tables: dict[str, TableWriter | None] = {}
 
     @property
     def config(self) -> ConfigView:
@@ -105,13 +107,19 @@ class Systems:
     def producer(self, system: str) -> SystemProducer:
         return self._client(self._producers, system, self.factory(system).get_producer)
 
+    def table_writer(self, system: str) -> TableWriter | None:
+        """The system's `TableWriter` when its streams are tables, else None."""
+        return self._client(self._tables, system, self.factory(system).get_table_writer)
+
     def close(self) -> None:
         with self._lock:
-            clients: list[SystemProducer | SystemConsumer | SystemAdmin] = [
+            clients: list[SystemProducer | SystemConsumer | SystemAdmin | TableWriter] = [
                 *self._producers.values(),
                 *self._consumers.values(),
                 *self._admins.values(),
+                *(t for t in self._tables.values() if t is not None),
             ]
+            self._tables.clear()
             self._producers.clear()
             self._consumers.clear()
             self._admins.clear()

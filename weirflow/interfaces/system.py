@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 from weirflow.interfaces.config import ConfigView
+from weirflow.interfaces.table import TableWriter
 
 
 @dataclass(frozen=True, order=True)
@@ -119,7 +120,11 @@ class IncomingRecord:
 
     ``attributes`` holds the system's own description of the record, keyed by the names of
     `SystemAdmin.record_fields` (Event Hubs: properties, partition key, enqueued time, sequence number,
-    offset); systems without such fields leave it empty."""
+    offset); systems without such fields leave it empty.
+
+    ``id`` is the id the record was sent with (`OutgoingRecord.id`), where the system keeps it (the embedded
+    log: a column; Event Hubs: the ``weirflow-id`` property; Kinesis: the JSON field it was written into), else
+    None. Readers of a job's outputs drop replays by it (`weirflow.results`)."""
 
     ssp: SystemStreamPartition
     offset: str
@@ -128,6 +133,7 @@ class IncomingRecord:
     value: bytes
     timestamp_ms: int
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -427,3 +433,8 @@ class SystemFactory(ABC):
 
     @abstractmethod
     def get_producer(self, system_name: str, config: ConfigView) -> SystemProducer: ...
+
+    def get_table_writer(self, system_name: str, config: ConfigView) -> TableWriter | None:
+        """The system's `TableWriter` when its streams are tables (`weirflow.interfaces.table`: the Spark sink
+        then writes a micro-batch's rows of an output stream as one atomic commit), else None (the default)."""
+        return None

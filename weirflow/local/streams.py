@@ -4,6 +4,11 @@ Records get per-partition sequence offsets 0, 1, 2, ... (decimal strings). A pro
 from the record's explicit partition, else ``crc32(key) % partitions`` (stable across processes and runs),
 else round robin. Appends compute the next offset inside a ``BEGIN IMMEDIATE`` transaction, so concurrent
 producer processes never reuse an offset.
+
+A record sent with an id (`OutgoingRecord.id`) keeps it in its row (``records.id``, read back as
+`IncomingRecord.id`), and the stream's ids (``record_ids``) make a send of an id the stream already holds a
+no-op: a replay is dropped where it is written (docs/guarantees.md). Databases made before ids were kept in
+the rows gain the column when opened (their older records have none).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS streams (
     name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, created_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS records (stream TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
-    key BLOB, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL,
+    key BLOB, value BLOB NOT NULL, timestamp_ms INTEGER NOT NULL, id TEXT,
     PRIMARY KEY (stream, partition, offset)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS record_ids (stream TEXT NOT NULL, id TEXT NOT NULL,
     PRIMARY KEY (stream, id)) WITHOUT ROWID;
@@ -50,6 +55,15 @@ class SqliteStreamStore:
     def __init__(self, db_path: Path, busy_timeout_ms: int = 10000) -> None:
         self.path = Path(db_path)
         self.db = Database(self.path, SCHEMA, busy_timeout_ms)
+        self._add_id_column()
+
+    def _add_id_column(self) -> None:
+        """Give a database made before records kept their ids the column (idempotent, safe when several
+        processes open the file at once)."""
+        with self.db.transaction() as conn:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+            if "id" not in columns:
+                conn.execute("ALTER TABLE records ADD COLUMN id TEXT")
 
     def partitions(self, stream: str) -> int:
         row = self.db.connection().execute("SELECT partitions FROM streams WHERE name = ?", (stream,)).fetchone()
@@ -145,7 +159,7 @@ class LocalSystemConsumer(SystemConsumer):
         return (
             self._store.db.connection()
             .execute(
-                "SELECT offset, key, value, timestamp_ms FROM records WHERE stream = ? AND partition = ? "
+                "SELECT offset, key, value, timestamp_ms, id FROM records WHERE stream = ? AND partition = ? "
                 "AND offset >= ? AND offset < ? ORDER BY offset LIMIT ?",
                 (ssp.stream, ssp.partition, int(start), upper, max_records),
             )
@@ -156,7 +170,7 @@ class LocalSystemConsumer(SystemConsumer):
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
     ) -> list[IncomingRecord]:
         rows = self._rows(ssp, start, max_records, end)
-        return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts) for o, k, v, ts in rows]
+        return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts, id=i) for o, k, v, ts, i in rows]
 
     def read_columns(
         self,
@@ -170,7 +184,7 @@ class LocalSystemConsumer(SystemConsumer):
         rows = self._rows(ssp, start, max_records, end)
         if not rows:
             return RecordColumns([], [], [], [], start)
-        offsets, keys, values, stamps = zip(*rows, strict=True)
+        offsets, keys, values, stamps, _ids = zip(*rows, strict=True)
         return RecordColumns(
             offsets=list(map(str, offsets)),
             keys=keys,
@@ -225,6 +239,12 @@ class LocalSystemProducer(SystemProducer):
                         "SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?", slot
                     ).fetchone()
                     next_offsets[slot] = (row[0] + 1) if row[0] is not None else 0
-                rows.append((record.stream, partition, next_offsets[slot], record.key, record.value, timestamp))
+                rows.append(
+                    (record.stream, partition, next_offsets[slot], record.key, record.value, timestamp, record.id)
+                )
                 next_offsets[slot] += 1
-            conn.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(
+                "INSERT INTO records (stream, partition, offset, key, value, timestamp_ms, id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
