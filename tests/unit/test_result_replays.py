@@ -1,23 +1,47 @@
-"""A stateful task's results written past its checkpoint are recognised when a replay produces them again
-(weirflow.spark.result_replays): the tails the sink's commit notes, the rows read back from them, and the sink
-leaving each replayed result out once. Driven as Spark would drive the writer, over a real embedded log."""
+"""A stateful task's results are delivered exactly once (weirflow.spark.result_replays, docs/guarantees.md):
+what an attempt wrote past its checkpoint is recognised when a replay produces it again, and a result equal to
+another is never taken for a replay of it. Driven as Spark drives the sink's writer (each Spark partition's
+``write``, then the batch's ``commit``), over a real embedded log, with random batch cuts, kills and many equal
+results."""
 
 from __future__ import annotations
 
 import json
+import random
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from weirflow.config.loader import Config
 from weirflow.control import ControlMessage, MessageType
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.results.ids import ResultId, parse
+from weirflow.spark import sink as sink_module
 from weirflow.spark.packing import unpack
-from weirflow.spark.result_replays import KEEP_BATCHES, TASK_KEY, Replays, row_digests, written_since
-from weirflow.spark.sink import WeirflowStreamWriter, WrittenCount
+from weirflow.spark.result_replays import (
+    KEEP_BATCHES,
+    PART_KEY,
+    TASK_KEY,
+    Replays,
+    ResultsLedger,
+    replay_key,
+    tails_of,
+    written_since,
+)
+from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.systems import Systems
 
-SINK = {
+TASK = "counts-0"
+PARTITIONS = 2  # of each stream, and Spark partitions of the task's query
+MID = {
     "stream": "mid",
     "system": "local",
     "physical": "mid",
@@ -25,94 +49,321 @@ SINK = {
     "results": True,
     "stage": "counts",
 }
+OUT = {"stream": "out", "system": "local", "physical": "out", "results": True, "stage": "counts"}
 
 
-def _config(tmp_path: Path) -> Config:
-    return Config.from_dict({"job.name": "replays", "job.state.dir": str(tmp_path)})
+def _systems(root: Path) -> tuple[Config, Systems]:
+    config = Config.from_dict({"job.name": "replays", "job.state.dir": str(root)})
+    systems = Systems(config)
+    for stream in ("mid", "out"):
+        systems.admin("local").create_stream(StreamSpec(stream, PARTITIONS))
+    return config, systems
 
 
-def _results(pages: list[str], views: list[int]) -> pa.RecordBatch:
+def _frame(results: list[tuple[str, int]]) -> pa.RecordBatch:
+    """The sink's frame of ``results`` (page, views), each written to both outputs: the intermediate stream
+    ``mid`` (``__sink`` 0, packed rows) and the output stream ``out`` (``__sink`` 1, a JSON record keyed by
+    page), as `StageBuilder.sink_frame` unions them."""
+    pages = [p for p, _ in results] * 2
+    views = [v for _, v in results] * 2
+    n = len(results)
     return pa.record_batch(
         {
-            "__partition": pa.array([len(p) % 2 for p in pages], pa.int32()),
-            "__r0_0": pa.array(pages),
-            "__r0_1": pa.array(views, pa.int64()),
+            "__sink": pa.array([0] * n + [1] * n, pa.int8()),
+            "__partition": pa.array([len(p) % PARTITIONS for p in pages[:n]] + [None] * n, pa.int32()),
+            "__r0_0": pa.array(pages[:n] + [None] * n, pa.string()),
+            "__r0_1": pa.array(views[:n] + [None] * n, pa.int64()),
+            "__key": pa.array([None] * n + [p.encode() for p in pages[n:]], pa.binary()),
+            "__value": pa.array(
+                [None] * n + [json.dumps({"page": p, "views": v}).encode() for p, v in results], pa.binary()
+            ),
         }
     )
 
 
-def _written(systems: Systems) -> list[tuple[str, str, int]]:
-    """(task named by the record, page, views) of every packed row in `mid`, both partitions."""
+def _intermediate(systems: Systems) -> list[tuple[str, str, int, str]]:
+    """(task, writer partition, page, views) of every packed row in ``mid``."""
     found = []
-    for partition in (0, 1):
-        for record in systems.consumer("local").read(SystemStreamPartition("local", "mid", partition), "0", 1000):
+    for partition in range(PARTITIONS):
+        ssp = SystemStreamPartition("local", "mid", partition)
+        for record in systems.consumer("local").read(ssp, "0", 100_000):
             if record.value[:1] == b"\x04":
                 rows = unpack(record.value)
-                task = (rows.schema.metadata or {}).get(TASK_KEY, b"").decode()
-                found += [(task, r["page"], r["views"]) for r in rows.to_pylist()]
-    return sorted(found)
+                metadata = rows.schema.metadata or {}
+                writer = (metadata.get(TASK_KEY, b"").decode(), metadata.get(PART_KEY, b"").decode())
+                found += [(*writer, r["page"], r["views"]) for r in rows.to_pylist()]
+    return found
+
+
+def _outputs(systems: Systems) -> list[tuple[str | None, str, int]]:
+    """(id, page, views) of every record in ``out``."""
+    found = []
+    for partition in range(PARTITIONS):
+        ssp = SystemStreamPartition("local", "out", partition)
+        for record in systems.consumer("local").read(ssp, "0", 100_000):
+            value = json.loads(record.value)
+            found.append((record.id, value["page"], value["views"]))
+    return found
+
+
+def _write(writer: WeirflowStreamWriter, batch: int, partition: int, pieces: list[list[tuple[str, int]]]) -> Any:
+    """One Spark partition's ``write`` of batch ``batch``, its rows arriving in ``pieces``."""
+    with mock.patch.object(sink_module, "spark_task", lambda: (batch, partition, 0)):
+        return writer.write(iter([_frame(piece) for piece in pieces]))
 
 
 def test_replays_are_a_multiset_used_up_copy_by_copy_and_dropped_after_their_checkpoints() -> None:
     replays = Replays()
-    replays.add(["a", "a", "b"])
+    replays.add(["0|a", "0|a", "0|b"])
     assert len(replays) == 3
-    assert replays.take("a") and replays.take("a") and not replays.take("a"), "two copies, two takes"
-    replays.used({"b": 1})
+    assert replays.take("0|a") and replays.take("0|a") and not replays.take("0|a"), "two copies, two takes"
+    replays.used({"0|b": 1})
     assert len(replays) == 0
-    replays.add(["c"])
+    key = replay_key("local.mid", 1, "c")
+    replays.add([key])
     for _ in range(KEEP_BATCHES - 1):
         replays = replays.aged()
     assert len(replays) == 1 and Replays.from_json(json.loads(json.dumps(replays.to_json()))) == replays
     assert len(replays.aged()) == 0, "unmatched after its checkpoints: dropped"
+    assert Replays.from_json({"9c0e4d1b22aa0f3e": [1, 5]}) == Replays(), "a digest naming no writer is left out"
+
+
+def test_equal_results_of_one_task_are_all_written_and_each_gets_an_id_of_its_own(tmp_path: Path) -> None:
+    """One page viewed 5 times in each of three minutes, counted per minute without the window: three equal
+    results, in one batch and in two more, are all written, with three ids."""
+    config, systems = _systems(tmp_path)
+    try:
+        writer = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(tmp_path / "r"))
+        writer.commit([_write(writer, 0, 0, [[("/a", 5)]])], 0)
+        writer.commit([_write(writer, 1, 0, [[("/a", 5), ("/a", 5)]])], 1)
+        outputs = _outputs(systems)
+        assert [(page, views) for _, page, views in outputs] == [("/a", 5)] * 3
+        assert len({i for i, _, _ in outputs}) == 3
+        assert all(isinstance(parse(i), ResultId) and parse(i).task == TASK for i, _, _ in outputs)  # type: ignore[union-attr]
+        assert [(p, v) for _, _, p, v in _intermediate(systems)] == [("/a", 5)] * 3
+    finally:
+        systems.close()
 
 
 def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: Path) -> None:
-    config = _config(tmp_path)
-    systems = Systems(config)
-    systems.admin("local").create_stream(StreamSpec("mid", 2))
-    counts_dir = tmp_path / "counts"
+    config, systems = _systems(tmp_path)
+    results_dir = tmp_path / "results"
     try:
-        # attempt 1: batch 0 committed and checkpointed (its tails noted), batch 1 written, then a kill
-        first = WeirflowStreamWriter(config.snapshot(), [SINK], counts_dir=str(counts_dir), tasks=["counts-0"])
-        first.commit([first.write(iter([_results(["/a", "/bb"], [1, 2])]))], 0)
-        tails = json.loads((counts_dir / "0.json").read_text())["tails"]
-        assert set(tails) == {"local.mid.0", "local.mid.1"}
-        first.write(iter([_results(["/c", "/dd", "/c"], [3, 4, 3])]))
-        # another stateful task writes to the same stream meanwhile, and a control message passes
-        other = WeirflowStreamWriter(config.snapshot(), [SINK], tasks=["counts-1"])
-        other.write(iter([_results(["/c"], [3])]))
-        control = ControlMessage(
-            type=MessageType.WATERMARK, task_name="counts-0", task_count=1, timestamp=5
-        ).encode()
+        # attempt 1: batch 0 committed and checkpointed (its ledger has the tails), batch 1 written, then a kill
+        first = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(results_dir))
+        first.commit([_write(first, 0, 0, [[("/a", 1), ("/bb", 2)]])], 0)
+        ledger = ResultsLedger.load(results_dir, 0)
+        assert ledger is not None and set(ledger.tails) == {
+            f"local.{s}.{p}" for s in ("mid", "out") for p in (0, 1)
+        }
+        _write(first, 1, 0, [[("/c", 3), ("/dd", 4), ("/c", 3)]])
+        _write(first, 1, 1, [[("/c", 3)]])
+        # another stateful task writes to the same streams meanwhile, and a control message passes
+        other = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=["counts-1"])
+        _write(other, 7, 0, [[("/c", 3)]])
+        control = ControlMessage(type=MessageType.WATERMARK, task_name=TASK, task_count=1, timestamp=5).encode()
         systems.producer("local").send([OutgoingRecord("mid", control, partition=0)])
 
-        since = written_since(systems, "counts-0", tails)
-        assert len(since) == 3, "batch 1's three results of counts-0, not counts-1's, not batch 0's"
-        expected = row_digests(pa.table({"page": ["/c", "/dd", "/c"], "views": [3, 4, 3]}))
-        assert sorted(since.rows) == sorted(set(expected)) and since.rows[expected[0]][0] == 2
+        since = written_since(systems, TASK, ledger.tails)
+        assert len(since) == 8, "batch 1's four results of counts-0 in each stream, not counts-1's, not batch 0's"
+        keys = Counter({k: c for k, (c, _) in since.rows.items()})
+        assert sorted(keys.values()) == [1, 1, 1, 1, 2, 2], keys  # per stream: /c twice and /dd by 0, /c by 1
+        assert {k.split("|")[0] for k in keys} == {"0", "1"}, "counted under the Spark partition that wrote them"
 
         # attempt 2 replays batch 1 (and produces one more result): only the new one is written
         path = tmp_path / "replays.json"
         since.save(path)
         second = WeirflowStreamWriter(
-            config.snapshot(), [SINK], counts_dir=str(counts_dir), tasks=["counts-0"], replays_file=str(path)
+            config.snapshot(), [MID, OUT], tasks=[TASK], replays_file=str(path), results_dir=str(results_dir)
         )
-        message = second.write(iter([_results(["/c", "/dd", "/e", "/c"], [3, 4, 5, 3])]))
-        assert isinstance(message, WrittenCount) and sum(message.replayed.values()) == 3
-        second.commit([message], 1)
-        assert len(Replays.load(path)) == 0 and not path.exists(), "every replayed copy used up"
-        assert json.loads((counts_dir / "1.json").read_text())["replayed"] == 3
-        assert _written(systems) == sorted(
-            [
-                ("counts-0", "/a", 1),
-                ("counts-0", "/bb", 2),
-                ("counts-0", "/c", 3),
-                ("counts-0", "/c", 3),
-                ("counts-0", "/dd", 4),
-                ("counts-0", "/e", 5),
-                ("counts-1", "/c", 3),
-            ]
-        ), "each result of counts-0 once"
+        messages = [
+            _write(second, 1, 0, [[("/c", 3), ("/dd", 4)], [("/e", 5), ("/c", 3)]]),
+            _write(second, 1, 1, [[("/c", 3)]]),
+        ]
+        assert sum(sum(m.replayed.values()) for m in messages) == 8
+        second.commit(messages, 1)
+        assert not path.exists(), "every replayed copy used up"
+        assert ResultsLedger.load(results_dir, 1) == ResultsLedger(
+            {key: str(n) for key, n in _ends(systems).items()}, Replays()
+        )
+        mine = Counter((page, views) for task, _, page, views in _intermediate(systems) if task == TASK)
+        assert mine == Counter({("/a", 1): 1, ("/bb", 2): 1, ("/c", 3): 3, ("/dd", 4): 1, ("/e", 5): 1})
+        outputs = Counter((page, views) for i, page, views in _outputs(systems) if (i or "").startswith(TASK))
+        assert outputs == mine, "each result of counts-0 once in the output stream too"
     finally:
         systems.close()
+
+
+def _ends(systems: Systems) -> dict[str, int]:
+    return {
+        f"local.{s}.{p}": int(m.upcoming)
+        for s in ("mid", "out")
+        for p, m in systems.admin("local").partition_metadata(s).items()
+    }
+
+
+def test_a_copy_written_by_one_spark_partition_is_not_used_up_by_another(tmp_path: Path) -> None:
+    """Two Spark partitions of one batch each produce the result; one copy was written before the kill, by
+    partition 0. Only partition 0's is a replay: partition 1's is a new, equal result."""
+    config, systems = _systems(tmp_path)
+    try:
+        first = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(tmp_path / "r"))
+        first.commit([_write(first, 0, 0, [[("/z", 9)]])], 0)
+        tails = ResultsLedger.load(tmp_path / "r", 0).tails  # type: ignore[union-attr]
+        _write(first, 1, 0, [[("/a", 1)]])  # then a kill: partition 1 had not written yet
+        path = tmp_path / "replays.json"
+        written_since(systems, TASK, tails).save(path)
+        second = WeirflowStreamWriter(
+            config.snapshot(), [MID, OUT], tasks=[TASK], replays_file=str(path), results_dir=str(tmp_path / "r")
+        )
+        second.commit([_write(second, 1, 1, [[("/a", 1)]]), _write(second, 1, 0, [[("/a", 1)]])], 1)
+        assert Counter((p, v) for _, p, v in _outputs(systems)) == Counter({("/z", 9): 1, ("/a", 1): 2})
+    finally:
+        systems.close()
+
+
+# --- the property: random batch cuts, kills and equal results ---------------------------------------------
+@dataclass(frozen=True)
+class Result:
+    """A result the task emits when its input reaches ``due`` (a closed window: its value does not depend on
+    how the input was cut into batches), from Spark partition ``partition`` (its grouping key's)."""
+
+    page: str
+    views: int
+    partition: int
+    due: int
+
+
+@dataclass
+class Store:
+    """The checkpoint store's record of the task: its input position and control state."""
+
+    position: int = 0
+    batch: int = -1
+    tails: dict[str, str] = field(default_factory=dict)
+    replays: dict[str, list[int]] = field(default_factory=dict)
+
+
+INPUT = 24
+# where a batch may be killed: in a Spark partition's write, after every write before Spark's commit, after the
+# commit before the checkpoints not written yet (mostly not at all)
+KILLS = st.sampled_from(["", "", "", "write", "commit", "after"])
+results_strategy = st.lists(
+    st.builds(
+        Result,
+        page=st.sampled_from(["/a", "/bb"]),
+        views=st.integers(1, 2),
+        partition=st.integers(0, PARTITIONS - 1),
+        due=st.integers(0, INPUT - 1),
+    ),
+    max_size=30,
+)
+
+
+def _pieces(rng: random.Random, rows: list[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+    rows = list(rows)
+    rng.shuffle(rows)  # the order within a partition is Spark's business
+    while rows:
+        size = rng.randrange(1, 4)
+        yield rows[:size]
+        rows = rows[size:]
+
+
+class Killed(Exception):
+    """The processor died here."""
+
+
+def _pieces_until(pieces: list[list[tuple[str, int]]], kill_after: int | None) -> Iterator[pa.RecordBatch]:
+    for n, piece in enumerate(pieces):
+        if kill_after is not None and n == kill_after:
+            raise Killed
+        yield _frame(piece)
+
+
+def _run(data: st.DataObject, root: Path) -> None:
+    results = data.draw(results_strategy, label="results")
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    rng = random.Random(seed)
+    config, systems = _systems(root)
+    results_dir, replays_file = root / "results", root / "replays.json"
+    store = Store()
+    spark_batch, spark_position = -1, 0  # Spark's last committed batch and where it ended (its checkpoint)
+    ends: dict[int, int] = {}  # batch -> where its input ended, for the checkpoints that lag behind Spark
+    kills = 0
+    try:
+        while True:
+            # a restart: on the machine of Spark's checkpoint it catches up with Spark's last committed batch;
+            # elsewhere (the state mirror of the store's batch) it resumes from the store
+            if spark_batch > store.batch and data.draw(st.booleans(), label="same machine"):
+                ledger = ResultsLedger.load(results_dir, spark_batch)
+                assert ledger is not None
+                store = Store(spark_position, spark_batch, ledger.tails, ledger.replays.to_json())
+            spark_batch, spark_position = store.batch, store.position
+            if not store.tails:  # as `StageQuery._first_tails`: taken and checkpointed before the first batch
+                store.tails = tails_of(systems, [("local", "mid"), ("local", "out")])
+            replays = Replays.from_json(store.replays)
+            replays.merge(written_since(systems, TASK, store.tails))
+            replays.save(replays_file)
+            writer = WeirflowStreamWriter(
+                config.snapshot(),
+                [MID, OUT],
+                tasks=[TASK],
+                replays_file=str(replays_file),
+                results_dir=str(results_dir),
+            )
+            lag = data.draw(st.integers(0, 2), label="checkpoints behind Spark")
+            killed = False
+            while spark_position < INPUT and not killed:
+                start, end = spark_position, min(INPUT, spark_position + rng.randrange(1, 9))
+                batch = spark_batch + 1
+                kill = kills < 3 and data.draw(
+                    st.sampled_from(["", "", "", "write", "commit", "after"]), label="kill"
+                )
+                messages = []
+                for partition in rng.sample(range(PARTITIONS), PARTITIONS):
+                    due = [(r.page, r.views) for r in results if start <= r.due < end and r.partition == partition]
+                    pieces = list(_pieces(rng, due))
+                    stop = rng.randrange(0, len(pieces) + 1) if kill == "write" else None
+                    with mock.patch.object(sink_module, "spark_task", lambda b=batch, p=partition: (b, p, 0)):
+                        try:
+                            messages.append(writer.write(_pieces_until(pieces, stop)))
+                        except Killed:
+                            killed = True
+                            break
+                if killed:
+                    break
+                if kill == "commit":  # the batch's rows are durable, Spark did not commit it
+                    killed = True
+                    break
+                writer.commit(messages, batch)
+                spark_batch, spark_position = batch, end
+                ends[batch] = end
+                if kill == "after":  # Spark committed it; the checkpoints not written yet are lost
+                    killed = True
+                    break
+                # the processor checkpoints batches as their progress reports arrive: ``lag`` behind Spark
+                due_batch = spark_batch - lag if spark_position < INPUT else spark_batch
+                if due_batch > store.batch:
+                    ledger = ResultsLedger.load(results_dir, due_batch)
+                    assert ledger is not None, f"the ledger of batch {due_batch} was not kept"
+                    store = Store(ends[due_batch], due_batch, ledger.tails, ledger.replays.to_json())
+            if killed:
+                kills += 1
+                continue
+            break
+        expected = Counter((r.page, r.views) for r in results)
+        assert Counter((p, v) for _, _, p, v in _intermediate(systems)) == expected
+        outputs = _outputs(systems)
+        assert Counter((p, v) for _, p, v in outputs) == expected
+        assert len({i for i, _, _ in outputs}) == len(outputs)
+    finally:
+        systems.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_result_is_delivered_exactly_once_whatever_the_cuts_kills_and_equal_results(
+    data: st.DataObject,
+) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        _run(data, Path(root))

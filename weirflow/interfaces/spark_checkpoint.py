@@ -9,7 +9,9 @@ Spark writes, per micro-batch ``b`` of a query, into its checkpoint directory (`
   plus ``.zip`` / ``.changelog`` for RocksDB) while it runs;
 * ``commits/<b>`` once it is done.
 
-The served tables (`weirflow.served_tables`) keep one file per batch under ``served/``. Every file is written
+The served tables (`weirflow.served_tables`) keep one file per batch under ``served/``, and a stateful task's sink
+one per batch under ``results/`` (``results/<b>.json``: where the task's outputs ended when the batch committed
+and the replays still to come, `weirflow.spark.result_replays.ResultsLedger`). Every file is written
 once and never changed (a temporary file renamed), so a copy can be kept up to date by sending new files only
 (`weirflow.interfaces.spark_state`). This module lives among the interfaces because the Spark state stores of
 the plugins read the layout too; it depends on nothing else of weirflow.
@@ -28,6 +30,7 @@ OFFSETS_DIR = "offsets"
 COMMITS_DIR = "commits"
 STATE_DIR = "state"
 SERVED_DIR = "served"
+RESULTS_DIR = "results"
 
 
 # --- the weirflow source's offsets (one line per source of ``offsets/<b>``) ------------------------------
@@ -159,14 +162,15 @@ def has_offsets(location: Path) -> bool:
 # started); they are left out, so a restored copy is exactly Spark's directory as of batch ``b``.
 _LOG = re.compile(rf"^({OFFSETS_DIR}|{COMMITS_DIR})/(\d+)$")
 _SERVED = re.compile(rf"^{SERVED_DIR}/[^/]+/(\d+)\.(?:delta|snapshot)$")  # weirflow.served_tables: one per batch
+_RESULTS = re.compile(rf"^{RESULTS_DIR}/(\d+)\.json$")  # weirflow.spark.result_replays: one per batch
 _STATE_VERSION = re.compile(rf"^{STATE_DIR}/.+/(\d+)(?:_[^/]*)?\.(?:delta|snapshot|zip|changelog)$")
 
 
 def committed_files(local: Path, batch: int) -> dict[str, int]:
     """Relative path -> size of every file of ``local`` that belongs to its state as of committed ``batch``:
     metadata and source files, the offset and commit logs up to ``batch``, state files up to version
-    ``batch + 1``, served-table files (`weirflow.served_tables`) up to ``batch``. Spark's hidden checksum and
-    temporary files (``.*.crc``, ``.*.tmp``) are left out."""
+    ``batch + 1``, served-table files (`weirflow.served_tables`) and results ledgers up to ``batch``. Spark's
+    hidden checksum and temporary files (``.*.crc``, ``.*.tmp``) are left out."""
     found: dict[str, int] = {}
     for path in local.rglob("*"):
         if not path.is_file() or path.name.startswith("."):
@@ -178,7 +182,7 @@ def committed_files(local: Path, batch: int) -> dict[str, int]:
         state = _STATE_VERSION.match(rel)
         if state and int(state.group(1)) > batch + 1:
             continue
-        served = _SERVED.match(rel)
+        served = _SERVED.match(rel) or _RESULTS.match(rel)
         if served and int(served.group(1)) > batch:
             continue
         try:

@@ -1,25 +1,38 @@
-"""Results of a stateful stage that a replay would write to an intermediate stream again, recognised by the
-task that writes them (docs/guarantees.md, "Stateful stages").
+"""Results of a stateful stage that a replay would write again, recognised by the task that writes them
+(docs/guarantees.md, "Stateful stages").
 
 A stateful stage's rows are *results* (an aggregation's windows, a join's matches), not input rows: they have
-no input position for the consumer's marks (`weirflow.spark.replay`). But a stateful stage runs one task per
-query, and that task can tell what it already wrote:
+no input position for the consumer's marks (`weirflow.spark.replay`), and two results may be equal (one page
+viewed 5 times in each of three minutes, counted per minute without the window: three equal rows). But a
+stateful stage runs one task per query, and that task can tell what it already wrote:
 
 * **Tails.** When a micro-batch's write is committed (the sink's ``commit``, on the driver, before the next
-  batch starts), the sink notes each intermediate partition's next offset; the task's checkpoint for that
-  batch records them (``control.tails``). Every row the task writes after that checkpoint lies beyond them.
+  batch starts), the sink notes the next offset of each partition of every stream the task writes results to
+  (intermediate and output streams) and keeps them, with the replays still to come, in a **ledger** of the
+  batch inside the task's Spark checkpoint directory (`ResultsLedger`, ``results/<batch>.json``), which the
+  state mirror carries with the batch. The task's checkpoint for that batch records them (``control.tails``,
+  ``control.replays``). Every result the task writes after that checkpoint lies beyond its tails.
 * **Replays.** A task starting from a checkpoint with tails reads each partition from its tail to the end and
-  keeps the rows of packed records that name it (`TASK_KEY` in their schema metadata): what an earlier attempt
-  wrote past the checkpoint, which the replay will produce again. The sink drops each result equal to one of
-  them, once per copy (a multiset of row digests), and the remainder is carried in the task's checkpoint
-  (``control.replays``) until it is matched or `KEEP_BATCHES` micro-batches have passed, so that a second
-  fault before the replay is over still knows the first attempt's rows.
+  keeps what an earlier attempt of the task wrote there: the rows of packed records naming it (`TASK_KEY` in
+  their schema metadata) and the records whose result id names it (`weirflow.results.ids`). Each is counted
+  under its **replay key**: the stream, the Spark partition that wrote it (`PART_KEY`, or the id's origin)
+  and its digest. The sink's writer of Spark partition *p* leaves out each result equal to one counted under
+  *p*, once per copy; the remainder is carried from batch to batch (the ledgers, the task's checkpoints) until
+  it is matched or `KEEP_BATCHES` micro-batches have passed, so that a second fault before the replay is
+  over still knows the first attempt's rows.
 
-Why a replay reproduces them: the next holder restores the operator state matching the checkpoint (the state
-mirror, docs/pipelines.md) and reads the same input from the same offsets; an aggregation's result in append
-mode is a closed window's final value, which does not depend on how the input was cut into batches (late rows
-are dropped by the watermark the commit log restores). Results of update mode are changes, which a replay
-that cuts batches differently need not reproduce; those are dropped only when equal, and the rest are new.
+Why a replay is recognised and an equal new result is not taken for one: the next holder restores the operator
+state matching the checkpoint (the state mirror, docs/pipelines.md) and reads the same input from the same
+offsets; an aggregation's result in append mode is a closed window's final value, which a replay produces
+again, in the same Spark partition (the stateful operator's, chosen by a hash of the grouping key). What the
+earlier attempts wrote past the checkpoint is therefore a sub-multiset of what the replay produces, partition
+by partition: leaving out one produced copy per written copy leaves exactly what was not written yet,
+whichever of several equal results is taken for the written one (equal rows are interchangeable). A result
+counted under one partition is never matched by another's writers, so two writers of one batch never use up
+one copy twice; were a result to land in another partition on replay (a transform that shuffles after the
+aggregation), it would be written again: a duplicate, never a loss. Results of update mode are changes, which
+a replay that cuts batches differently need not reproduce; those are left out only when equal, and the rest
+are new (at least once in update mode).
 """
 
 from __future__ import annotations
@@ -37,13 +50,16 @@ import pyarrow as pa
 
 from weirflow.control import MessageType
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.results.ids import ResultId, parse
 from weirflow.spark.packing import unpack
 
 log = logging.getLogger("weirflow.spark")
 
 TASK_KEY = b"weirflow.task"  # a stateful stage's packed record: the schema metadata naming the task
+PART_KEY = b"weirflow.part"  # ... and the Spark partition that wrote it
 ROWS = bytes([MessageType.ROWS])
 KEEP_BATCHES = 10  # micro-batches an unmatched replay is kept for (a kill leaves at most a batch or two)
+LEDGERS_KEPT = 3  # ledgers of the latest batches kept in a Spark checkpoint directory (a catch-up reads the last)
 
 
 def row_digests(rows: pa.Table | pa.RecordBatch, columns: Iterable[str] | None = None) -> list[str]:
@@ -53,44 +69,50 @@ def row_digests(rows: pa.Table | pa.RecordBatch, columns: Iterable[str] | None =
     return [hashlib.blake2b(repr(row).encode(), digest_size=8).hexdigest() for row in zip(*values, strict=True)]
 
 
+def replay_key(stream: str, partition: int, digest: str) -> str:
+    """What a written result is counted under: the stream (``<system>.<physical>``), the Spark partition
+    that wrote it and its digest."""
+    return f"{partition}|{stream}|{digest}"
+
+
 @dataclass
 class Replays:
-    """Rows an earlier attempt of a task wrote that its replay will produce again: digest -> [copies, the
-    checkpoints left to keep them]."""
+    """Results an earlier attempt of a task wrote that its replay will produce again: replay key (`replay_key`)
+    -> [copies, the micro-batches left to keep them]."""
 
     rows: dict[str, list[int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return sum(copies for copies, _ in self.rows.values())
 
-    def add(self, digests: Iterable[str]) -> None:
-        for digest in digests:
-            entry = self.rows.setdefault(digest, [0, KEEP_BATCHES])
+    def add(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            entry = self.rows.setdefault(key, [0, KEEP_BATCHES])
             entry[0] += 1
             entry[1] = KEEP_BATCHES
 
     def merge(self, other: Replays) -> None:
-        for digest, (copies, left) in other.rows.items():
-            entry = self.rows.setdefault(digest, [0, left])
+        for key, (copies, left) in other.rows.items():
+            entry = self.rows.setdefault(key, [0, left])
             entry[0] += copies
             entry[1] = max(entry[1], left)
 
-    def take(self, digest: str) -> bool:
-        """Whether ``digest`` is a replay; if so one copy of it is used up."""
-        if digest not in self.rows:
+    def take(self, key: str) -> bool:
+        """Whether ``key`` is a replay; if so one copy of it is used up."""
+        if key not in self.rows:
             return False
-        self.used({digest: 1})
+        self.used({key: 1})
         return True
 
     def used(self, taken: Mapping[str, int]) -> None:
-        """Use up the copies that writers took (``digest -> copies``)."""
-        for digest, copies in taken.items():
-            entry = self.rows.get(digest)
+        """Use up the copies that writers took (``key -> copies``)."""
+        for key, copies in taken.items():
+            entry = self.rows.get(key)
             if entry is None:
                 continue
             entry[0] -= copies
             if entry[0] <= 0:
-                del self.rows[digest]
+                del self.rows[key]
 
     def aged(self) -> Replays:
         """After one more micro-batch: entries kept `KEEP_BATCHES` batches unmatched are dropped."""
@@ -101,7 +123,9 @@ class Replays:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Replays:
-        return cls({str(d): [int(e[0]), int(e[1])] for d, e in dict(data or {}).items()})
+        """Replays of a checkpoint; entries of an older format (a digest without the partition that wrote it)
+        are left out: no writer could tell its copies apart from another partition's."""
+        return cls({str(d): [int(e[0]), int(e[1])] for d, e in dict(data or {}).items() if str(d).count("|") == 2})
 
     @classmethod
     def load(cls, path: Path) -> Replays:
@@ -121,24 +145,86 @@ class Replays:
         tmp.replace(path)
 
 
+@dataclass
+class ResultsLedger:
+    """A stateful task's results as one micro-batch committed, kept in its Spark checkpoint directory
+    (``results/<batch>.json``, `weirflow.interfaces.spark_checkpoint.RESULTS_DIR`) so that the state mirror
+    carries it with the batch: ``tails`` (SSP key -> the next offset of each partition the task writes results
+    to) and the ``replays`` still to come after the batch. JSON: ``{"tails": {"local.mid.0": "17"},
+    "replays": {"0|local.mid|9c0e4d1b22aa0f3e": [1, 9]}}``.
+
+    The processor's checkpoint of the batch records both (``control.tails``, ``control.replays``); a restart
+    that catches up with a batch Spark committed after the last checkpoint reads them from the batch's ledger
+    (`weirflow.spark.task_progress`), since the checkpoint's are older."""
+
+    tails: dict[str, str] = field(default_factory=dict)
+    replays: Replays = field(default_factory=Replays)
+
+    def save(self, directory: Path, batch: int) -> None:
+        """Write the ledger of ``batch`` (once: a file is never changed, as the state mirror expects) and remove
+        those older than the last `LEDGERS_KEPT`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{batch}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"tails": self.tails, "replays": self.replays.to_json()}))
+        tmp.replace(directory / f"{batch}.json")
+        for path in directory.glob("*.json"):
+            if path.stem.isdigit() and int(path.stem) <= batch - LEDGERS_KEPT:
+                path.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, directory: Path, batch: int) -> ResultsLedger | None:
+        """The ledger of ``batch``, or None when it has none (the task writes no results, or its directory was
+        written before ledgers were kept)."""
+        try:
+            data = json.loads((directory / f"{batch}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        tails = {str(k): str(v) for k, v in dict(data.get("tails", {})).items()}
+        return cls(tails, Replays.from_json(data.get("replays")))
+
+
+def tails_of(systems: Any, streams: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The next offset of every partition of ``streams`` (system, physical name) now: SSP key -> offset."""
+    tails = {}
+    for system, physical in streams:
+        for partition, meta in systems.admin(system).partition_metadata(physical).items():
+            tails[SystemStreamPartition(system, physical, partition).key()] = meta.upcoming
+    return tails
+
+
 def written_since(systems: Any, task: str, tails: Mapping[str, str]) -> Replays:
-    """The rows ``task`` wrote to each intermediate partition from its tail offset (``ssp key -> offset``) on:
-    packed records naming the task, read to the partition's end."""
+    """What ``task`` wrote to each partition from its tail offset (``ssp key -> offset``) on, read to the
+    partition's end: the rows of packed records naming the task, and the records whose result id names it,
+    each counted under its replay key (`replay_key`)."""
     found = Replays()
     for key, start in tails.items():
         ssp = SystemStreamPartition.parse(key)
+        stream = f"{ssp.system}.{ssp.stream}"
         consumer = systems.consumer(ssp.system)
         offset = start
         while batch := consumer.read(ssp, offset, 10_000):
             for record in batch:
-                value = record.value
-                if value[:1] != ROWS:  # control messages and single JSON rows
-                    continue
-                try:
-                    rows = unpack(value)
-                except (pa.ArrowInvalid, OSError):
-                    continue
-                if (rows.schema.metadata or {}).get(TASK_KEY) == task.encode():
-                    found.add(row_digests(rows))
+                found.add(_written_by(task, stream, record))
             offset = batch[-1].next_offset
     return found
+
+
+def _written_by(task: str, stream: str, record: Any) -> list[str]:
+    """The replay keys of what ``record`` holds of ``task``'s results (none when another task wrote it)."""
+    result = parse(record.id)
+    if isinstance(result, ResultId):
+        if result.task != task:
+            return []
+        return [replay_key(stream, int(result.origin.split(".")[2], 16), result.digest)]
+    value = record.value
+    if value[:1] != ROWS:  # control messages and single JSON rows
+        return []
+    try:
+        rows = unpack(value)
+    except (pa.ArrowInvalid, OSError):
+        return []
+    metadata = rows.schema.metadata or {}
+    if metadata.get(TASK_KEY) != task.encode():
+        return []
+    partition = int(metadata.get(PART_KEY, b"-1"))  # -1: written before records named their partition
+    return [replay_key(stream, partition, digest) for digest in row_digests(rows)]

@@ -16,17 +16,19 @@ commit message, and ``commit`` writes them into the task's Spark checkpoint dire
 
 Executors send with `SystemProducer.send_fenced`, which is durable when it returns and checks the fence
 (`weirflow.spark.fence`) right before every attempt: a micro-batch commits only after every output record
-was written. A replayed batch writes its records again with the same ids (``OutgoingRecord.id``), which the
-next stage, the embedded log and a consumer use to drop replays (docs/guarantees.md). Records a system can
-never take (too large) go to the stream's ``<physical>.dlq`` with the reason.
+was written. A row-wise stage's replayed batch writes its rows again with the same positions and ids
+(``OutgoingRecord.id``), which the next stage, the embedded log and a consumer use to drop replays; a stateful
+task leaves out the results an earlier attempt wrote past its checkpoint and gives each new one an id of its
+own (`weirflow.spark.result_replays`, docs/guarantees.md). Records a system can never take (too large) go to
+the stream's ``<physical>.dlq`` with the reason.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +40,23 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow import fault_points
 from weirflow.errors import RecordTooLargeError
-from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.interfaces.system import OutgoingRecord
+from weirflow.results.ids import result_digest, result_id, result_origin, row_id
 from weirflow.served_tables import write_batch
 from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
 from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, input_partition, output_index
-from weirflow.spark.result_replays import TASK_KEY, Replays, row_digests
+from weirflow.spark.result_replays import (
+    PART_KEY,
+    TASK_KEY,
+    Replays,
+    ResultsLedger,
+    replay_key,
+    row_digests,
+    tails_of,
+)
 from weirflow.spark.source import systems_for
 from weirflow.systems import dead_letter_stream
 
@@ -102,8 +113,16 @@ def _add(into: dict[str, int], more: dict[str, int]) -> None:
         into[name] = into.get(name, 0) + n
 
 
-def _digest(key: bytes | None, value: bytes) -> str:
-    return hashlib.blake2b((key or b"") + b"\0" + value, digest_size=12).hexdigest()
+def spark_task() -> tuple[int, int, int]:
+    """The Spark task a writer runs in: its micro-batch, its partition and its try (0 first), from Spark's
+    ``TaskContext``; (0, 0, 0) outside Spark (a writer driven by a test)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, 0, 0
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    return int(batch) if batch else 0, context.partitionId(), context.attemptNumber()
 
 
 class WeirflowSink(DataSource):
@@ -129,6 +148,8 @@ class WeirflowSink(DataSource):
             tasks,
             self.options.get("replays_file") or None,
             {int(k): v for k, v in json.loads(self.options.get("owners") or "{}").items()},
+            self.options.get("attempt") or None,
+            self.options.get("results_dir") or None,
         )
 
 
@@ -146,6 +167,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         tasks: list[str] | None = None,
         replays_file: str | None = None,
         owners: dict[int, str] | None = None,
+        attempt: str | None = None,
+        results_dir: str | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.tasks = tasks or []  # the tasks the query runs (a stateful stage's query runs one)
@@ -156,12 +179,19 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self.counts_dir = counts_dir  # where commit leaves each batch's counts for the runner (records out)
         # a stateful task's results an earlier attempt wrote past its checkpoint (`weirflow.spark.result_replays`)
         self.replays_file = replays_file
+        # where a stateful task's sink keeps each batch's `ResultsLedger` (its Spark checkpoint's ``results/``)
+        self.results_dir = results_dir
+        # the query's token in its results' ids (`weirflow.results.ids`): one per start of the query
+        self.attempt = attempt or secrets.token_hex(8)
+        self._written = 0  # results named so far by this writer (the index in their ids)
+        self._task = (0, 0, 0)  # the Spark task writing (`spark_task`), set by each `write`
         # per output: the last row written of this partition (its __pss, __pos, __k), for the next batch's __k
         self._carry: dict[int, tuple[int, int, int]] = {}
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenCount:
         workergc.before_task()
         systems = systems_for(self.snapshot)
+        self._task = spark_task()
         counts: dict[str, int] = {}
         served: dict[str, dict[str, str]] = {}
         replays = Replays.load(Path(self.replays_file)) if self.replays_file else None
@@ -192,13 +222,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 if sink.get("rows"):
                     out.extend(self._intermediate(index, rows, sink, systems, replays, replayed))
                 else:
-                    keys = rows.column("__key").to_pylist()
-                    values = [value or b"" for value in rows.column("__value").to_pylist()]
-                    ids = self._ids(index, sink, rows, keys, values)
-                    out.extend(
-                        OutgoingRecord(stream=sink["physical"], value=value, key=key, id=record_id)
-                        for key, value, record_id in zip(keys, values, ids, strict=True)
-                    )
+                    out.extend(self._records(index, sink, rows, replays, replayed))
             # Before every send and retry, not once per partition: a partition's rows arrive over time (a slow
             # transform upstream), and the lock may move while they do or while a send waits to retry.
             for system, records in by_system.items():
@@ -238,42 +262,77 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             rows = self._not_replayed(rows, sink, replays, replayed)
             if rows.num_rows == 0:
                 return []
-        return self._packed(rows, sink, systems.producer(sink["system"]), task)
+        return self._packed(rows, sink, systems.producer(sink["system"]), task, self._task[1])
 
     def _task_results(self, sink: dict[str, Any]) -> str | None:
         """The task whose results ``sink`` writes (a stateful stage's query runs one task), else None."""
         return self.tasks[0] if sink.get("results") and len(self.tasks) == 1 else None
 
-    @staticmethod
     def _not_replayed(
-        rows: pa.RecordBatch, sink: dict[str, Any], replays: Replays, replayed: dict[str, int]
+        self, rows: pa.RecordBatch, sink: dict[str, Any], replays: Replays, replayed: dict[str, int]
     ) -> pa.RecordBatch:
-        """``rows`` without the results an earlier attempt of the task already wrote (each copy once)."""
+        """``rows`` without the results an earlier attempt of the task already wrote from this Spark partition
+        (each copy once, `weirflow.spark.result_replays`)."""
         columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
         digests = row_digests(pa.RecordBatch.from_arrays([rows.column(c) for c in columns], names=names))
-        keep = []
-        for digest in digests:
-            again = replays.take(digest)
-            keep.append(not again)
-            if again:
-                replayed[digest] = replayed.get(digest, 0) + 1
+        keep = self._take_replays(sink, digests, replays, replayed)
         return rows if all(keep) else rows.filter(pa.array(keep))
 
-    def _ids(
-        self, index: int, sink: dict[str, Any], rows: pa.RecordBatch, keys: list[Any], values: list[bytes]
-    ) -> list[str | None]:
-        """The output records' ids (docs/guarantees.md): a row-wise stage's rows are named by their position,
-        ``<stage>/<__pss>/<__pos>/<__k>``; a stateful stage's results by their task and content (a replayed
-        batch emits the same results); rows that lost their positions get none."""
+    def _take_replays(
+        self, sink: dict[str, Any], digests: list[str], replays: Replays | None, replayed: dict[str, int]
+    ) -> list[bool]:
+        """Per result digest, whether it is new: False for each one that uses up a copy an earlier attempt of
+        the task wrote from this writer's Spark partition (counted in ``replayed``)."""
+        if not replays:
+            return [True] * len(digests)
+        stream, partition = f"{sink['system']}.{sink['physical']}", self._task[1]
+        keep = []
+        for digest in digests:
+            key = replay_key(stream, partition, digest)
+            again = replays.take(key)
+            keep.append(not again)
+            if again:
+                replayed[key] = replayed.get(key, 0) + 1
+        return keep
+
+    def _records(
+        self,
+        index: int,
+        sink: dict[str, Any],
+        rows: pa.RecordBatch,
+        replays: Replays | None,
+        replayed: dict[str, int],
+    ) -> list[OutgoingRecord]:
+        """The records of output ``index``, an output stream, each with its id (docs/guarantees.md): a
+        row-wise stage's rows named by their position, ``<stage>/<__pss>/<__pos>/<__k>``; a stateful task's
+        results by where they are first written (`weirflow.results.ids`), without those an earlier attempt
+        already wrote; rows that lost their positions get none."""
+        keys = rows.column("__key").to_pylist()
+        values = [value or b"" for value in rows.column("__value").to_pylist()]
+        physical = sink["physical"]
         if sink.get("positions"):
             rows = self._indexed(index, rows)
             stage = sink["stage"]
             columns = (rows.column(c).to_pylist() for c in (PSS, POS, K))
-            return [f"{stage}/{a:x}/{b:x}/{c}" for a, b, c in zip(*columns, strict=True)]
-        if sink.get("results") and len(self.tasks) == 1:
-            task = self.tasks[0]
-            return [f"{task}/{_digest(key, value)}" for key, value in zip(keys, values, strict=True)]
-        return [None] * len(values)
+            ids = [row_id(stage, a, b, c) for a, b, c in zip(*columns, strict=True)]
+            return [OutgoingRecord(physical, v, key=k, id=i) for k, v, i in zip(keys, values, ids, strict=True)]
+        task = self._task_results(sink)
+        if task is None:
+            return [OutgoingRecord(physical, v, key=k) for k, v in zip(keys, values, strict=True)]
+        digests = [result_digest(k, v) for k, v in zip(keys, values, strict=True)]
+        keep = self._take_replays(sink, digests, replays, replayed)
+        return [
+            OutgoingRecord(physical, value, key=key, id=self._result_id(task, digest))
+            for key, value, digest, new in zip(keys, values, digests, keep, strict=True)
+            if new
+        ]
+
+    def _result_id(self, task: str, digest: str) -> str:
+        """A new result's id: where this writer writes it (unique, however equal the result is to another)."""
+        batch, partition, try_number = self._task
+        origin = result_origin(self.attempt, batch, partition, try_number, self._written)
+        self._written += 1
+        return result_id(task, origin, digest)
 
     def _indexed(self, index: int, rows: pa.RecordBatch) -> pa.RecordBatch:
         """``rows`` of output ``index`` with ``__k``, each row's index among the outputs of its input row
@@ -287,12 +346,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
 
     @staticmethod
     def _packed(
-        rows: pa.RecordBatch, sink: dict[str, Any], producer: Any, task: str | None = None
+        rows: pa.RecordBatch, sink: dict[str, Any], producer: Any, task: str | None = None, writer: int = 0
     ) -> list[OutgoingRecord]:
         """The rows of one intermediate stream as packed records, one run per partition (rows keep their
         order within a partition); a row too large to send alone becomes a dead letter. With positions, each
         record carries its rows' (``__pss``, ``__pos``, ``__k``) and names the stage that wrote it; a stateful
-        task's record names the task (`weirflow.spark.result_replays`)."""
+        task's record names the task and the Spark partition that wrote it (``writer``,
+        `weirflow.spark.result_replays`)."""
         physical = sink["physical"]
         columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
         metadata = None
@@ -300,7 +360,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             columns, names = columns + [PSS, POS, K], names + [PSS, POS, K]
             metadata = {PRODUCER_KEY: str(sink["stage"]).encode()}
         elif task is not None:
-            metadata = {TASK_KEY: task.encode()}
+            metadata = {TASK_KEY: task.encode(), PART_KEY: str(writer).encode()}
         arrays = [rows.column(c) for c in columns]
         schema = pa.schema([pa.field(n, a.type) for n, a in zip(names, arrays, strict=True)], metadata=metadata)
         data = pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -370,29 +430,32 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every partition's records were durable when its `write` returned; what is left is the served
-        tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch.
+        tables' rows of the batch, recorded here on the driver's machine before Spark commits the batch, and a
+        stateful task's `ResultsLedger` of the batch (its tails and the replays still to come).
 
         The batch's counts go to ``<counts_dir>/<batchId>.json`` for the runner (`TaskProgress._count_written`):
-        ``{"counts": {stream: rows}, "by_task": {task: {stream: rows}}, "tails": {ssp key: offset},
-        "replayed": n}``, e.g. ``{"counts": {"out": 7}, "by_task": {"s-0": {"out": 4}, "s-1": {"out": 3}},
-        "tails": {}, "replayed": 0}``."""
+        ``{"counts": {stream: rows}, "by_task": {task: {stream: rows}}, "replayed": n}``, e.g.
+        ``{"counts": {"out": 7}, "by_task": {"s-0": {"out": 4}, "s-1": {"out": 3}}, "replayed": 0}``."""
         workergc.before_task()
         total = WrittenCount.total(messages)
         tables, counts, replayed, by_task = total.served, total.counts, total.replayed, total.by_task
-        if self.replays_file and Path(self.replays_file).exists():  # used up, and one batch older: the next
-            # batch's writers read what is left, and once none is left nobody reads the file again
-            replays = Replays.load(Path(self.replays_file))
-            replays.used(replayed)
-            replays.aged().save(Path(self.replays_file))
+        left = Replays()
+        if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left, and
+            # once none is left nobody reads the file again
+            left = Replays.load(Path(self.replays_file))
+            left.used(replayed)
+            left = left.aged()
+            left.save(Path(self.replays_file))
         tails = self._tails()
-        if (counts or tails or replayed) and self.counts_dir is not None:
+        if tails and self.results_dir is not None:
+            ResultsLedger(tails, left).save(Path(self.results_dir), batchId)
+        if (counts or replayed) and self.counts_dir is not None:
             directory = Path(self.counts_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            summary = {"counts": counts, "by_task": by_task, "tails": tails, "replayed": sum(replayed.values())}
+            summary = {"counts": counts, "by_task": by_task, "replayed": sum(replayed.values())}
             (directory / f".{batchId}.tmp").write_text(json.dumps(summary))
             (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
-        results = [s["stream"] for s in self.sinks if s.get("rows") and self._task_results(s)]
-        if any(counts.get(stream) for stream in results):
+        if any(counts.get(s["stream"]) for s in self._result_sinks()):
             fault_points.reached("before-spark-commit", self.tasks[0])
         if not tables or self.served_dir is None:
             return
@@ -400,18 +463,18 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
 
+    def _result_sinks(self) -> list[dict[str, Any]]:
+        """The outputs a stateful task writes its results to (intermediate and output streams)."""
+        return [s for s in self.sinks if not s.get("serve") and self._task_results(s)]
+
     def _tails(self) -> dict[str, str]:
-        """For a stateful task writing intermediate streams, each of their partitions' next offset as the batch
-        commits: everything the task writes after this batch lies beyond (`weirflow.spark.result_replays`)."""
-        sinks = [s for s in self.sinks if s.get("rows") and self._task_results(s)]
+        """For a stateful task writing results, each partition's next offset of the streams it writes them to,
+        as the batch commits: everything the task writes after this batch lies beyond
+        (`weirflow.spark.result_replays`)."""
+        sinks = self._result_sinks()
         if not sinks:
             return {}
-        systems = systems_for(self.snapshot)
-        tails = {}
-        for sink in sinks:
-            for partition, meta in systems.admin(sink["system"]).partition_metadata(sink["physical"]).items():
-                tails[SystemStreamPartition(sink["system"], sink["physical"], partition).key()] = meta.upcoming
-        return tails
+        return tails_of(systems_for(self.snapshot), [(s["system"], s["physical"]) for s in sinks])
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import shutil
 import threading
 import time
@@ -19,13 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from weirflow.interfaces.spark_checkpoint import PartitionOffset, has_offsets, history_of, last_committed
+from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.spark_checkpoint import (
+    RESULTS_DIR,
+    PartitionOffset,
+    has_offsets,
+    history_of,
+    last_committed,
+)
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
 from weirflow.spark.replay import pss
-from weirflow.spark.result_replays import Replays, written_since
+from weirflow.spark.result_replays import Replays, tails_of, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
 from weirflow.start_position import start_offset
 
@@ -106,7 +114,7 @@ class StageQuery(TaskProgress):
                     return
         self.location = location
         self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
-        self.replays_file = None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir)
+        self.replays_file = None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir, starts)
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
@@ -116,6 +124,8 @@ class StageQuery(TaskProgress):
             .option("counts_dir", str(self.counts_dir))
             .option("tasks", json.dumps([t.name for t in self.tasks]))
             .option("replays_file", str(self.replays_file or ""))
+            .option("results_dir", "" if self.merged else str(location / RESULTS_DIR))
+            .option("attempt", secrets.token_hex(8))
             .option("checkpointLocation", str(location))
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
@@ -147,12 +157,17 @@ class StageQuery(TaskProgress):
                         owners[str(pss(index, ssp.partition))] = t.name
         return owners
 
-    def _replays(self, t: TaskState, sinks: list[dict[str, Any]], directory: Path) -> Path | None:
-        """The file of results an earlier attempt of stateful task ``t`` wrote to intermediate streams past its
-        checkpoint, which this query will produce again and must not write (`weirflow.spark.result_replays`):
-        those its checkpoint still carries, and what the stream holds of it beyond the checkpoint's tails."""
-        if not any(s.get("rows") and s.get("results") for s in sinks):
+    def _replays(
+        self, t: TaskState, sinks: list[dict[str, Any]], directory: Path, starts: dict[str, PartitionOffset]
+    ) -> Path | None:
+        """The file of results an earlier attempt of stateful task ``t`` wrote past its checkpoint, which this
+        query will produce again and must not write (`weirflow.spark.result_replays`): those its checkpoint
+        still carries, and what the streams it writes results to hold of it beyond the checkpoint's tails."""
+        streams = [(s["system"], s["physical"]) for s in sinks if s.get("results") and not s.get("serve")]
+        if not streams:
             return None
+        if not t.control.tails:
+            self._first_tails(t, streams, starts)
         replays = Replays.from_json(t.control.replays)
         if t.control.tails:
             since = written_since(self.runner.plan.systems, t.name, t.control.tails)
@@ -169,6 +184,19 @@ class StageQuery(TaskProgress):
         path = directory / "replays.json"
         replays.save(path)
         return path
+
+    def _first_tails(
+        self, t: TaskState, streams: list[tuple[str, str]], starts: dict[str, PartitionOffset]
+    ) -> None:
+        """Tails for a stateful task whose checkpoint has none (its first start, or the first since it writes
+        results), checkpointed before the query writes anything, with the offsets it starts from: without them a
+        kill before the first batch's checkpoint would leave the next attempt nothing to read back from, and it
+        would write the first attempt's results again."""
+        t.control.tails = tails_of(self.runner.plan.systems, streams)
+        if not t.offsets:
+            t.offsets = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
+        t.writer.write(Checkpoint(offsets=dict(t.offsets), control=t.control.to_json()))
+        log.info("task %s: tails of its results checkpointed before its first batch", t.name)
 
     def _stale(self, t: TaskState, location: Path) -> bool:
         """Whether the task's Spark checkpoint is *behind* the checkpoint store (another processor ran the task

@@ -45,13 +45,13 @@ from weirflow.errors import FencedOffError, LockLostError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import Lock
-from weirflow.interfaces.spark_checkpoint import has_state, history_of, last_committed
+from weirflow.interfaces.spark_checkpoint import RESULTS_DIR, has_state, history_of, last_committed
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.replay import compare_offsets
-from weirflow.spark.result_replays import Replays
+from weirflow.spark.result_replays import ResultsLedger
 from weirflow.spark.writer_log import WROTE_FORMAT
 from weirflow.systems import Systems
 from weirflow.telemetry import BATCH_BUCKETS, Histogram
@@ -157,10 +157,10 @@ class TaskProgress:
     def _apply(self, report: ProgressView) -> None:
         """One finished micro-batch: its end offsets and control rows become each task's checkpoint."""
         before = sum(self.records_out.values())
-        tails, replayed = self._count_written(report.batchId)
+        replayed = self._count_written(report.batchId)
         wrote = sum(self.records_out.values()) > before  # the batch wrote rows (of any of the query's tasks)
         if not self.merged:  # a stateful task's results: where this batch's writes end, what it did not write
-            self._results_written(self.tasks[0], tails, replayed)
+            self._results_written(self.tasks[0], report.batchId, replayed)
         offsets, positions = self._batch_ends(report)
         dead, rows = self._apply_control_rows(report)
         spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
@@ -206,19 +206,19 @@ class TaskProgress:
         inputs = {ssp: o for ssp, o in offsets.items() if (ssp.system, ssp.stream) not in packed}
         return records_between(plan.systems, t.read_to, inputs)
 
-    def _count_written(self, batch: int) -> tuple[dict[str, str], int]:
+    def _count_written(self, batch: int) -> int:
         """Add the sink's counts of ``batch`` (written by its ``commit``) to the query's ``records_out`` and to
         its tasks': a query of one task wrote all of them for it; a shared query's rows were counted per task
-        by the sink, those it could attribute (`WeirflowStreamWriter`). Returns the batch's tails and how many
-        replayed results it did not write (`weirflow.spark.result_replays`)."""
+        by the sink, those it could attribute (`WeirflowStreamWriter`). Returns how many replayed results the
+        batch did not write (`weirflow.spark.result_replays`)."""
         if self.counts_dir is None:
-            return {}, 0
+            return 0
         path = self.counts_dir / f"{batch}.json"
         try:
             summary = json.loads(path.read_text())
             path.unlink()
         except (FileNotFoundError, ValueError):
-            return {}, 0
+            return 0
         counts = {str(stream): int(n) for stream, n in dict(summary.get("counts", {})).items()}
         for stream, n in counts.items():
             self.records_out[stream] = self.records_out.get(stream, 0) + n
@@ -226,15 +226,16 @@ class TaskProgress:
         for t in self.tasks:
             for stream, n in dict(by_task.get(t.name, {})).items():
                 t.stats.records_out[stream] = t.stats.records_out.get(stream, 0) + int(n)
-        return {str(k): str(v) for k, v in dict(summary.get("tails", {})).items()}, int(summary.get("replayed", 0))
+        return int(summary.get("replayed", 0))
 
-    def _results_written(self, t: TaskState, tails: dict[str, str], replayed: int) -> None:
-        """Carry into the task's next checkpoint where its intermediate partitions ended at this batch's commit
-        and the replays still to come (the sink's file, which its commits keep)."""
-        if tails:
-            t.control.tails = tails
-        if self.replays_file is not None:  # gone once every replay was matched or aged out: none left
-            t.control.replays = Replays.load(self.replays_file).to_json()
+    def _results_written(self, t: TaskState, batch: int, replayed: int) -> None:
+        """Carry into the task's checkpoint of ``batch`` where the partitions it writes results to ended at the
+        batch's commit and the replays still to come after it: the batch's own ledger, which the sink's commit
+        wrote before Spark started the next batch (the next batch may have changed the replays since)."""
+        ledger = ResultsLedger.load(self.location / RESULTS_DIR, batch) if self.location is not None else None
+        if ledger is not None:
+            t.control.tails = ledger.tails
+            t.control.replays = ledger.replays.to_json()
         if replayed:
             t.stats.replays_dropped += replayed
             log.info("task %s: %d replayed results not written again", t.name, replayed)
@@ -468,6 +469,24 @@ class TaskProgress:
         for system, records in by_system.items():
             plan.systems.producer(system).send(records)
 
+    def _caught_up_results(self, t: TaskState, location: Path, batch: int) -> None:
+        """A stateful task's tails and replays as of Spark's committed ``batch`` (its ledger), not as of the
+        older checkpoint: read back from the older tails, the results of the batches in between (which Spark will
+        not run again) would be taken for replays still to come, and equal new results left out for them."""
+        ledger = ResultsLedger.load(location / RESULTS_DIR, batch)
+        if ledger is not None:
+            t.control.tails, t.control.replays = ledger.tails, ledger.replays.to_json()
+            return
+        if not t.control.tails and not t.control.replays:
+            return  # the task writes no results, or none were written yet
+        log.warning(
+            "task %s: Spark's batch %s has no results ledger (its checkpoint was written by an older version); "
+            "its results past the checkpoint are not read back: a replay may write some of them again",
+            t.name,
+            batch,
+        )
+        t.control.tails, t.control.replays = {}, {}
+
     def _catch_up(self, t: TaskState, location: Path) -> None:
         """Bring a task query's control state up to Spark's last committed batch before it restarts.
 
@@ -510,6 +529,7 @@ class TaskProgress:
                     state.apply(key, ControlMessage(kind, f"{stream_id}:{key}", 1, 0))
                 offsets[ssp] = end.offset
         self._reconcile(t)
+        self._caught_up_results(t, location, committed.batch)
         flushed = not has_state(location) or committed.watermark_ms >= FLUSHED_WATERMARK_MS
         injected = all(s.watermark >= MAX_TIMESTAMP_MS for s in committed.sources)
         if self._all_inputs_ended(t) and injected and flushed:
