@@ -1,0 +1,111 @@
+"""Equal results of one stateful task are all written, also across a SIGKILL (docs/guarantees.md, "Stateful
+stages"): one page viewed 5 times in each of three minutes, counted per minute without the window in the
+output (as an alert or a "top pages" feed would), is three equal results ``{"page": "/a", "views": 5}``. Plain
+Spark writes three rows; so must the job, on the embedded default, when its processor is killed after the first
+result reached the output stream and before Spark committed the batch that wrote it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from weirflow.config import load_config
+from weirflow.fault_points import ENV as FAULT_POINT
+from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.local.launcher import start_processor
+from weirflow.results.ids import ResultId, parse
+from weirflow.systems import Systems
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+FINISH_S = 240
+
+JOB = """
+job:
+  name: equal-results
+app:
+  pipeline: alerts:pipeline
+streams:
+  views:
+    partitions: 1
+    schema: "page string, event_time timestamp"
+    event-time:
+      field: event_time
+    bounded: true
+  counts:
+    partitions: 1
+spark:
+  master: "local[2]"
+"""
+
+PIPELINE = """
+from pyspark.sql import functions as F
+
+
+def per_minute(views):
+    return views.groupBy(F.window("event_time", "1 minute"), "page").count().select(
+        "page", F.col("count").alias("views")
+    )
+
+
+def pipeline(app):
+    app.input("views").partition_by("page").transform(per_minute).send_to("counts", key="page")
+"""
+
+
+def _written(systems: Systems) -> list[tuple[str | None, dict[str, object]]]:
+    ref = systems.resolve("counts")
+    records = systems.consumer(ref.system).read(SystemStreamPartition(ref.system, ref.physical, 0), "0", 1000)
+    return [(r.id, json.loads(r.value)) for r in records]
+
+
+def test_three_equal_windows_are_three_rows_also_when_the_processor_dies_after_the_first(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "alerts.py").write_text(PIPELINE)
+    # a batch per minute of views in the first stage, so that each window closes in a batch of its own
+    overrides = [f"job.state.dir={tmp_path / 'state'}", "task.max.records.per.trigger=5"]
+    config = load_config(tmp_path / "job.yaml", overrides)
+    systems = Systems(config)
+    try:
+        for stream in ("views", "counts"):
+            ref = systems.resolve(stream)
+            systems.admin(ref.system).create_stream(StreamSpec(ref.physical, 1))
+        start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        views = [
+            {"page": "/a", "event_time": (start + dt.timedelta(minutes=m, seconds=10 * i)).isoformat()}
+            for m in range(3)
+            for i in range(5)
+        ]
+        ref = systems.resolve("views")
+        systems.producer(ref.system).send([OutgoingRecord(ref.physical, json.dumps(v).encode()) for v in views])
+
+        # p0 dies right after the counting stage's first result reached `counts`, before Spark's commit
+        first = start_processor(
+            tmp_path / "job.yaml",
+            "p0",
+            overrides,
+            log_dir=tmp_path / "logs",
+            env={FAULT_POINT: "before-spark-commit:partition_by_0-:1"},
+        )
+        try:
+            assert first.popen.wait(FINISH_S) == -9, first.log_text()[-4000:]
+        finally:
+            first.kill()
+        before = _written(systems)
+        assert [value for _, value in before] == [{"page": "/a", "views": 5}], before
+
+        second = start_processor(tmp_path / "job.yaml", "p1", overrides, log_dir=tmp_path / "logs")
+        try:
+            assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
+        finally:
+            second.kill()
+        after = _written(systems)
+        assert [value for _, value in after] == [{"page": "/a", "views": 5}] * 3, after
+        ids = [parse(record_id) for record_id, _ in after]
+        assert all(isinstance(i, ResultId) for i in ids) and len(set(ids)) == 3, after
+        assert "1 replayed results not written again" in second.log_text(), "p1 recognised p0's result"
+    finally:
+        systems.close()
