@@ -20,6 +20,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.unit import table_fakes
 from weirflow.config.loader import Config
 from weirflow.control import ControlMessage, MessageType
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
@@ -50,10 +51,26 @@ MID = {
     "stage": "counts",
 }
 OUT = {"stream": "out", "system": "local", "physical": "out", "results": True, "stage": "counts"}
+LAKE = {
+    "stream": "lake",
+    "system": "lake",
+    "physical": "counts",
+    "rows": [["__r2_0", "page"], ["__r2_1", "views"]],
+    "results": True,
+    "stage": "counts",
+    "table": True,
+}
+SINKS = [MID, OUT, LAKE]
 
 
 def _systems(root: Path) -> tuple[Config, Systems]:
-    config = Config.from_dict({"job.name": "replays", "job.state.dir": str(root)})
+    config = Config.from_dict(
+        {
+            "job.name": "replays",
+            "job.state.dir": str(root),
+            "systems.lake.factory": "tests.unit.table_fakes:MemoryTableFactory",
+        }
+    )
     systems = Systems(config)
     for stream in ("mid", "out"):
         systems.admin("local").create_stream(StreamSpec(stream, PARTITIONS))
@@ -61,24 +78,34 @@ def _systems(root: Path) -> tuple[Config, Systems]:
 
 
 def _frame(results: list[tuple[str, int]]) -> pa.RecordBatch:
-    """The sink's frame of ``results`` (page, views), each written to both outputs: the intermediate stream
-    ``mid`` (``__sink`` 0, packed rows) and the output stream ``out`` (``__sink`` 1, a JSON record keyed by
-    page), as `StageBuilder.sink_frame` unions them."""
-    pages = [p for p, _ in results] * 2
-    views = [v for _, v in results] * 2
+    """The sink's frame of ``results`` (page, views), each written to the three outputs, as
+    `StageBuilder.sink_frame` unions them: the intermediate stream ``mid`` (``__sink`` 0, packed rows), the
+    output stream ``out`` (``__sink`` 1, a JSON record keyed by page) and the table ``counts`` (``__sink`` 2)."""
+    pages = [p for p, _ in results]
+    views = [v for _, v in results]
     n = len(results)
+    none = [None] * n
     return pa.record_batch(
         {
-            "__sink": pa.array([0] * n + [1] * n, pa.int8()),
-            "__partition": pa.array([len(p) % PARTITIONS for p in pages[:n]] + [None] * n, pa.int32()),
-            "__r0_0": pa.array(pages[:n] + [None] * n, pa.string()),
-            "__r0_1": pa.array(views[:n] + [None] * n, pa.int64()),
-            "__key": pa.array([None] * n + [p.encode() for p in pages[n:]], pa.binary()),
+            "__sink": pa.array([0] * n + [1] * n + [2] * n, pa.int8()),
+            "__partition": pa.array([len(p) % PARTITIONS for p in pages] + none * 2, pa.int32()),
+            "__r0_0": pa.array(pages + none * 2, pa.string()),
+            "__r0_1": pa.array(views + none * 2, pa.int64()),
+            "__key": pa.array(none + [p.encode() for p in pages] + none, pa.binary()),
             "__value": pa.array(
-                [None] * n + [json.dumps({"page": p, "views": v}).encode() for p, v in results], pa.binary()
+                none + [json.dumps({"page": p, "views": v}).encode() for p, v in results] + none, pa.binary()
             ),
+            "__r2_0": pa.array(none * 2 + pages, pa.string()),
+            "__r2_1": pa.array(none * 2 + views, pa.int64()),
         }
     )
+
+
+def _table(root: Path) -> list[tuple[str, str, int]]:
+    """(id, page, views) of every row committed to the table ``counts``."""
+    rows = table_fakes.tables(str(root)).get("counts")
+    committed = rows.rows() if rows is not None else None
+    return [(r["weirflow_id"], r["page"], r["views"]) for r in committed.to_pylist()] if committed else []
 
 
 def _intermediate(systems: Systems) -> list[tuple[str, str, int, str]]:
@@ -133,7 +160,7 @@ def test_equal_results_of_one_task_are_all_written_and_each_gets_an_id_of_its_ow
     results, in one batch and in two more, are all written, with three ids."""
     config, systems = _systems(tmp_path)
     try:
-        writer = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(tmp_path / "r"))
+        writer = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=[TASK], results_dir=str(tmp_path / "r"))
         writer.commit([_write(writer, 0, 0, [[("/a", 5)]])], 0)
         writer.commit([_write(writer, 1, 0, [[("/a", 5), ("/a", 5)]])], 1)
         outputs = _outputs(systems)
@@ -150,22 +177,22 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
     results_dir = tmp_path / "results"
     try:
         # attempt 1: batch 0 committed and checkpointed (its ledger has the tails), batch 1 written, then a kill
-        first = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(results_dir))
+        first = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=[TASK], results_dir=str(results_dir))
         first.commit([_write(first, 0, 0, [[("/a", 1), ("/bb", 2)]])], 0)
         ledger = ResultsLedger.load(results_dir, 0)
-        assert ledger is not None and set(ledger.tails) == {
-            f"local.{s}.{p}" for s in ("mid", "out") for p in (0, 1)
-        }
+        assert ledger is not None
+        assert set(ledger.tails) == {f"local.{s}.{p}" for s in ("mid", "out") for p in (0, 1)} | {"lake.counts.0"}
         _write(first, 1, 0, [[("/c", 3), ("/dd", 4), ("/c", 3)]])
         _write(first, 1, 1, [[("/c", 3)]])
         # another stateful task writes to the same streams meanwhile, and a control message passes
-        other = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=["counts-1"])
+        other = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=["counts-1"])
         _write(other, 7, 0, [[("/c", 3)]])
         control = ControlMessage(type=MessageType.WATERMARK, task_name=TASK, task_count=1, timestamp=5).encode()
         systems.producer("local").send([OutgoingRecord("mid", control, partition=0)])
 
         since = written_since(systems, TASK, ledger.tails)
         assert len(since) == 8, "batch 1's four results of counts-0 in each stream, not counts-1's, not batch 0's"
+        # (a table is committed by the batch's commit, which the kill came before: nothing of batch 1 in it)
         keys = Counter({k: c for k, (c, _) in since.rows.items()})
         assert sorted(keys.values()) == [1, 1, 1, 1, 2, 2], keys  # per stream: /c twice and /dd by 0, /c by 1
         assert {k.split("|")[0] for k in keys} == {"0", "1"}, "counted under the Spark partition that wrote them"
@@ -174,7 +201,7 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         path = tmp_path / "replays.json"
         since.save(path)
         second = WeirflowStreamWriter(
-            config.snapshot(), [MID, OUT], tasks=[TASK], replays_file=str(path), results_dir=str(results_dir)
+            config.snapshot(), SINKS, tasks=[TASK], replays_file=str(path), results_dir=str(results_dir)
         )
         messages = [
             _write(second, 1, 0, [[("/c", 3), ("/dd", 4)], [("/e", 5), ("/c", 3)]]),
@@ -184,12 +211,13 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         second.commit(messages, 1)
         assert not path.exists(), "every replayed copy used up"
         assert ResultsLedger.load(results_dir, 1) == ResultsLedger(
-            {key: str(n) for key, n in _ends(systems).items()}, Replays()
+            {**{key: str(n) for key, n in _ends(systems).items()}, "lake.counts.0": "1"}, Replays()
         )
         mine = Counter((page, views) for task, _, page, views in _intermediate(systems) if task == TASK)
         assert mine == Counter({("/a", 1): 1, ("/bb", 2): 1, ("/c", 3): 3, ("/dd", 4): 1, ("/e", 5): 1})
         outputs = Counter((page, views) for i, page, views in _outputs(systems) if (i or "").startswith(TASK))
         assert outputs == mine, "each result of counts-0 once in the output stream too"
+        assert Counter((page, views) for _, page, views in _table(tmp_path)) == mine, "and in the table"
     finally:
         systems.close()
 
@@ -207,14 +235,14 @@ def test_a_copy_written_by_one_spark_partition_is_not_used_up_by_another(tmp_pat
     partition 0. Only partition 0's is a replay: partition 1's is a new, equal result."""
     config, systems = _systems(tmp_path)
     try:
-        first = WeirflowStreamWriter(config.snapshot(), [MID, OUT], tasks=[TASK], results_dir=str(tmp_path / "r"))
+        first = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=[TASK], results_dir=str(tmp_path / "r"))
         first.commit([_write(first, 0, 0, [[("/z", 9)]])], 0)
         tails = ResultsLedger.load(tmp_path / "r", 0).tails  # type: ignore[union-attr]
         _write(first, 1, 0, [[("/a", 1)]])  # then a kill: partition 1 had not written yet
         path = tmp_path / "replays.json"
         written_since(systems, TASK, tails).save(path)
         second = WeirflowStreamWriter(
-            config.snapshot(), [MID, OUT], tasks=[TASK], replays_file=str(path), results_dir=str(tmp_path / "r")
+            config.snapshot(), SINKS, tasks=[TASK], replays_file=str(path), results_dir=str(tmp_path / "r")
         )
         second.commit([_write(second, 1, 1, [[("/a", 1)]]), _write(second, 1, 0, [[("/a", 1)]])], 1)
         assert Counter((p, v) for _, p, v in _outputs(systems)) == Counter({("/z", 9): 1, ("/a", 1): 2})
@@ -300,13 +328,13 @@ def _run(data: st.DataObject, root: Path) -> None:
                 store = Store(spark_position, spark_batch, ledger.tails, ledger.replays.to_json())
             spark_batch, spark_position = store.batch, store.position
             if not store.tails:  # as `StageQuery._first_tails`: taken and checkpointed before the first batch
-                store.tails = tails_of(systems, [("local", "mid"), ("local", "out")])
+                store.tails = tails_of(systems, [("local", "mid"), ("local", "out"), ("lake", "counts")])
             replays = Replays.from_json(store.replays)
             replays.merge(written_since(systems, TASK, store.tails))
             replays.save(replays_file)
             writer = WeirflowStreamWriter(
                 config.snapshot(),
-                [MID, OUT],
+                SINKS,
                 tasks=[TASK],
                 replays_file=str(replays_file),
                 results_dir=str(results_dir),
@@ -356,6 +384,9 @@ def _run(data: st.DataObject, root: Path) -> None:
         outputs = _outputs(systems)
         assert Counter((p, v) for _, p, v in outputs) == expected
         assert len({i for i, _, _ in outputs}) == len(outputs)
+        committed = _table(root)
+        assert Counter((p, v) for _, p, v in committed) == expected
+        assert len({i for i, _, _ in committed}) == len(committed)
     finally:
         systems.close()
 

@@ -384,6 +384,10 @@ class StageBuilder:
             frame(node)
         return inputs, frames
 
+    def _is_table(self, stream_id: str) -> bool:
+        """Whether ``stream_id`` is on a system whose streams are tables (`weirflow.interfaces.table`)."""
+        return self.plan.systems.table_writer(self.plan.ref(stream_id).system) is not None
+
     def sink_frame(self, stage: Stage, frames: dict[int, DataFrame]) -> tuple[DataFrame, list[dict[str, Any]]]:
         """One DataFrame of all the stage's outputs, and the sink's description of its columns (`SinkSpec`
         entries, one per ``stage.sinks``), so the query has one sink and every row is copied once.
@@ -393,7 +397,8 @@ class StageBuilder:
         intermediate streams ``__partition`` (chosen here: crc32 of the
         key, as the embedded log hashes keys, so all rows of a key meet in one downstream task; rows without
         a key go to partition 0) and the rows' own columns as ``__r<i>_<j>``, which the sink packs into Arrow
-        records (`weirflow.spark.packing`)."""
+        records (`weirflow.spark.packing`); for an output stream that is a table (`weirflow.interfaces.table`)
+        the rows' own columns alone, which the sink commits per batch (`weirflow.spark.table_commits`)."""
         parts, specs = [], []
         several = len(stage.sinks) > 1
         warned = self._warned.setdefault(stage.name, [])
@@ -421,7 +426,13 @@ class StageBuilder:
             if sink.key is not None:
                 key_col = F.col(sink.key) if isinstance(sink.key, str) else sink.key
                 key = key_col.cast("string").cast("binary")
-            if sink.intermediate:
+            table = sink.serve is None and not sink.intermediate and self._is_table(sink.stream_id)
+            if table:  # the rows' own columns, committed per batch (`weirflow.spark.table_commits`)
+                names = [f"__r{index}_{j}" for j in range(len(own))]
+                columns += [df[name].alias(alias) for name, alias in zip(own, names, strict=True)]
+                spec["rows"] = [[alias, name] for alias, name in zip(names, own, strict=True)]
+                spec["table"] = True
+            elif sink.intermediate:
                 count = self.plan.partition_count(sink.stream_id)
                 partition = F.lit(0) if key is None else F.coalesce(F.pmod(F.crc32(key), F.lit(count)), F.lit(0))
                 names = [f"__r{index}_{j}" for j in range(len(own))]
@@ -435,7 +446,7 @@ class StageBuilder:
                 columns += [df[c] for c in POSITION_COLUMNS]
                 spec["positions"] = True
             elif not self.stateless(stage):
-                spec["results"] = True  # rows are results, named by their content (`WeirflowStreamWriter._ids`)
+                spec["results"] = True  # rows are results (`weirflow.spark.result_replays`)
             spec["stage"] = stage.name
             parts.append(df.select(*columns))
             specs.append(spec)

@@ -187,6 +187,10 @@ def tails_of(systems: Any, streams: Iterable[tuple[str, str]]) -> dict[str, str]
     """The next offset of every partition of ``streams`` (system, physical name) now: SSP key -> offset."""
     tails = {}
     for system, physical in streams:
+        table = systems.table_writer(system)
+        if table is not None:  # a table is one partition; its offset is its version
+            tails[SystemStreamPartition(system, physical, 0).key()] = str(table.snapshot(physical, ()).version)
+            continue
         for partition, meta in systems.admin(system).partition_metadata(physical).items():
             tails[SystemStreamPartition(system, physical, partition).key()] = meta.upcoming
     return tails
@@ -200,6 +204,11 @@ def written_since(systems: Any, task: str, tails: Mapping[str, str]) -> Replays:
     for key, start in tails.items():
         ssp = SystemStreamPartition.parse(key)
         stream = f"{ssp.system}.{ssp.stream}"
+        table = systems.table_writer(ssp.system)
+        if table is not None:  # what commits after the version added
+            for rows in table.rows_since(ssp.stream, int(start)):
+                found.add(_results_of(task, stream, rows.column(table.id_column).to_pylist()))
+            continue
         consumer = systems.consumer(ssp.system)
         offset = start
         while batch := consumer.read(ssp, offset, 10_000):
@@ -209,13 +218,20 @@ def written_since(systems: Any, task: str, tails: Mapping[str, str]) -> Replays:
     return found
 
 
+def _results_of(task: str, stream: str, ids: Iterable[str | None]) -> list[str]:
+    """The replay keys of the result ids among ``ids`` that ``task`` wrote."""
+    keys = []
+    for text in ids:
+        result = parse(text)
+        if isinstance(result, ResultId) and result.task == task:
+            keys.append(replay_key(stream, int(result.origin.split(".")[2], 16), result.digest))
+    return keys
+
+
 def _written_by(task: str, stream: str, record: Any) -> list[str]:
     """The replay keys of what ``record`` holds of ``task``'s results (none when another task wrote it)."""
-    result = parse(record.id)
-    if isinstance(result, ResultId):
-        if result.task != task:
-            return []
-        return [replay_key(stream, int(result.origin.split(".")[2], 16), result.digest)]
+    if isinstance(parse(record.id), ResultId):
+        return _results_of(task, stream, [record.id])
     value = record.value
     if value[:1] != ROWS:  # control messages and single JSON rows
         return []

@@ -58,6 +58,7 @@ from weirflow.spark.result_replays import (
     tails_of,
 )
 from weirflow.spark.source import systems_for
+from weirflow.spark.table_commits import commit_rows, ship, unship
 from weirflow.systems import dead_letter_stream
 
 log = logging.getLogger("weirflow.spark")
@@ -77,8 +78,9 @@ class WrittenCount(WriterCommitMessage):
     """What one partition wrote: rows per output, and of them those of each task (task -> output -> rows) when
     the query runs several tasks and the rows say whose they are (`WeirflowStreamWriter._by_task`); per served
     table its latest row per key (key -> JSON), which ``commit`` records on the driver's machine
-    (`weirflow.served_tables`), and the replayed results it did not write again (digest -> copies,
-    `weirflow.spark.result_replays`)."""
+    (`weirflow.served_tables`); the replayed results it did not write again (replay key -> copies,
+    `weirflow.spark.result_replays`); per output that is a table its rows, which ``commit`` commits
+    (`weirflow.spark.table_commits`)."""
 
     def __init__(
         self,
@@ -86,11 +88,13 @@ class WrittenCount(WriterCommitMessage):
         served: dict[str, dict[str, str]] | None = None,
         replayed: dict[str, int] | None = None,
         by_task: dict[str, dict[str, int]] | None = None,
+        tables: dict[str, list[bytes]] | None = None,
     ) -> None:
         self.counts = counts
         self.served = served or {}
         self.replayed = replayed or {}
         self.by_task = by_task or {}
+        self.tables = tables or {}  # output -> its rows as Arrow IPC, for a table's commit (`table_commits`)
 
     @classmethod
     def total(cls, messages: list[WriterCommitMessage | None]) -> WrittenCount:
@@ -105,6 +109,8 @@ class WrittenCount(WriterCommitMessage):
             _add(total.replayed, message.replayed)
             for task, written in message.by_task.items():
                 _add(total.by_task.setdefault(task, {}), written)
+            for stream, payloads in message.tables.items():
+                total.tables.setdefault(stream, []).extend(payloads)
         return total
 
 
@@ -197,6 +203,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         replays = Replays.load(Path(self.replays_file)) if self.replays_file else None
         replayed: dict[str, int] = {}
         by_task: dict[str, dict[str, int]] = {}
+        tables: dict[str, list[bytes]] = {}
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -218,6 +225,11 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                         if key is not None:
                             table[key.decode("utf-8", "replace")] = (value or b"null").decode("utf-8", "replace")
                     continue
+                if sink.get("table"):
+                    tables.setdefault(sink["stream"], []).append(
+                        ship(self._table_rows(index, sink, rows, systems, replays, replayed))
+                    )
+                    continue
                 out = by_system.setdefault(sink["system"], [])
                 if sink.get("rows"):
                     out.extend(self._intermediate(index, rows, sink, systems, replays, replayed))
@@ -227,7 +239,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             # transform upstream), and the lock may move while they do or while a send waits to retry.
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
-        return WrittenCount(counts, served, replayed, by_task)
+        return WrittenCount(counts, served, replayed, by_task, tables)
 
     def _by_task(self, sink: dict[str, Any], rows: pa.RecordBatch, by_task: dict[str, dict[str, int]]) -> None:
         """Add to ``by_task`` the rows of ``rows`` per task of a query shared by several tasks: each row's
@@ -326,6 +338,40 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             for key, value, digest, new in zip(keys, values, digests, keep, strict=True)
             if new
         ]
+
+    def _table_rows(
+        self,
+        index: int,
+        sink: dict[str, Any],
+        rows: pa.RecordBatch,
+        systems: Any,
+        replays: Replays | None,
+        replayed: dict[str, int],
+    ) -> pa.Table:
+        """The rows of output ``index``, a table, with their own column names and the table's id column: a
+        row-wise stage's rows keep their positions for the commit's marks (`weirflow.spark.table_commits`); a
+        stateful task's results leave out what an earlier attempt committed, and each gets an id of its own."""
+        id_column = systems.table_writer(sink["system"]).id_column
+        columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
+        own = pa.Table.from_batches([pa.RecordBatch.from_arrays([rows.column(c) for c in columns], names=names)])
+        if sink.get("positions"):
+            rows = self._indexed(index, rows)
+            stage = sink["stage"]
+            places = [rows.column(c).to_pylist() for c in (PSS, POS, K)]
+            ids = pa.array([row_id(stage, a, b, c) for a, b, c in zip(*places, strict=True)], pa.string())
+            own = own.append_column(id_column, ids)
+            for name in (PSS, POS):
+                own = own.append_column(name, rows.column(name))
+            return own
+        task = self._task_results(sink)
+        if task is None:
+            return own.append_column(id_column, pa.nulls(own.num_rows, pa.string()))
+        digests = row_digests(own)
+        keep = self._take_replays(sink, digests, replays, replayed)
+        if not all(keep):
+            own = own.filter(pa.array(keep))
+        ids = [self._result_id(task, d) for d, new in zip(digests, keep, strict=True) if new]
+        return own.append_column(id_column, pa.array(ids, pa.string()))
 
     def _result_id(self, task: str, digest: str) -> str:
         """A new result's id: where this writer writes it (unique, however equal the result is to another)."""
@@ -439,6 +485,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         workergc.before_task()
         total = WrittenCount.total(messages)
         tables, counts, replayed, by_task = total.served, total.counts, total.replayed, total.by_task
+        self._commit_tables(total.tables)  # before the tails: a table's tail is its version after this batch
         left = Replays()
         if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left, and
             # once none is left nobody reads the file again
@@ -462,6 +509,17 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self._check_fence()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
+
+    def _commit_tables(self, shipped: dict[str, list[bytes]]) -> None:
+        """Each table output's rows of the batch in one commit, through the fence (`table_commits`)."""
+        if not shipped:
+            return
+        systems = systems_for(self.snapshot)
+        for sink in self.sinks:
+            rows = unship(shipped.get(sink["stream"], [])) if sink.get("table") else None
+            if rows is not None:
+                writer = systems.table_writer(sink["system"])
+                commit_rows(writer, sink["physical"], sink["stage"], rows, self._check_fence)
 
     def _result_sinks(self) -> list[dict[str, Any]]:
         """The outputs a stateful task writes its results to (intermediate and output streams)."""
