@@ -1,8 +1,9 @@
 """Equal results of one stateful task are all written, also across a SIGKILL (docs/guarantees.md, "Stateful
 stages"): one page viewed 5 times in each of three minutes, counted per minute without the window in the
 output (as an alert or a "top pages" feed would), is three equal results ``{"page": "/a", "views": 5}``. Plain
-Spark writes three rows; so must the job, on the embedded default, when its processor is killed after the first
-result reached the output stream and before Spark committed the batch that wrote it."""
+Spark writes three rows; so must the job, on the embedded default, when one processor is killed after the first
+result reached the output stream and before Spark committed the batch that wrote it, and the next after Spark
+committed the second result's batch and before the processor's checkpoint of it."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def _written(systems: Systems) -> list[tuple[str | None, dict[str, object]]]:
     return [(r.id, json.loads(r.value)) for r in records]
 
 
-def test_three_equal_windows_are_three_rows_also_when_the_processor_dies_after_the_first(tmp_path: Path) -> None:
+def test_three_equal_windows_are_three_rows_also_when_processors_die_between_them(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
     (tmp_path / "alerts.py").write_text(PIPELINE)
     # a batch per minute of views in the first stage, so that each window closes in a batch of its own
@@ -97,15 +98,33 @@ def test_three_equal_windows_are_three_rows_also_when_the_processor_dies_after_t
         before = _written(systems)
         assert [value for _, value in before] == [{"page": "/a", "views": 5}], before
 
-        second = start_processor(tmp_path / "job.yaml", "p1", overrides, log_dir=tmp_path / "logs")
+        # p1 leaves p0's result out, writes the second window's and dies after Spark committed that batch,
+        # before its checkpoint (the second batch with results: the first is the replay of p0's)
+        second = start_processor(
+            tmp_path / "job.yaml",
+            "p1",
+            overrides,
+            log_dir=tmp_path / "logs",
+            env={FAULT_POINT: "before-checkpoint-of-rows:partition_by_0-:2"},
+        )
         try:
-            assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
+            assert second.popen.wait(FINISH_S) == -9, second.log_text()[-4000:]
         finally:
             second.kill()
+        assert "1 replayed results not written again" in second.log_text(), "p1 recognised p0's result"
+        assert [value for _, value in _written(systems)] == [{"page": "/a", "views": 5}] * 2
+
+        # p2 catches up with the batch Spark committed (its tails from the batch's ledger, not the checkpoint's:
+        # from those the second window would be taken for a replay still to come and the third left out)
+        third = start_processor(tmp_path / "job.yaml", "p2", overrides, log_dir=tmp_path / "logs")
+        try:
+            assert third.popen.wait(FINISH_S) == 0, third.log_text()[-4000:]
+        finally:
+            third.kill()
+        assert "control state caught up with Spark's batch" in third.log_text()
         after = _written(systems)
         assert [value for _, value in after] == [{"page": "/a", "views": 5}] * 3, after
         ids = [parse(record_id) for record_id, _ in after]
         assert all(isinstance(i, ResultId) for i in ids) and len(set(ids)) == 3, after
-        assert "1 replayed results not written again" in second.log_text(), "p1 recognised p0's result"
     finally:
         systems.close()
