@@ -211,6 +211,9 @@ class KinesisSystemAdmin(SystemAdmin):
     dense_offsets = False
     record_ordinals = True  # each shard is a lane; ordinals travel in the positions (`positions.ordinal_of`)
     task_prefix = "v"  # tasks are <stage>-v<k>: virtual task k
+    # A send's records reach a shard in no fixed order (`_rounds` by partition key, retried entries); a virtual
+    # task's shards are read one after another, so a reader's order holds per shard only (`read_sequence`).
+    ordered_partitions = False
 
     def __init__(self, clients: KinesisClients) -> None:
         self.clients = clients
@@ -218,6 +221,10 @@ class KinesisSystemAdmin(SystemAdmin):
 
     def partition_count(self, stream: str) -> int:
         return self.clients.virtual_tasks(stream)
+
+    def read_sequence(self, record: IncomingRecord) -> str:
+        """The shard ``record`` was read from (`read` gives every record its ``shard_id``)."""
+        return str(record.attributes.get("shard_id") or "")
 
     @staticmethod
     def _now_position(shards: ShardMap, partition: int, virtual: int, at_ms: int) -> str:

@@ -5,10 +5,10 @@ calls it (`streams.<id>.physical.name`, default the id). Its system is `streams.
 `job.default.system` (itself `local` by default, the embedded SQLite log). A pipeline's intermediate stream
 resolves differently (`stream_ref`), and every stream's dead letters go to `dead_letter_stream`.
 
-These naming rules live here and only here (`stream_ref`, `stream_id_of`, `dead_letter_stream`): the CLI,
-the planners, the Spark source and sink and the plugins all call them, so a stream is never found under one
-name by one component and written under another by the next. Pure functions of config, and a public helper
-for plugins (docs/architecture.md, "The dependency rule").
+These naming rules live here and only here (`stream_ref`, `stream_id_of`, `dead_letter_stream`,
+`dead_letter_ref`): the CLI, the planners, the Spark source and sink and the plugins all call them, so a stream
+is never found under one name by one component and written under another by the next. Pure functions of
+config, and a public helper for plugins (docs/architecture.md, "The dependency rule").
 """
 
 from __future__ import annotations
@@ -73,3 +73,14 @@ def dead_letter_stream(physical: str) -> str:
     same system and partition. The planner creates it for every input, the source and the sink write to it
     and `weirflow streams consume` reads it, so all of them must spell it this one way."""
     return f"{physical}{DEAD_LETTER_SUFFIX}"
+
+
+def dead_letter_ref(config: ConfigView, stream_id: str) -> StreamRef | None:
+    """The dead-letter stream that ``<id>.dlq`` names when ``<id>`` is a declared stream and ``<id>.dlq`` is not
+    declared itself: on ``<id>``'s system, called `dead_letter_stream` of its physical name. None otherwise."""
+    base = stream_id.removesuffix(DEAD_LETTER_SUFFIX)
+    declared = config.names("streams")
+    if base == stream_id or stream_id in declared or base not in declared:
+        return None
+    ref = stream_ref(config, base)
+    return StreamRef(stream_id, ref.system, dead_letter_stream(ref.physical))

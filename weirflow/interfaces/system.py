@@ -252,6 +252,11 @@ class SystemAdmin(ABC):
     record_ordinals: ClassVar[bool] = False
     # Put before a task's partition number in its name (`weirflow.grouper`): Kinesis's virtual tasks are "v".
     task_prefix: ClassVar[str] = ""
+    # Whether a reader gets the records of each partition (of each `read_sequence`) in the order they were sent.
+    # True (the embedded log, Event Hubs): a reader of a job's outputs keeps one mark per lane to leave replays
+    # out. False (Kinesis: its producer reorders the records of one send): it keeps a window of a send's rows
+    # (`weirflow.results.ReplayFilter.for_job`; docs/guarantees.md, "Reading results once").
+    ordered_partitions: ClassVar[bool] = True
 
     @abstractmethod
     def partition_count(self, stream: str) -> int:
@@ -304,6 +309,13 @@ class SystemAdmin(ABC):
         position = int(start)
         take = max(0, min(max_records, upcoming - position))
         return ReadPlan(str(position + take), take, position + take >= upcoming)
+
+    def read_sequence(self, record: IncomingRecord) -> str:
+        """Which ordered sequence of its partition ``record`` was read from: the records of one sequence reach a
+        reader in the order they were sent (up to the reordering within a send that `ordered_partitions` False
+        allows), those of two sequences in no order a reader can rely on. The default, "", makes the partition
+        one sequence; Kinesis answers the shard. `weirflow streams consume` leaves replays out per sequence."""
+        return ""
 
     def record_fields(self) -> Sequence[RecordField]:
         """The system-specific columns its records carry in `IncomingRecord.attributes` (none by default)."""
