@@ -9,16 +9,24 @@ to a second intermediate stream, then sent to the output.
   Spark committed the batch (`before-spark-commit`): the next processor's Spark runs the batch again and
   produces the same results; they must not be written twice.
 
-Every window is then written once, with pandas' count."""
+Every window is then written once, with pandas' count.
+
+The first stage also copies a tenth of the views (one user in ten) to an event hub on the emulator, keyed by
+user: a row-wise stage's output, at least once on Event Hubs, where the first kill's replay leaves rows twice.
+The example reader of examples/reading_results, the unmodified azure-eventhub SDK through `ReplayFilter`, reads
+each of those views exactly once (docs/guarantees.md, "Reading results once")."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.integration import reading_results
 from tests.integration.drain_job import window_counts_once
 from tests.integration.example_job import DROPPED, EXAMPLE, generate, replayed_rows_dropped, results
 from weirflow.config import Config, load_config
@@ -31,6 +39,7 @@ from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+COPIES = "view-copies"  # the hub the first stage copies a tenth of the views to
 EVENTS = 12_000  # 3.6 minutes of views: windows still close after p1's fault is armed, and at the end
 FINISH_S = 240
 
@@ -47,7 +56,10 @@ def per_minute(views):
 
 
 def pipeline(app):
-    views = app.input("page-views").partition_by("page", name="views-by-page")
+    raw = app.input("page-views")
+    copied = raw.transform(lambda df: df.filter(F.col("user").endswith("0")))  # a tenth: the emulator is slow
+    copied.send_to("view-copies", key="user")  # on Event Hubs: at least once, with ids
+    views = raw.partition_by("page", name="views-by-page")
     counts = views.transform(per_minute).partition_by("page", name="minute-counts")
     minute = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm")
     counts.send_to("page-counts", key=F.concat_ws("|", "page", minute))
@@ -90,6 +102,28 @@ def _intermediate_rows(config: Config) -> int:
         systems.close()
 
 
+def _event_hub_copies(connection_string: str) -> tuple[list[dict], int, int]:
+    """The views in the copies' hub as examples/reading_results reads them (each once, through `ReplayFilter`),
+    the events the hub holds, and how many of them the filter left out."""
+    from azure.eventhub import EventHubConsumerClient
+
+    client = EventHubConsumerClient.from_connection_string(connection_string, "$Default", eventhub_name=COPIES)
+    held = sum(
+        client.get_partition_properties(p)["last_enqueued_sequence_number"] + 1 for p in client.get_partition_ids()
+    )
+    read: list[dict] = []
+    replays = reading_results.example("eventhubs").read_results(
+        client, lambda _p, e: read.append(e.body_as_json())
+    )
+    return read, held, replays.replays
+
+
+def _view(row: dict) -> tuple[str, str, int]:
+    """A view as (user, page, event time in epoch ms), whichever way its time was written."""
+    when = dt.datetime.fromisoformat(row["event_time"].replace("Z", "+00:00"))
+    return row["user"], row["page"], round(when.timestamp() * 1000)
+
+
 def _rows_dropped_and_checkpointed(log: str) -> int:
     """`replayed_rows_dropped`, counting only the drops whose batch's checkpoint was written: the processor logs a
     batch's drops, then writes its checkpoint, then logs the task's "wrote task=..." line."""
@@ -109,7 +143,7 @@ def _results_not_written_again(log: str) -> int:
 
 
 def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_results_are_written_once(
-    tmp_path: Path, measure
+    tmp_path: Path, eventhubs_emulator, measure
 ) -> None:
     """p0 dies before a first-stage checkpoint, p1 (its first-stage tasks replay the batch) dies before Spark
     commits a counting batch that wrote results, p2 (its counting tasks replay that batch) finishes the job.
@@ -120,7 +154,14 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
     job_dir.mkdir()
     shutil.copy(EXAMPLE / "job.yaml", job_dir / "job.yaml")
     (job_dir / "pipeline_three_stages.py").write_text(PIPELINE)
-    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_three_stages:pipeline"]
+    hub = eventhubs_emulator({COPIES: 2}).connection_string()
+    copies = [
+        "systems.eh.factory=eventhub",
+        f"systems.eh.connection.string={hub}",
+        f"streams.{COPIES}.system=eh",
+        f"streams.{COPIES}.partitions=2",
+    ]
+    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_three_stages:pipeline", *copies]
     config = load_config(job_dir / "job.yaml", overrides)
     events = generate.write(config, EVENTS)
 
@@ -173,9 +214,17 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
     assert results.read_counts(config) == got
     skipped = _results_not_written_again(third.log_text())
     assert skipped > 0, "the kill left no result to replay: " + third.log_text()[-3000:]
+
+    copied, held, left_out = _event_hub_copies(hub)
+    expected_copies = Counter(_view(event) for event in events if event["user"].endswith("0"))
+    views = sum(expected_copies.values())
+    assert held > views, f"the hub holds {held} events for {views} views: nothing was replayed into it"
+    assert Counter(_view(row) for row in copied) == expected_copies, "not each view once"
+    assert left_out == held - views
     measure(
         f"kill before a first-stage checkpoint: {replayed} rows written twice to the intermediate stream, all "
         f"dropped by the counting stage ({written - EVENTS} with those the second kill left); kill after the "
         f"counting stage's results were written, before Spark's commit: {skipped} replayed results not written "
-        f"again; {len(got)} windows once each, equal pandas"
+        f"again; {len(got)} windows once each, equal pandas; {views} views copied to Event Hubs: {held} events, "
+        f"{left_out} replays left out by ReplayFilter, each view read once"
     )

@@ -6,17 +6,16 @@ no interpreter start."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 import textwrap
 import uuid
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from typer.testing import CliRunner, Result
 
+from tests.integration import reading_results
 from weirflow.cli import app
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
@@ -26,17 +25,6 @@ from weirflow.results.ids import dead_letter_id, result_id, row_id
 from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "reading_results"
-
-
-def _example(name: str) -> ModuleType:
-    """examples/reading_results/<name>.py, the script a downstream application starts from."""
-    spec = importlib.util.spec_from_file_location(f"reading_results_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def weirflow(*args: str) -> Result:
@@ -188,7 +176,7 @@ def test_kinesis_records_are_printed_once_though_a_send_reorders_them(tmp_path: 
     keeps it. The replay of rows 2 and 3 is left out, by `streams consume` and by the boto3 example alike."""
     import boto3
 
-    example = _example("kinesis")
+    example = reading_results.example("kinesis")
     stream = f"out-{uuid.uuid4().hex[:8]}"
     config = tmp_path / "job.yaml"
     lines = "\n".join(f'{k}: "{v}"' for k, v in kinesalite.config("kin").items())
