@@ -27,10 +27,13 @@ The output is compared with pandas over every event sent. One JSON line last::
 
 * ``lost`` — events missing from the final counts (sum over windows of expected minus counted, when below);
   must be 0;
-* ``duplicate_outputs`` — output records beyond the first for a window, once records whose id
-  (docs/guarantees.md: the embedded log drops them itself, Event Hubs carries the id as the ``weirflow-id``
-  property, Kinesis as the ``weirflow_id`` field of the record's JSON) was seen before are dropped, as a
-  downstream consumer would; ``replayed_outputs`` counts those;
+* ``duplicate_outputs`` — output records beyond the first for a window, as a user reads the output once the
+  run is over, the greatest of two readers: ``weirflow streams consume CONFIG page-counts --json``
+  (``duplicate_outputs_consume``) and a downstream application through `weirflow.results.ReplayFilter`
+  (``duplicate_outputs_helper``: examples/reading_results' reader with the azure-eventhub SDK on ``azure``,
+  with boto3 on ``aws``, the embedded log's consumer on ``local``); must be 0. ``replayed_outputs`` — records
+  as written (``streams consume --replays``) that the readers left out as replays (a row-wise output's; a
+  stateful stage never writes a result twice, docs/guarantees.md);
 * ``intermediate_replays_dropped`` — rows a replayed first-stage batch wrote again to the intermediate stream,
   which the counting stage dropped (the processors' logs);
 * ``overcounted_windows`` / ``undercounted_windows`` — windows whose final count is above / below pandas'
@@ -344,6 +347,7 @@ def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]
     finally:
         producer.stop_flag.set()
         fleet.stop()
+    read = read_as_users(args, config_path, overrides, config)
     overlap, batches = overlap_ms(fleet.all_logs)
     lost = sum(max(0, n - got.get(w, 0)) for w, n in expected.items())
     exact = sum(got.get(w) == n for w, n in expected.items())
@@ -353,8 +357,10 @@ def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]
         "value": exact,
         "kills": len(kills),
         "lost": lost,
-        "duplicate_outputs": records - len(got),
-        "replayed_outputs": replayed,
+        "duplicate_outputs": max(records - len(got), read["consume"]["duplicates"], read["helper"]["duplicates"]),
+        "duplicate_outputs_consume": read["consume"]["duplicates"],
+        "duplicate_outputs_helper": read["helper"]["duplicates"],
+        "replayed_outputs": read["as_written"] - read["consume"]["records"],
         "intermediate_replays_dropped": replays_dropped(fleet.all_logs),
         "overlap_ms": overlap,
         "exact_windows": exact,
@@ -371,6 +377,76 @@ def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]
         "processors": args.processors,
         "backend": BACKEND_NAMES[args.backend],
         "baseline": {"what": "pandas over every event sent", "windows": len(expected), "events": len(sent)},
+    }
+
+
+def _windows(values: list[dict[str, Any]]) -> dict[str, int]:
+    """Records and duplicates among output rows (the closing window left out)."""
+    rows = [v for v in values if v["page"] != CLOSING_PAGE]
+    distinct = {(v["page"], v["window_start"][:16]) for v in rows}
+    return {"records": len(rows), "duplicates": len(rows) - len(distinct)}
+
+
+def consumed(config_path: Path, overrides: list[str], *flags: str) -> list[dict[str, Any]]:
+    """The values ``weirflow streams consume CONFIG page-counts --json`` prints."""
+    import subprocess
+
+    command = [sys.executable, "-m", "weirflow", "streams", "consume", str(config_path), "page-counts", "--json"]
+    for item in overrides:
+        command += ["--set", item]
+    done = subprocess.run([*command, *flags], capture_output=True, text=True, check=True, timeout=600)
+    return [json.loads(line)["value"] for line in done.stdout.splitlines() if line.strip()]
+
+
+def read_with_helper(args: argparse.Namespace, config: Any) -> list[dict[str, Any]]:
+    """``page-counts`` read by a downstream application through `ReplayFilter`: examples/reading_results' readers
+    (the azure-eventhub SDK, boto3), or the embedded log's consumer for ``local``."""
+    from tests.integration.reading_results import example
+
+    values: list[dict[str, Any]] = []
+    ref = Systems(config).resolve("page-counts")
+    if args.backend == "azure":
+        from azure.eventhub import EventHubConsumerClient
+
+        client = EventHubConsumerClient.from_connection_string(
+            os.environ["EVENTHUBS_CONNECTION_STRING"], "$Default", eventhub_name=ref.physical
+        )
+        example("eventhubs").read_results(client, lambda _p, event: values.append(json.loads(event.body_as_str())))
+        return values
+    if args.backend == "aws":
+        import boto3
+
+        client = boto3.client("kinesis", endpoint_url=os.environ.get("KINESIS_ENDPOINT"))
+        example("kinesis").read_results(
+            client, ref.physical, lambda _s, record: values.append(json.loads(record["Data"]))
+        )
+        return values
+    from weirflow.results import ReplayFilter
+
+    systems = Systems(config)
+    try:
+        replays, consumer = ReplayFilter(), systems.consumer(ref.system)
+        for partition in range(PARTITIONS):
+            offset = "0"
+            ssp = SystemStreamPartition(ref.system, ref.physical, partition)
+            while batch := consumer.read(ssp, offset, 10_000):
+                values += [json.loads(r.value) for r in batch if replays.is_new(partition, r.id)]
+                offset = batch[-1].next_offset
+    finally:
+        systems.close()
+    return values
+
+
+def read_as_users(
+    args: argparse.Namespace, config_path: Path, overrides: list[str], config: Any
+) -> dict[str, Any]:
+    """The output as users read it once the run is over: ``streams consume`` (and ``--replays``: as written),
+    and a downstream application through the helper."""
+    say("reading page-counts with `weirflow streams consume` and through ReplayFilter")
+    return {
+        "consume": _windows(consumed(config_path, overrides)),
+        "as_written": len([v for v in consumed(config_path, overrides, "--replays") if v["page"] != CLOSING_PAGE]),
+        "helper": _windows(read_with_helper(args, config)),
     }
 
 
