@@ -468,8 +468,10 @@ def streams_produce(
     batch: Annotated[int, typer.Option(help="Records per write.", min=1)] = 500,
     set_: SetOpt = None,  # type: ignore[assignment]
 ) -> None:
-    """Append JSON lines read from stdin to a stream (one record per line). A line that is not JSON (or lacks
-    the --key-field) stops it: the lines before it are sent, nothing from it on, and the error says how many."""
+    """Append JSON lines read from stdin to a stream (one record per line).
+
+    A line that is not JSON (or lacks the --key-field) stops it: the lines before it are sent, nothing from it
+    on, and the error says how many."""
     with _user_errors(), _systems(config, set_) as (_cfg, systems):
         ref = systems.resolve(stream)
         total = _produce_lines(systems.producer(ref.system), ref, key_field, batch)
@@ -542,10 +544,11 @@ def streams_consume(
     ] = False,
     set_: SetOpt = None,  # type: ignore[assignment]
 ) -> None:
-    """Print the records of every partition from the oldest, each of a job's results once: a record the job
-    sent again after a crash (its id already printed; docs/guarantees.md, "Reading results once") is left out,
-    and the count of those is printed last on stderr. `--json`: one JSON object per record, with its "id".
-    `STREAM.dlq` reads the dead letters of a declared STREAM."""
+    """Print the records of every partition from the oldest, each of a job's results once.
+
+    A record the job sent again after a crash (its id was printed already; docs/guarantees.md, "Reading results
+    once") is left out, and how many were is printed last on stderr. `--json`: one JSON object per record, with
+    its "id". `STREAM.dlq` reads the dead letters of a declared STREAM."""
     from weirflow.results import ReplayFilter
     from weirflow.stream_names import dead_letter_ref
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weirflow.config.loader import Config
+from weirflow.errors import ConfigError, InvalidArgumentError
 from weirflow.results import ReplayFilter
 from weirflow.results.ids import dead_letter_id, result_id, row_id
 from weirflow.results.replay_filter import (
@@ -230,8 +231,14 @@ def test_the_window_is_the_job_s_arrow_batch_on_an_unordered_system() -> None:
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     assert ReplayFilter.for_job(config(**{key: 20}), ordered=False).window == 20
     assert ReplayFilter.for_job(config(**{key: "-1"}), ordered=False).window is None
-    with pytest.raises(ValueError, match="window=0"):
+    with pytest.raises(ConfigError, match=f"{key}.*'many'"):
+        ReplayFilter.for_job(config(**{key: "many"}), ordered=False)
+    with pytest.raises(InvalidArgumentError, match="window=0"):
         ReplayFilter(0)
+    with pytest.raises(InvalidArgumentError, match="str or int"):
+        flt = ReplayFilter()
+        flt.is_new(("p", 0), row_id("views", 1, 0, 0))
+        flt.state()
 
 
 def test_the_adapters_read_the_ids_the_plugins_write() -> None:

@@ -25,39 +25,44 @@ the order it reads the partition, and handles the record only when the filter an
 * a record **without an id, or of no known shape** (a record job's output, a dead letter of an output record too
   large for its system, anything a job did not write): passes through, never counted as a replay.
 
-**For how long.** As long as the reader reads the stream: a mark is two integers and lanes are few (partitions
-x stages x input partitions, on a Kinesis input one per input shard), and a replay may come at any time after
-the original (its distance is the time from a batch to its checkpoint plus a failover, seconds to minutes, but
-nothing bounds it). A reader that resumes from a checkpoint of its own saves `state` with that checkpoint and
+**For how long.** As long as the reader reads the stream: a mark is two integers and lanes are few (output
+partitions × stages × input partitions; on a Kinesis input, one per input shard), and a replay may come at any
+time after the original (usually the time from a batch to its checkpoint plus a failover, seconds to minutes,
+but nothing bounds it). A reader that resumes from a checkpoint of its own saves `state` with that checkpoint and
 resumes with `from_state`: without it, the replays of records read before the checkpoint that arrive after it
 are not recognised (handled twice; nothing is ever dropped wrongly, whatever the filter starts from).
 
-**Why every replay is recognised, and nothing new is dropped.** Take one lane of one partition, read in order.
-Every attempt at the input partition ``pss`` starts at a checkpoint *c* and sends the rows at or after *c* in
-place order, each send durable before the next, and *c* was written only once every row before it was durable
-(docs/guarantees.md, "Exactly once between stages"); the workers' fence keeps two attempts from sending at once.
-Suppose a row *y* arrives for the first time, and some row *x* > *y* was read before it, from send *S*. If *S*
-is not *y*'s send, *S* was read whole before *y*'s send began; the attempt that sent *S* either began after *y*'s
-place (then *y* was durable before that attempt) or sent *y* in *S* or before it: either way *y* was sent before,
-which contradicts its first arrival. So every place above *y* seen so far came from *y*'s own send, which holds at
-most ``window`` rows of the lane with *y*: fewer than ``window`` places above *y* were seen, so *y* is above the
-least place of a full window, or the window is not full; and it is in no window, so it is new. Conversely a place
-in the window was seen, and a place below a full window that arrives again was sent before (the same argument
-run on its first arrival). With send order kept (window 1), *x* > *y* in *y*'s own send cannot come first: the
-mark is exact. A dead letter's lane is the same argument over offsets (the source writes a read's dead letters
-in offset order before the batch can commit).
+**Why it drops every record it has read before, and nothing sent for the first time.** Take one lane of one
+partition (on Kinesis, of one shard), read in order. Every attempt at the input partition ``pss`` starts at a
+checkpoint *c* and sends the lane's rows at or after *c* in place order, each send durable before the next, and
+*c* was written only once every row before it was durable (docs/guarantees.md, "Exactly once between stages");
+the workers' fence keeps two attempts from sending at once, so the partition holds one whole send after another.
+Let a row *y* that was never sent before arrive in send *T*, and *x* > *y* be a place read before it, from send
+*S*. If *S* is not *T*, *S* came first; the attempt that made *S* started at a checkpoint *c* <= *x*: if
+*y* < *c*, *y* was durable before that attempt began, else the attempt sent *y* in *S* or in an earlier send.
+Either way *y* was sent before *T*, a contradiction. So every place above *y* read so far is in *T*, which holds
+at most ``window`` rows of the lane, *y* among them: fewer than ``window`` places above *y* were read, and *y* is
+taken as new (the window is not full, or *y* is above its least place, and *y* is in it nowhere). A place once
+read is in the window or below its least place, which only grows: read again, it is dropped. Where send order
+is kept (window 1), a row reaches the partition only after every row before it, whichever attempts sent them
+(that section's argument, which needs no fence): the mark alone is exact. A dead letter's lane is the same
+argument over offsets (the source writes a read's dead letters in offset order before the batch can commit).
 
-What the filter does not recognise: a Kinesis row replayed into another shard than its first copy (a reshard
-in between; the reader names lanes by shard): at least once across a reshard.
+What the filter does not recognise (at least once there): a replay that lands in another partition than its
+first copy, which is how a system spreads the records of an output sent without a key (Event Hubs round robin,
+Kinesis a random partition key: give ``send_to`` a key); on Kinesis, a row replayed into another shard than its
+first copy (a reshard in between).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import threading
 from collections.abc import Hashable, Mapping
 from typing import Any
 
+from weirflow.errors import InvalidArgumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.results.ids import DeadLetterId, RowId, parse
 
@@ -107,17 +112,18 @@ class ReplayFilter:
     `for_job` reads it); None keeps every place (a job whose Arrow batches are unbounded).
 
     One filter per stream; a partition is whatever the reader reads in order: an Event Hubs partition id, a
-    Kinesis shard id. Not thread-safe: one reader thread per filter, or a lock around it."""
+    Kinesis shard id. Thread-safe: the SDKs call back from a thread per partition."""
 
     def __init__(self, window: int | None = 1) -> None:
         if window is not None and window < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"window={window}: give 1 for a system that keeps each partition's send order, the most "
                 "records one send may reorder otherwise, or None to keep every place"
             )
         self.window = window
         self.replays = 0  # records answered as replays so far
         self._lanes: dict[tuple[Hashable, str], _Lane] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def for_job(cls, config: ConfigView, ordered: bool) -> ReplayFilter:
@@ -126,7 +132,10 @@ class ReplayFilter:
         if ordered:
             return cls(1)
         rows = config.get(SPARK_BATCH_KEY)
-        batch = SPARK_BATCH_ROWS if rows in (None, "") else int(rows)
+        try:
+            batch = SPARK_BATCH_ROWS if rows in (None, "") else int(rows)
+        except ValueError:
+            raise config.error(SPARK_BATCH_KEY, f"is {rows!r}, not a number of rows") from None
         return cls(batch if batch > 0 else None)  # Spark: 0 or less is no limit
 
     def is_new(self, partition: Hashable, record_id: str | None) -> bool:
@@ -139,13 +148,14 @@ class ReplayFilter:
             lane, place = f"d/{parsed.lane}", parsed.place
         else:
             return True  # a result, a dead letter the filter cannot order, no id, an unknown shape
-        kept = self._lanes.get((partition, lane))
-        if kept is None:
-            kept = self._lanes[(partition, lane)] = _Lane()
-        if kept.take(place, self.window):
-            return True
-        self.replays += 1
-        return False
+        with self._lock:
+            kept = self._lanes.get((partition, lane))
+            if kept is None:
+                kept = self._lanes[(partition, lane)] = _Lane()
+            if kept.take(place, self.window):
+                return True
+            self.replays += 1
+            return False
 
     def is_new_event(self, partition_id: str, event: Any) -> bool:
         """`is_new` for an ``azure.eventhub.EventData`` received from partition ``partition_id``: its id is the
@@ -164,11 +174,16 @@ class ReplayFilter:
         """What the filter keeps, as JSON-able data, to save with a reader's own checkpoint (`from_state`).
         Partitions must then be strings or integers."""
         lanes = []
-        for (partition, lane), kept in self._lanes.items():
+        with self._lock:
+            kept_lanes = [(key, sorted(kept.members)) for key, kept in self._lanes.items()]
+            replays = self.replays
+        for (partition, lane), places in kept_lanes:
             if not isinstance(partition, str | int):
-                raise TypeError(f"partition {partition!r}: a saved filter names partitions by str or int")
-            lanes.append([partition, lane, sorted(kept.members)])
-        return {"window": self.window, "replays": self.replays, "lanes": lanes}
+                raise InvalidArgumentError(
+                    f"partition {partition!r}: a filter whose state is saved names partitions by str or int"
+                )
+            lanes.append([partition, lane, places])
+        return {"window": self.window, "replays": replays, "lanes": lanes}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> ReplayFilter:
