@@ -131,6 +131,18 @@ def spark_task() -> tuple[int, int, int]:
     return int(batch) if batch else 0, context.partitionId(), context.attemptNumber()
 
 
+_counts: dict[tuple[str, str, str], int] = {}  # (snapshot, system, stream) -> partitions, fixed while a job runs
+
+
+def _partition_count(snapshot: str, system: str, stream: str) -> int:
+    """An output stream's partition count, asked of its system once per worker process (on Event Hubs each
+    ask is a management round trip)."""
+    key = (snapshot, system, stream)
+    if key not in _counts:
+        _counts[key] = systems_for(snapshot).admin(system).partition_count(stream)
+    return _counts[key]
+
+
 class WeirflowSink(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -318,16 +330,31 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         """The records of output ``index``, an output stream, each with its id (docs/guarantees.md): a
         row-wise stage's rows named by their position, ``<stage>/<__pss>/<__pos>/<__k>``; a stateful task's
         results by where they are first written (`weirflow.results.ids`), without those an earlier attempt
-        already wrote; rows that lost their positions get none."""
+        already wrote; rows that lost their positions get none.
+
+        A row-wise row sent without a key goes to the partition of its input partition (its ``__pss`` modulo
+        the stream's partitions), not wherever the system spreads keyless records (Event Hubs round robin,
+        Kinesis a random key): its replay then lands where the first copy did, in the same order, and a reader
+        recognises it (`weirflow.results.ReplayFilter`)."""
         keys = rows.column("__key").to_pylist()
         values = [value or b"" for value in rows.column("__value").to_pylist()]
         physical = sink["physical"]
         if sink.get("positions"):
             rows = self._indexed(index, rows)
             stage = sink["stage"]
-            columns = (rows.column(c).to_pylist() for c in (PSS, POS, K))
+            columns = [rows.column(c).to_pylist() for c in (PSS, POS, K)]
             ids = [row_id(stage, a, b, c) for a, b, c in zip(*columns, strict=True)]
-            return [OutgoingRecord(physical, v, key=k, id=i) for k, v, i in zip(keys, values, ids, strict=True)]
+            places: list[int | None] = [None] * len(keys)
+            if any(k is None for k in keys):
+                count = _partition_count(self.snapshot, sink["system"], physical)
+                places = [
+                    input_partition(a) % count if k is None else None
+                    for k, a in zip(keys, columns[0], strict=True)
+                ]
+            return [
+                OutgoingRecord(physical, v, key=k, partition=place, id=i)
+                for k, v, i, place in zip(keys, values, ids, places, strict=True)
+            ]
         task = self._task_results(sink)
         if task is None:
             return [OutgoingRecord(physical, v, key=k) for k, v in zip(keys, values, strict=True)]
