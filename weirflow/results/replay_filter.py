@@ -48,10 +48,10 @@ is kept (window 1), a row reaches the partition only after every row before it, 
 (that section's argument, which needs no fence): the mark alone is exact. A dead letter's lane is the same
 argument over offsets (the source writes a read's dead letters in offset order before the batch can commit).
 
-What the filter does not recognise (at least once there): a replay that lands in another partition than its
-first copy, which is how a system spreads the records of an output sent without a key (Event Hubs round robin,
-Kinesis a random partition key: give ``send_to`` a key); on Kinesis, a row replayed into another shard than its
-first copy (a reshard in between).
+What the filter does not recognise (at least once there): on Kinesis, a row replayed into another shard than
+its first copy (a reshard in between). A row-wise row sent without a key is placed by the sink in the partition
+of its input partition (`weirflow.spark.sink`), not spread by the system, so its replay lands where the first
+copy did.
 """
 
 from __future__ import annotations
