@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # What `make install` puts in the venv: the Dockerfile runs the same target with EXTRAS=azure,monitor EDITABLE= (a
 # plain install of the Azure extra, in the image's own venv), so the image installs exactly as `make run` does.
-EXTRAS ?= dev,azure,emulator,kinesis,aws,monitor
+EXTRAS ?= dev,azure,emulator,kinesis,aws,delta,monitor
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
@@ -58,7 +58,8 @@ $(NODE_STAMP): package.json package-lock.json | node
 # Bytecode for the project's own packages: an editable install leaves none, and where PYTHONDONTWRITEBYTECODE is
 # set (as on the project's CI machine) every Python process Spark starts compiled weirflow from source again.
 install: $(STAMP) java
-	@$(PY) -m compileall -q -j 0 weirflow azure_coordinator checkpoint eventhub_system kinesis_system aws_coordinator >/dev/null
+	@$(PY) -m compileall -q -j 0 weirflow azure_coordinator checkpoint eventhub_system kinesis_system aws_coordinator \
+	  delta_system >/dev/null
 
 # A class-data-sharing archive of Spark's classes (weirflow/spark/class_archive.py): processors start Spark in
 # about half the time. Dumped once per Java runtime and PySpark install.
@@ -82,8 +83,9 @@ test: java node
 MYPY_PATH := $(VENV)/mypy-path
 MYPY_LINKS := weirflow_azure/coordinator=azure_coordinator weirflow_azure/checkpoint=checkpoint \
 	weirflow_azure/eventhubs=eventhub_system weirflow_kinesis=kinesis_system \
-	weirflow_aws=aws_coordinator
-MYPY_PACKAGES := weirflow weirflow_azure.coordinator weirflow_azure.checkpoint weirflow_azure.eventhubs weirflow_kinesis weirflow_aws
+	weirflow_aws=aws_coordinator weirflow_delta=delta_system
+MYPY_PACKAGES := weirflow weirflow_azure.coordinator weirflow_azure.checkpoint weirflow_azure.eventhubs weirflow_kinesis weirflow_aws \
+	weirflow_delta
 
 # Style, format, types and import layers; `.ci/run` runs it before the tests and fails on any finding.
 lint: install

@@ -41,6 +41,9 @@ before it was a `WeirflowError` and callers may still catch it so)::
     │   └── KinesisStreamInUseError
     ├── AzureStorageError .................... weirflow_azure.coordinator.errors
     │   └── AzureStorageAccessError
+    ├── DeltaTableError ...................... weirflow_delta.errors
+    │   ├── DeltaAccessError
+    │   └── DeltaSchemaError (ValueError)
     └── AwsError ............................. weirflow_aws.errors
         ├── AwsAccessError
         ├── AwsResourceError
@@ -48,8 +51,9 @@ before it was a `WeirflowError` and callers may still catch it so)::
 
 Each plugin's SDK errors become these through one table in its errors module: `EVENTHUB_ERRORS`
 (Event Hubs, by exception type and AMQP condition), `KINESIS_ERRORS` (botocore, by error code and
-exception type), `STORAGE_ERRORS` (azure.core, by exception type and HTTP status) and `AWS_ERRORS` (botocore
-for DynamoDB and S3, by error code, HTTP status and exception type). Every class here
+exception type), `STORAGE_ERRORS` (azure.core, by exception type and HTTP status), `AWS_ERRORS` (botocore
+for DynamoDB and S3, by error code, HTTP status and exception type) and `DELTA_ERRORS` (deltalake, by exception
+type and, for a storage failure, the HTTP status object_store reports). Every class here
 calls its parent's ``__init__`` (tests/unit/test_errors.py checks it).
 """
 

@@ -56,6 +56,7 @@ PACKAGES = [
     "weirflow_azure.eventhubs",
     "weirflow_kinesis",
     "weirflow_aws",
+    "weirflow_delta",
 ]
 # The modules that hold every error class that crosses an interface: core's and each plugin's own.
 ERROR_MODULES = [
@@ -64,6 +65,7 @@ ERROR_MODULES = [
     "weirflow_azure.coordinator.errors",
     "weirflow_kinesis.errors",
     "weirflow_aws.errors",
+    "weirflow_delta.errors",
 ]
 
 

@@ -33,8 +33,9 @@ PACKAGE_FOLDERS = (
     "eventhub_system",
     "kinesis_system",
     "aws_coordinator",
+    "delta_system",
 )
-INSTALLED_TOPS = {"weirflow", "weirflow_azure", "weirflow_kinesis", "weirflow_aws"}
+INSTALLED_TOPS = {"weirflow", "weirflow_azure", "weirflow_kinesis", "weirflow_aws", "weirflow_delta"}
 
 
 def test_every_package_folder_is_installed_under_its_namespaced_name() -> None:
@@ -58,8 +59,9 @@ def test_the_emulator_engine_comes_only_with_its_extra() -> None:
     assert proton, extras["emulator"]
     assert not [dep for dep in extras["azure"] if "proton" in dep]
     core = " ".join(PYPROJECT["project"]["dependencies"])
-    for plugin_only in ("azure", "boto3", "proton"):
+    for plugin_only in ("azure", "boto3", "proton", "deltalake"):
         assert plugin_only not in core
+    assert [dep for dep in extras["delta"] if dep.startswith("deltalake")], extras["delta"]
 
 
 def test_a_jobs_own_checkpoint_module_neither_hides_nor_is_hidden_by_the_plugin(tmp_path: Path) -> None:
