@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ACCOUNT = "devstoreaccount1"
@@ -52,11 +53,13 @@ def _port_open(port: int) -> bool:
 
 
 class Azurite:
-    """One Azurite process: blob and table services on free ports, data in ``data_dir``."""
+    """One Azurite process: blob and table services on free ports, data in ``data_dir``; ``extra_args`` are
+    passed to Azurite as they are (HTTPS and OAuth: ``--cert``, ``--key``, ``--oauth basic``)."""
 
-    def __init__(self, data_dir: Path, log_path: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, log_path: Path | None = None, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = log_path or self.data_dir / "azurite.log"
+        self.extra_args = tuple(extra_args)
         self.blob_port = free_port()
         self.table_port = free_port()
         self.queue_port = free_port()
@@ -113,6 +116,7 @@ class Azurite:
             "127.0.0.1",
             "--queuePort",
             str(self.queue_port),
+            *self.extra_args,
         ]
         log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
