@@ -19,6 +19,7 @@ COPY checkpoint ./checkpoint
 COPY eventhub_system ./eventhub_system
 COPY kinesis_system ./kinesis_system
 COPY aws_coordinator ./aws_coordinator
+COPY delta_system ./delta_system
 RUN make install VENV=/opt/weirflow/venv EXTRAS=azure,monitor EDITABLE= \
  && rm -rf /var/lib/apt/lists/* /root/.cache
 # Spark's class archive in the venv (weirflow/spark/class_archive.py): every processor starts Spark in about half
