@@ -14,7 +14,11 @@ Every window is then written once, with pandas' count.
 The first stage also copies a tenth of the views (one user in ten) to an event hub on the emulator, keyed by
 user: a row-wise stage's output, at least once on Event Hubs, where the first kill's replay leaves rows twice.
 The example reader of examples/reading_results, the unmodified azure-eventhub SDK through `ReplayFilter`, reads
-each of those views exactly once (docs/guarantees.md, "Reading results once")."""
+each of those views exactly once (docs/guarantees.md, "Reading results once").
+
+Both stages also write Delta tables (docs/delta.md): the first stage every view, the counting stage its counts
+(the second kill lands after the batch's table commit, before Spark's). Read with deltalake and pandas, each
+view and each window is in its table once, with pandas' count (docs/guarantees.md, "Tables")."""
 
 from __future__ import annotations
 
@@ -59,8 +63,11 @@ def pipeline(app):
     raw = app.input("page-views")
     copied = raw.transform(lambda df: df.filter(F.col("user").endswith("0")))  # a tenth: the emulator is slow
     copied.send_to("view-copies", key="user")  # on Event Hubs: at least once, with ids
+    raw.send_to("views-lake")  # a Delta table: exactly once by the marks of its commits
     views = raw.partition_by("page", name="views-by-page")
-    counts = views.transform(per_minute).partition_by("page", name="minute-counts")
+    counted = views.transform(per_minute)
+    counted.send_to("counts-lake")  # a Delta table: exactly once by reading back
+    counts = counted.partition_by("page", name="minute-counts")
     minute = F.date_format("window_start", "yyyy-MM-dd'T'HH:mm")
     counts.send_to("page-counts", key=F.concat_ws("|", "page", minute))
 """
@@ -120,8 +127,21 @@ def _event_hub_copies(connection_string: str) -> tuple[list[dict], int, int]:
 
 def _view(row: dict) -> tuple[str, str, int]:
     """A view as (user, page, event time in epoch ms), whichever way its time was written."""
-    when = dt.datetime.fromisoformat(row["event_time"].replace("Z", "+00:00"))
+    when = row["event_time"]
+    if isinstance(when, str):
+        when = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+    elif when.tzinfo is None:  # a Delta table's timestamps come back in UTC without a zone
+        when = when.replace(tzinfo=dt.UTC)
     return row["user"], row["page"], round(when.timestamp() * 1000)
+
+
+def _table(location: Path) -> list[dict]:
+    """Every row of the Delta table at ``location``, as any Delta reader reads it (deltalake's SQL, pandas)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    found = QueryBuilder().register("t", DeltaTable(str(location))).execute("select * from t").read_all()
+    return pa.table(found).to_pandas().to_dict("records")
 
 
 def _rows_dropped_and_checkpointed(log: str) -> int:
@@ -161,7 +181,12 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
         f"streams.{COPIES}.system=eh",
         f"streams.{COPIES}.partitions=2",
     ]
-    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_three_stages:pipeline", *copies]
+    lake = [
+        "systems.lake.factory=delta",
+        f"systems.lake.path={tmp_path / 'lake'}",
+        *(f"streams.{t}.{k}" for t in ("views-lake", "counts-lake") for k in ("system=lake", "partitions=1")),
+    ]
+    overrides = [*_overrides(tmp_path), "app.pipeline=pipeline_three_stages:pipeline", *copies, *lake]
     config = load_config(job_dir / "job.yaml", overrides)
     events = generate.write(config, EVENTS)
 
@@ -215,6 +240,14 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
     skipped = _results_not_written_again(third.log_text())
     assert skipped > 0, "the kill left no result to replay: " + third.log_text()[-3000:]
 
+    lake_views = _table(tmp_path / "lake" / "views-lake")
+    assert Counter(_view(row) for row in lake_views) == Counter(_view(event) for event in events)
+    assert len({row["weirflow_id"] for row in lake_views}) == EVENTS
+    lake_counts = _table(tmp_path / "lake" / "counts-lake")
+    in_lake = Counter((row["page"], row["window_start"].strftime("%Y-%m-%dT%H:%M")) for row in lake_counts)
+    assert set(in_lake.values()) == {1}, "a window twice in the table"
+    assert {w: row["views"] for w, row in zip(in_lake, lake_counts, strict=True)} == expected
+
     copied, held, left_out = _event_hub_copies(hub)
     expected_copies = Counter(_view(event) for event in events if event["user"].endswith("0"))
     views = sum(expected_copies.values())
@@ -226,5 +259,6 @@ def test_a_replayed_batch_is_counted_once_and_a_stateful_stage_s_replayed_result
         f"dropped by the counting stage ({written - EVENTS} with those the second kill left); kill after the "
         f"counting stage's results were written, before Spark's commit: {skipped} replayed results not written "
         f"again; {len(got)} windows once each, equal pandas; {views} views copied to Event Hubs: {held} events, "
-        f"{left_out} replays left out by ReplayFilter, each view read once"
+        f"{left_out} replays left out by ReplayFilter, each view read once; Delta tables: {EVENTS} views and "
+        f"{len(lake_counts)} windows, each once"
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from weirflow.config.loader import Config
+from weirflow.errors import ConfigError
 from weirflow.spark import class_archive
 from weirflow.spark.session import (
     JavaMissingError,
@@ -70,6 +71,14 @@ def test_settings_overlay_the_jobs_spark_keys_on_the_defaults() -> None:
     assert settings["spark.sql.shuffle.partitions"] == "8"
     assert settings["spark.ui.enabled"] == "false"
     assert settings["spark.app.name"] == "weirflow-j-1"
+
+
+def test_a_job_may_not_let_spark_reuse_a_shuffle_between_two_branches_of_an_aggregation() -> None:
+    """With the exchange reused, a stateful stage's second output wrote nothing (docs/pipelines.md)."""
+    assert spark_settings(Config.from_dict({"job": {"name": "j"}}))["spark.sql.exchange.reuse"] == "false"
+    reused = Config.from_dict({"job": {"name": "j"}, "spark": {"sql.exchange.reuse": True}})
+    with pytest.raises(ConfigError, match="spark.sql.exchange.reuse.*must stay false"):
+        spark_settings(reused)
 
 
 def test_the_jvm_compiles_with_c1_only_and_a_jobs_own_java_options_add_to_that() -> None:

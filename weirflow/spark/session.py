@@ -60,7 +60,16 @@ SPARK_DEFAULTS: dict[str, str] = {
     # the batches it was meant to speed up waited (docs/pipelines.md, "Performance"). `defaultJavaOptions`, so
     # that a job's own `spark.driver.extraJavaOptions` adds to it rather than replacing it.
     "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
+    # No shuffle reused between two stateful operators. A stage's outputs are one union
+    # (`StageBuilder.sink_frame`), so a stateful stage with two outputs has its aggregation in both branches; with
+    # the exchange reused (Spark's default), the second branch's aggregation wrote nothing in append mode, ever: a
+    # `send_to` beside a `partition_by` of the same counts lost every row of the intermediate stream (pyspark 4.x,
+    # measured). Off, each branch shuffles and aggregates on its own, with its own state: right, at the cost of
+    # doing it twice.
+    "spark.sql.exchange.reuse": "false",
 }
+# Settings a job may not change: with them changed, results are lost (the comments above say how).
+REQUIRED_SETTINGS = {"spark.sql.exchange.reuse": "false"}
 
 
 def check_java() -> str:
@@ -196,6 +205,14 @@ def spark_settings(config: Config) -> dict[str, str]:
     settings["spark.app.name"] = f"weirflow-{config.get('job.name')}-{config.get('job.id')}"
     for name, value in config.subset("spark").items():
         settings[f"spark.{name}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    for key, required in REQUIRED_SETTINGS.items():
+        if settings[key].lower() != required:
+            raise config.error(
+                key,
+                f"must stay {required}: otherwise Spark reuses one shuffle for two branches of a stage that share "
+                "an aggregation (two outputs of it), and the second branch writes nothing (docs/pipelines.md); "
+                "remove the key",
+            )
     archive = java_options(str(config.get("task.spark.class.archive")))
     if archive:  # weirflow.spark.class_archive: in the default options too, so a job's own extra options add to it
         options = settings.get("spark.driver.defaultJavaOptions", "")
