@@ -43,10 +43,14 @@ The output is compared with pandas over every event sent. One JSON line last::
   its first batch's start to its last batch's end; must be 0 with fencing; null when no process logged them;
 * ``exact_windows`` / ``windows`` — windows whose final count equals pandas', of all pandas windows.
 
+``--output delta`` writes ``page-counts`` to a Delta table instead (docs/delta.md): in the run's directory on
+``local``, in Azurite (container ``lake``) on ``azure``. The helper's figure is then the table read with deltalake
+and pandas, as any Delta reader reads it.
+
 ``baseline`` is the reference itself (pandas over the same events, computed in this run).
 Usage: ``python benchmarks/chaos.py [--backend azure|aws|local] [--duration 180] [--rate 150] [--kill-every 20]
-[--processors 3] [--set KEY=VALUE ...]`` (``--set``: config overrides for every processor, as
-``weirflow run --set``).
+[--processors 3] [--output stream|delta] [--set KEY=VALUE ...]`` (``--set``: config overrides for every
+processor, as ``weirflow run --set``).
 """
 
 from __future__ import annotations
@@ -156,7 +160,7 @@ class OutputReader:
         self.ref = self.systems.resolve("page-counts")
         self.consumer = self.systems.consumer(self.ref.system)
         metadata = self.systems.admin(self.ref.system).partition_metadata(self.ref.physical)
-        self.offsets = {p: metadata[p].oldest for p in range(PARTITIONS)}  # on Kinesis a position, not "0"
+        self.offsets = {p: m.oldest for p, m in metadata.items()}  # on Kinesis a position, not "0"
         # Kinesis records carry no properties: their id is a field of the record's JSON (docs/guarantees.md)
         kinesis = config.get(f"systems.{self.ref.system}.factory") == "kinesis"
         self.id_field = config.get(f"systems.{self.ref.system}.record.id.field") if kinesis else None
@@ -168,7 +172,7 @@ class OutputReader:
     def read(self) -> tuple[dict[tuple[str, str], int], int]:
         """(the latest count per window, how many output records there were), the closing window left out;
         a record whose id was seen before is a replay and is dropped, as a downstream consumer would."""
-        for partition in range(PARTITIONS):
+        for partition in sorted(self.offsets):
             ssp = SystemStreamPartition(self.ref.system, self.ref.physical, partition)
             while batch := self.consumer.read(ssp, self.offsets[partition], 10_000):
                 for record in batch:
@@ -282,6 +286,10 @@ class Services:
         self.stops.append(emulator.stop)
         os.environ["AZURE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
         os.environ["EVENTHUBS_CONNECTION_STRING"] = emulator.connection_string()
+        from azure.storage.blob import BlobServiceClient
+
+        # the container of --output delta (weirflow creates no container)
+        BlobServiceClient.from_connection_string(azurite.connection_string).create_container(LAKE_CONTAINER)
 
     def stop(self) -> None:
         for stop in reversed(self.stops):
@@ -308,6 +316,7 @@ def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]
         f"streams.page-views.partitions={PARTITIONS}",
         f"streams.page-counts.partitions={PARTITIONS}",
         f"spark.master=local[{args.cores}]",
+        *delta_overrides(args, work),
         *args.overrides,
     ]
     config = load_config(config_path, overrides)
@@ -376,8 +385,50 @@ def run_job(args: argparse.Namespace, work: Path, job_id: str) -> dict[str, Any]
         "kill_every_s": args.kill_every,
         "processors": args.processors,
         "backend": BACKEND_NAMES[args.backend],
+        "output": "delta table" if args.output == "delta" else "stream",
         "baseline": {"what": "pandas over every event sent", "windows": len(expected), "events": len(sent)},
     }
+
+
+LAKE_CONTAINER = "lake"
+
+
+def delta_overrides(args: argparse.Namespace, work: Path) -> list[str]:
+    """With ``--output delta``: ``page-counts`` a Delta table, on the run's disk or in Azurite."""
+    if args.output != "delta":
+        return []
+    if args.backend == "azure":
+        where = [
+            f"systems.lake.path=az://{LAKE_CONTAINER}/chaos",
+            "systems.lake.storage.connection.string=${AZURE_STORAGE_CONNECTION_STRING}",
+        ]
+    else:
+        where = [f"systems.lake.path={work / 'lake'}"]
+    return [
+        "systems.lake.factory=delta",
+        *where,
+        "streams.page-counts.system=lake",
+        "streams.page-counts.partitions=1",
+    ]
+
+
+def read_table(config: Any) -> list[dict[str, Any]]:
+    """``page-counts`` as a Delta table, read as any Delta reader reads it (deltalake's SQL, then pandas)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, QueryBuilder
+
+    systems = Systems(config)
+    try:
+        writer: Any = systems.table_writer("lake")  # weirflow_delta's: its tables' locations and options
+        uri, options = writer.tables.uri("page-counts"), writer.tables.settings.storage_options()
+    finally:
+        systems.close()
+    table = DeltaTable(uri, storage_options=options)
+    found = pa.table(QueryBuilder().register("t", table).execute("select * from t").read_all()).to_pandas()
+    return [
+        {"page": row["page"], "window_start": row["window_start"].isoformat(), "views": int(row["views"])}
+        for row in found.to_dict("records")
+    ]
 
 
 def _windows(values: list[dict[str, Any]]) -> dict[str, int]:
@@ -405,6 +456,8 @@ def read_with_helper(args: argparse.Namespace, config: Any) -> list[dict[str, An
 
     values: list[dict[str, Any]] = []
     ref = Systems(config).resolve("page-counts")
+    if args.output == "delta":
+        return read_table(config)
     if args.backend == "azure":
         from azure.eventhub import EventHubConsumerClient
 
@@ -485,6 +538,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=20, help="seconds the output must stay unchanged")
     parser.add_argument("--drain-timeout", type=float, default=420)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--output", choices=["stream", "delta"], default="stream", help="page-counts a stream or a Delta table"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",

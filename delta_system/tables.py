@@ -10,6 +10,7 @@ methods below it (`load`, `entry`, `rows`) are single attempts, meant to run ins
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any, TypeVar
@@ -37,11 +38,12 @@ def arrow_schema(table: DeltaTable) -> pa.Schema:
 
 class DeltaTables:
     """The tables of one system (`DeltaSettings`). Thread-safe: nothing here is mutable but the entry cache,
-    which is."""
+    which is, and the tables each thread loaded (`load`), which are the thread's own."""
 
     def __init__(self, settings: DeltaSettings) -> None:
         self.settings = settings
         self.entries = EntryCache()
+        self._loaded = threading.local()  # per thread: (uri, storage options) -> its DeltaTable
 
     @property
     def system(self) -> str:
@@ -79,11 +81,32 @@ class DeltaTables:
 
     # --- single attempts, run inside `call` -----------------------------------------------------------------
     def load(self, table: str) -> DeltaTable | None:
-        """The table at its latest version, or None when it has no commit yet."""
+        """The table at its latest version, or None when it has no commit yet.
+
+        A table this thread loaded before is brought up to date with the log entries written since
+        (``update_incremental``: 2 to 9 ms on a local disk, where loading it anew took 10 to 27 ms, and a commit
+        loads it twice), unless its storage options changed meanwhile (an Entra ID token renewed): then, and
+        when the update fails, it is loaded anew. Each thread keeps its own: a DeltaTable is not shared."""
+        uri, options = self.uri(table), self.settings.storage_options()
+        cache: dict[tuple[str, tuple[tuple[str, str], ...]], DeltaTable] = self._loaded.__dict__.setdefault(
+            "tables", {}
+        )
+        key = (uri, tuple(sorted(options.items())))
+        known = cache.get(key)
+        if known is not None:
+            try:
+                known.update_incremental()
+                return known
+            except Exception:  # anything odd about the cached copy: load the table afresh
+                cache.pop(key, None)
+        for stale in [k for k in cache if k[0] == uri]:
+            cache.pop(stale, None)
         try:
-            return DeltaTable(self.uri(table), storage_options=self.settings.storage_options())
+            loaded = DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
             return None
+        cache[key] = loaded
+        return loaded
 
     def handler(self, table: str) -> Any:
         """delta-rs's file access to the table's directory (the table's own storage options)."""

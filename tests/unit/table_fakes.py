@@ -68,7 +68,7 @@ class MemoryTableWriter(TableWriter):
         table: str,
         rows: Any,
         marks: Mapping[str, int],
-        read_version: int,
+        read_version: int | None,
         before_attempt: Callable[[], None] | None = None,
     ) -> int:
         if self.before_commit is not None:
@@ -78,7 +78,7 @@ class MemoryTableWriter(TableWriter):
             before_attempt()
         found = self._table(table)
         with _LOCK:
-            for commit in found.commits[read_version + 1 :]:
+            for commit in found.commits[(len(found.commits) if read_version is None else read_version + 1) :]:
                 if set(commit.marks) & set(marks):
                     raise TableConflictError(
                         f"table {table}: a later commit set {sorted(set(commit.marks) & set(marks))}"

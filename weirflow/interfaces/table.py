@@ -64,11 +64,13 @@ class TableWriter(ABC):
         table: str,
         rows: Any,
         marks: Mapping[str, int],
-        read_version: int,
+        read_version: int | None,
         before_attempt: Callable[[], None] | None = None,
     ) -> int:
         """Append ``rows`` (a ``pyarrow.Table``, possibly empty) and set ``marks`` in one atomic commit; return
-        the version committed.
+        the version committed. ``read_version`` None: the commit sets no marks and depends on no earlier version
+        (rows appended at least once, or results a reading back already left replays out of), so nothing is
+        checked before it.
 
         The first commit creates the table from ``rows``' schema (partitioned as the system's config says);
         rows whose schema the table cannot take raise `weirflow.errors.ConfigError`-like errors naming the

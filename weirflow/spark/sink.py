@@ -29,6 +29,7 @@ import base64
 import json
 import logging
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -507,12 +508,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         stateful task's `ResultsLedger` of the batch (its tails and the replays still to come).
 
         The batch's counts go to ``<counts_dir>/<batchId>.json`` for the runner (`TaskProgress._count_written`):
-        ``{"counts": {stream: rows}, "by_task": {task: {stream: rows}}, "replayed": n}``, e.g.
-        ``{"counts": {"out": 7}, "by_task": {"s-0": {"out": 4}, "s-1": {"out": 3}}, "replayed": 0}``."""
+        ``{"counts": {stream: rows}, "by_task": {task: {stream: rows}}, "replayed": n, "tables": {stream: [rows
+        committed, ms]}}``, e.g. ``{"counts": {"out": 7}, "by_task": {"s-0": {"out": 4}, "s-1": {"out": 3}},
+        "replayed": 0, "tables": {}}``."""
         workergc.before_task()
         total = WrittenCount.total(messages)
         tables, counts, replayed, by_task = total.served, total.counts, total.replayed, total.by_task
-        self._commit_tables(total.tables)  # before the tails: a table's tail is its version after this batch
+        committed = self._commit_tables(total.tables)  # before the tails: a table's tail is its version after
         left = Replays()
         if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left, and
             # once none is left nobody reads the file again
@@ -526,7 +528,12 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         if (counts or replayed) and self.counts_dir is not None:
             directory = Path(self.counts_dir)
             directory.mkdir(parents=True, exist_ok=True)
-            summary = {"counts": counts, "by_task": by_task, "replayed": sum(replayed.values())}
+            summary = {
+                "counts": counts,
+                "by_task": by_task,
+                "replayed": sum(replayed.values()),
+                "tables": committed,
+            }
             (directory / f".{batchId}.tmp").write_text(json.dumps(summary))
             (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
         if any(counts.get(s["stream"]) for s in self._result_sinks()):
@@ -537,16 +544,21 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
 
-    def _commit_tables(self, shipped: dict[str, list[bytes]]) -> None:
-        """Each table output's rows of the batch in one commit, through the fence (`table_commits`)."""
+    def _commit_tables(self, shipped: dict[str, list[bytes]]) -> dict[str, list[float]]:
+        """Each table output's rows of the batch in one commit, through the fence (`table_commits`); returns per
+        table output the rows committed and the commit's milliseconds."""
+        committed: dict[str, list[float]] = {}
         if not shipped:
-            return
+            return committed
         systems = systems_for(self.snapshot)
         for sink in self.sinks:
             rows = unship(shipped.get(sink["stream"], [])) if sink.get("table") else None
             if rows is not None:
+                began = time.perf_counter()
                 writer = systems.table_writer(sink["system"])
-                commit_rows(writer, sink["physical"], sink["stage"], rows, self._check_fence)
+                n = commit_rows(writer, sink["physical"], sink["stage"], rows, self._check_fence)
+                committed[sink["stream"]] = [n, round((time.perf_counter() - began) * 1000, 1)]
+        return committed
 
     def _result_sinks(self) -> list[dict[str, Any]]:
         """The outputs a stateful task writes its results to (intermediate and output streams)."""

@@ -80,9 +80,8 @@ def commit_rows(
         ),
     ):
         with attempt:
-            if not positioned:
-                snapshot = writer.snapshot(table, ())
-                writer.commit(table, without_positions(rows), {}, snapshot.version, before_attempt)
+            if not positioned:  # no marks: nothing to read first (stateful results were read back already)
+                writer.commit(table, without_positions(rows), {}, None, before_attempt)
                 committed = rows.num_rows
                 continue
             fresh, marks, read_version = _above_marks(writer, table, stage, rows)

@@ -62,6 +62,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("weirflow.spark")
 
+# One line per batch and table output (`weirflow.spark.table_commits`): the query, the batch, the output, the rows
+# committed and the commit's milliseconds (benchmarks/delta_output.py reads them).
+TABLE_COMMIT_FORMAT = "%s: batch %d committed %d rows to table %s in %.1f ms"
+
 # Per SSP of one task after a batch: its next offset, and the system's native position of its last record.
 Offsets = dict[SystemStreamPartition, str]
 Positions = dict[SystemStreamPartition, dict[str, str]]
@@ -226,6 +230,8 @@ class TaskProgress:
         for t in self.tasks:
             for stream, n in dict(by_task.get(t.name, {})).items():
                 t.stats.records_out[stream] = t.stats.records_out.get(stream, 0) + int(n)
+        for stream, (rows, ms) in dict(summary.get("tables", {})).items():
+            log.info(TABLE_COMMIT_FORMAT, self.name, batch, int(rows), stream, float(ms))
         return int(summary.get("replayed", 0))
 
     def _results_written(self, t: TaskState, batch: int, replayed: int) -> None:
