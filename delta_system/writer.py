@@ -175,16 +175,15 @@ class _Commit:
         for _ in range(MAX_ROUNDS):
             loaded = self.tables.load(self.table)
             latest = -1 if loaded is None else loaded.version()
-            if self.base is None:  # a blind append's first round: nothing before it to check
-                self.base = latest
-            if latest < self.base:
+            base = self.base = latest if self.base is None else self.base  # None: a blind append's first round
+            if latest < base:
                 raise TableConflictError(
                     f"Delta table '{self.table}' at {self.tables.uri(self.table)} is at version {latest}, before "
-                    f"the version {self.base} its marks were read at (was it deleted and made again?); nothing "
+                    f"the version {base} its marks were read at (was it deleted and made again?); nothing "
                     "was committed: read the marks again"
                 )
-            if latest > self.base:
-                landed = self._check_since(latest)
+            if latest > base:
+                landed = self._check_since(base, latest)
                 if landed is not None:
                     return landed
                 self.base, self.refused = latest, None
@@ -206,12 +205,12 @@ class _Commit:
         if self.before_attempt is not None:
             self.before_attempt()
 
-    def _check_since(self, latest: int) -> int | None:
+    def _check_since(self, base: int, latest: int) -> int | None:
         """Raise `TableConflictError` when a commit after ``base`` up to ``latest`` set one of the marks;
         return the version of this commit when an earlier attempt's landed there; else None."""
         handler = self.tables.handler(self.table)
         taken: dict[str, int] = {}
-        for version in range(self.base + 1, latest + 1):
+        for version in range(base + 1, latest + 1):
             entry = self.tables.entry(self.table, version, handler)
             if entry is None:
                 raise self.tables.missing_entry(self.table, version)

@@ -231,7 +231,8 @@ class TaskProgress:
             for stream, n in dict(by_task.get(t.name, {})).items():
                 t.stats.records_out[stream] = t.stats.records_out.get(stream, 0) + int(n)
         for stream, (rows, ms) in dict(summary.get("tables", {})).items():
-            log.info(TABLE_COMMIT_FORMAT, self.name, batch, int(rows), stream, float(ms))
+            query = self.stage.name if self.merged else self.tasks[0].name
+            log.info(TABLE_COMMIT_FORMAT, query, batch, int(rows), stream, float(ms))
         return int(summary.get("replayed", 0))
 
     def _results_written(self, t: TaskState, batch: int, replayed: int) -> None:
