@@ -14,6 +14,7 @@ from weirflow.results import ReplayFilter
 from weirflow.results.ids import RowId, parse
 from weirflow.spark.replay import POS, PSS, pss
 from weirflow.spark.sink import WeirflowStreamWriter
+from weirflow.spark.source_spec import release
 from weirflow.systems import Systems
 
 OUT = {"stream": "out", "system": "local", "physical": "out", "positions": True, "stage": "copy"}
@@ -70,3 +71,4 @@ def test_keyless_rows_go_to_their_input_partition_s_partition_and_a_replay_follo
         assert len(seen) == len(places) and reader.replays == 0
     finally:
         systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)

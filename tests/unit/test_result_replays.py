@@ -38,6 +38,7 @@ from weirflow.spark.result_replays import (
     written_since,
 )
 from weirflow.spark.sink import WeirflowStreamWriter
+from weirflow.spark.source_spec import release
 from weirflow.systems import Systems
 
 TASK = "counts-0"
@@ -170,6 +171,7 @@ def test_equal_results_of_one_task_are_all_written_and_each_gets_an_id_of_its_ow
         assert [(p, v) for _, _, p, v in _intermediate(systems)] == [("/a", 5)] * 3
     finally:
         systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
 
 
 def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: Path) -> None:
@@ -220,6 +222,7 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         assert Counter((page, views) for _, page, views in _table(tmp_path)) == mine, "and in the table"
     finally:
         systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
 
 
 def _ends(systems: Systems) -> dict[str, int]:
@@ -248,6 +251,7 @@ def test_a_copy_written_by_one_spark_partition_is_not_used_up_by_another(tmp_pat
         assert Counter((p, v) for _, p, v in _outputs(systems)) == Counter({("/z", 9): 1, ("/a", 1): 2})
     finally:
         systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
 
 
 # --- the property: random batch cuts, kills and equal results ---------------------------------------------
@@ -389,6 +393,7 @@ def _run(data: st.DataObject, root: Path) -> None:
         assert len({i for i, _, _ in committed}) == len(committed)
     finally:
         systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

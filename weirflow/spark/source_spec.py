@@ -67,6 +67,19 @@ def checkpoints_for(snapshot: str) -> Any:
         return manager
 
 
+def release(snapshot: str) -> None:
+    """Close and forget this process's clients of a job snapshot (`systems_for`, `checkpoints_for`): for a
+    process that runs one job after another (a test driving the sink's writers over many jobs), whose clients
+    would otherwise keep their connections, and files, open to the end."""
+    with _clients_lock:
+        systems = _clients.pop(snapshot, None)
+        manager = _checkpoint_managers.pop(snapshot, None)
+    if systems is not None:
+        systems.close()
+    if manager is not None:
+        manager.stop()
+
+
 def partition_of(ssp_key: str) -> int:
     return int(ssp_key.rsplit(".", 1)[1])
 
