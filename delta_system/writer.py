@@ -55,6 +55,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
+from weirflow.errors import InvalidArgumentError
 from weirflow.interfaces.table import TableConflictError, TableSnapshot, TableWriter
 from weirflow_delta.errors import DeltaSchemaError, DeltaTableError
 from weirflow_delta.log import COMMIT_TOKEN_FIELD
@@ -115,7 +116,9 @@ class DeltaTableWriter(TableWriter):
         before_attempt: Callable[[], None] | None = None,
     ) -> int:
         if read_version is None and marks:
-            raise ValueError("a commit that sets marks must say the version it read them at (read_version)")
+            raise InvalidArgumentError(
+                "a commit that sets marks must say the version it read them at (read_version)"
+            )
         attempt = _Commit(self, table, as_arrow(rows), dict(marks), read_version, before_attempt)
         return self.tables.call("commit to", table, attempt.run)
 

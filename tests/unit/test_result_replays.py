@@ -212,9 +212,9 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         assert sum(sum(m.replayed.values()) for m in messages) == 8
         second.commit(messages, 1)
         assert not path.exists(), "every replayed copy used up"
-        assert ResultsLedger.load(results_dir, 1) == ResultsLedger(
-            {**{key: str(n) for key, n in _ends(systems).items()}, "lake.counts.0": "1"}, Replays()
-        )
+        ledger = ResultsLedger.load(results_dir, 1)
+        assert ledger is not None and ledger.attempt == second.attempt and not ledger.replays
+        assert ledger.tails == {**{key: str(n) for key, n in _ends(systems).items()}, "lake.counts.0": "1"}
         mine = Counter((page, views) for task, _, page, views in _intermediate(systems) if task == TASK)
         assert mine == Counter({("/a", 1): 1, ("/bb", 2): 1, ("/c", 3): 3, ("/dd", 4): 1, ("/e", 5): 1})
         outputs = Counter((page, views) for i, page, views in _outputs(systems) if (i or "").startswith(TASK))
@@ -231,6 +231,48 @@ def _ends(systems: Systems) -> dict[str, int]:
         for s in ("mid", "out")
         for p, m in systems.admin("local").partition_metadata(s).items()
     }
+
+
+def test_a_batch_that_wrote_no_results_keeps_its_attempt_s_tails_without_asking_the_streams(
+    tmp_path: Path,
+) -> None:
+    """Most batches of a windowed task close no window: their ledger keeps the tails the same attempt noted at
+    its previous batch (nothing of the task lies past them); a batch that wrote results, and a new attempt's
+    first batch, note them anew."""
+    config, systems = _systems(tmp_path)
+    results_dir = tmp_path / "results"
+    try:
+        writer = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=[TASK], results_dir=str(results_dir))
+        writer.commit([_write(writer, 0, 0, [[("/a", 1)]])], 0)
+        other = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=["counts-1"])
+        other.commit([_write(other, 0, 0, [[("/bb", 2)]])], 0)  # another task moves the streams' ends on
+        writer.commit([_write(writer, 1, 0, [])], 1)
+        first, kept = ResultsLedger.load(results_dir, 0), ResultsLedger.load(results_dir, 1)
+        assert first is not None and kept is not None and kept.tails == first.tails
+        writer.commit([_write(writer, 2, 0, [[("/a", 2)]])], 2)
+        noted = ResultsLedger.load(results_dir, 2)
+        assert noted is not None and noted.tails != first.tails, "a batch with results notes the ends anew"
+        again = WeirflowStreamWriter(config.snapshot(), SINKS, tasks=[TASK], results_dir=str(results_dir))
+        again.commit([_write(again, 3, 0, [])], 3)
+        fresh = ResultsLedger.load(results_dir, 3)
+        assert (
+            fresh is not None
+            and fresh.attempt == again.attempt
+            and fresh.tails
+            == {
+                **{key: str(n) for key, n in _ends(systems).items()},
+                "lake.counts.0": str(writer_version(systems)),
+            }
+        ), "another attempt notes them anew"
+    finally:
+        systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
+
+
+def writer_version(systems: Systems) -> int:
+    table = systems.table_writer("lake")
+    assert table is not None
+    return table.snapshot("counts", ()).version
 
 
 def test_a_copy_written_by_one_spark_partition_is_not_used_up_by_another(tmp_path: Path) -> None:

@@ -11,7 +11,11 @@ stateful stage runs one task per query, and that task can tell what it already w
   (intermediate and output streams) and keeps them, with the replays still to come, in a **ledger** of the
   batch inside the task's Spark checkpoint directory (`ResultsLedger`, ``results/<batch>.json``), which the
   state mirror carries with the batch. The task's checkpoint for that batch records them (``control.tails``,
-  ``control.replays``). Every result the task writes after that checkpoint lies beyond its tails.
+  ``control.replays``). Every result the task writes after that checkpoint lies beyond its tails. A stream the
+  batch wrote nothing to keeps the tails the same query attempt noted at its previous batch: nothing of the
+  task lies past them (the attempt's first batch noted them past every earlier attempt's writes, and it wrote
+  nothing there since), and most batches of a windowed task close no window, so the stream's system is not
+  asked (an event hub's partition ends are a management call each).
 * **Replays.** A task starting from a checkpoint with tails reads each partition from its tail to the end and
   keeps what an earlier attempt of the task wrote there: the rows of packed records naming it (`TASK_KEY` in
   their schema metadata) and the records whose result id names it (`weirflow.results.ids`). Each is counted
@@ -150,8 +154,9 @@ class ResultsLedger:
     """A stateful task's results as one micro-batch committed, kept in its Spark checkpoint directory
     (``results/<batch>.json``, `weirflow.interfaces.spark_checkpoint.RESULTS_DIR`) so that the state mirror
     carries it with the batch: ``tails`` (SSP key -> the next offset of each partition the task writes results
-    to) and the ``replays`` still to come after the batch. JSON: ``{"tails": {"local.mid.0": "17"},
-    "replays": {"0|local.mid|9c0e4d1b22aa0f3e": [1, 9]}}``.
+    to), the ``replays`` still to come after the batch and the query ``attempt`` that committed it. JSON:
+    ``{"tails": {"local.mid.0": "17"}, "replays": {"0|local.mid|9c0e4d1b22aa0f3e": [1, 9]}, "attempt":
+    "5f0c1e2a9b3d4c6e"}``.
 
     The processor's checkpoint of the batch records both (``control.tails``, ``control.replays``); a restart
     that catches up with a batch Spark committed after the last checkpoint reads them from the batch's ledger
@@ -159,13 +164,15 @@ class ResultsLedger:
 
     tails: dict[str, str] = field(default_factory=dict)
     replays: Replays = field(default_factory=Replays)
+    attempt: str = ""  # the query attempt that committed the batch (`weirflow.results.ids`' token)
 
     def save(self, directory: Path, batch: int) -> None:
         """Write the ledger of ``batch`` (once: a file is never changed, as the state mirror expects) and remove
         those older than the last `LEDGERS_KEPT`."""
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{batch}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"tails": self.tails, "replays": self.replays.to_json()}))
+        data = {"tails": self.tails, "replays": self.replays.to_json(), "attempt": self.attempt}
+        tmp.write_text(json.dumps(data))
         tmp.replace(directory / f"{batch}.json")
         for path in directory.glob("*.json"):
             if path.stem.isdigit() and int(path.stem) <= batch - LEDGERS_KEPT:
@@ -180,7 +187,7 @@ class ResultsLedger:
         except (FileNotFoundError, ValueError):
             return None
         tails = {str(k): str(v) for k, v in dict(data.get("tails", {})).items()}
-        return cls(tails, Replays.from_json(data.get("replays")))
+        return cls(tails, Replays.from_json(data.get("replays")), str(data.get("attempt", "")))
 
 
 def tails_of(systems: Any, streams: Iterable[tuple[str, str]]) -> dict[str, str]:

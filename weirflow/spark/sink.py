@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow import fault_points
 from weirflow.errors import RecordTooLargeError
-from weirflow.interfaces.system import OutgoingRecord
+from weirflow.interfaces.system import OutgoingRecord, SystemStream, SystemStreamPartition
 from weirflow.results.ids import result_digest, result_id, result_origin, row_id
 from weirflow.served_tables import write_batch
 from weirflow.spark import workergc
@@ -522,9 +522,9 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             left.used(replayed)
             left = left.aged()
             left.save(Path(self.replays_file))
-        tails = self._tails()
+        tails = self._tails(counts, batchId)
         if tails and self.results_dir is not None:
-            ResultsLedger(tails, left).save(Path(self.results_dir), batchId)
+            ResultsLedger(tails, left, self.attempt).save(Path(self.results_dir), batchId)
         if (counts or replayed) and self.counts_dir is not None:
             directory = Path(self.counts_dir)
             directory.mkdir(parents=True, exist_ok=True)
@@ -564,14 +564,29 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         """The outputs a stateful task writes its results to (intermediate and output streams)."""
         return [s for s in self.sinks if not s.get("serve") and self._task_results(s)]
 
-    def _tails(self) -> dict[str, str]:
+    def _tails(self, written: dict[str, int], batch: int) -> dict[str, str]:
         """For a stateful task writing results, each partition's next offset of the streams it writes them to,
         as the batch commits: everything the task writes after this batch lies beyond
-        (`weirflow.spark.result_replays`)."""
+        (`weirflow.spark.result_replays`). A stream this batch wrote nothing to keeps the tails this query
+        attempt noted at its previous batch, without asking its system."""
         sinks = self._result_sinks()
         if not sinks:
             return {}
-        return tails_of(systems_for(self.snapshot), [(s["system"], s["physical"]) for s in sinks])
+        previous = ResultsLedger.load(Path(self.results_dir), batch - 1) if self.results_dir else None
+        ours = previous.tails if previous is not None and previous.attempt == self.attempt else {}
+        tails: dict[str, str] = {}
+        ask = []
+        for sink in sinks:
+            where = (sink["system"], sink["physical"])
+            stream = SystemStream(*where)
+            kept = {k: v for k, v in ours.items() if SystemStreamPartition.parse(k).system_stream == stream}
+            if kept and not written.get(sink["stream"]):
+                tails.update(kept)
+            else:
+                ask.append(where)
+        if ask:
+            tails.update(tails_of(systems_for(self.snapshot), ask))
+        return tails
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""
