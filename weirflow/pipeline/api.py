@@ -44,6 +44,7 @@ class Node:
     parents: list[Node] = field(default_factory=list)
     stream_id: str | None = None  # input
     fn: Transform | None = None  # transform
+    keeps_order: bool = False  # transform: declared to keep each partition's rows in order (`Stream.transform`)
     join_on: Any = None
     join_how: str = "inner"
     index: int = 0
@@ -70,11 +71,18 @@ class Stream:
     def node(self) -> Node:
         return self._node
 
-    def transform(self, fn: Transform) -> Stream:
-        """Apply any DataFrame -> DataFrame function (filters, projections, aggregations, UDFs)."""
+    def transform(self, fn: Transform, *, keeps_order: bool = False) -> Stream:
+        """Apply any DataFrame -> DataFrame function (filters, projections, aggregations, UDFs).
+
+        ``keeps_order=True`` declares that ``fn``'s maps over partitions (``mapInPandas``, ``mapInArrow``) keep
+        each partition's rows in their input order, a row's outputs together, and pass ``__pss`` and ``__pos``
+        through unchanged. Only then does a row-wise stage with such
+        a map keep the row positions that make its output exactly once (docs/guarantees.md, "When rows carry no
+        positions"); undeclared, the stage is written at least once and a warning at start names it.
+        """
         if not callable(fn):
             raise PipelineError(f"transform needs a function DataFrame -> DataFrame, got {fn!r}")
-        return Stream(self._node.app._add("transform", [self._node], fn=fn))
+        return Stream(self._node.app._add("transform", [self._node], fn=fn, keeps_order=bool(keeps_order)))
 
     def partition_by(self, key: ColumnLike, *, name: str | None = None) -> Stream:
         """Repartition by ``key`` (column name or expression) through an intermediate stream.

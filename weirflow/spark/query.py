@@ -149,6 +149,53 @@ STATELESS_OPERATORS = frozenset(
 # Stateless operators after which a partition's rows are no longer in their input's order: a stage with one
 # of them carries no row positions (`weirflow.spark.replay` needs rows written in position order).
 REORDERING_OPERATORS = frozenset({"Repartition", "RepartitionByExpression", "RebalancePartitions"})
+# Maps over whole partitions: user code that may reorder, hold back or regroup rows. A stage with one keeps
+# positions only when the transform that adds it declared it order-keeping (`Stream.transform(keeps_order=)`).
+MAP_OPERATORS = frozenset(
+    {
+        "MapInPandas",
+        "PythonMapInArrow",
+        "MapInArrow",
+        "MapPartitionsInPandas",
+        "MapElements",
+        "MapPartitions",
+        "AppendColumns",
+    }
+)
+
+
+def _children(node: Any) -> list[Any]:
+    children = node.children()
+    return [children.apply(i) for i in range(children.size())]
+
+
+def _walk(node: Any) -> list[Any]:
+    """Every node of an analyzed plan (a JVM ``LogicalPlan``), ``node`` first."""
+    found, pending = [], [node]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending.extend(_children(current))
+    return found
+
+
+def _count(frame: DataFrame, operators: frozenset[str]) -> int:
+    return sum(str(n.nodeName()) in operators for n in _walk(frame._jdf.queryExecution().analyzed()))
+
+
+def _self_union(plan: Any) -> bool:
+    """Whether a ``Union`` in ``plan`` has two branches reading one input: an input's source is observed
+    once (`observation_name`), so two branches holding one observation's node read the same rows."""
+    for node in _walk(plan):
+        if str(node.nodeName()) != "Union":
+            continue
+        seen: set[str] = set()
+        for child in _children(node):
+            inputs = {str(n.name()) for n in _walk(child) if str(n.nodeName()) == "CollectMetrics"}
+            if inputs & seen:
+                return True
+            seen |= inputs
+    return False
 
 
 class StageBuilder:
@@ -164,7 +211,8 @@ class StageBuilder:
         self.run_id = run_id_of(plan.config)
         self._settings: dict[str, InputSettings] = {}
         self._stateless: dict[str, bool] = {}
-        self._ordered: dict[str, bool] = {}
+        self._unordered: dict[str, tuple[str, str]] = {}  # stage -> why it has no positions, the remedy
+        self._fell_back: set[str] = set()  # stages whose warning was logged
         self._warned: dict[str, list[Any]] = {}  # stage -> sinks whose rows lost their positions (said once)
 
     # --- input settings ---------------------------------------------------------------------------------
@@ -255,26 +303,65 @@ class StageBuilder:
         of `STATELESS_OPERATORS`."""
         if stage.name not in self._stateless:
             frames = self.build(stage, scope=None, starts={})[1]
-            names: set[str] = set()
-            for sink in stage.sinks:
-                pending = [frames[id(sink.node)]._jdf.queryExecution().analyzed()]
-                while pending:
-                    node = pending.pop()
-                    names.add(str(node.nodeName()))
-                    children = node.children()
-                    pending.extend(children.apply(i) for i in range(children.size()))
+            names = {
+                str(node.nodeName())
+                for sink in stage.sinks
+                for node in _walk(frames[id(sink.node)]._jdf.queryExecution().analyzed())
+            }
             self._stateless[stage.name] = names <= STATELESS_OPERATORS
-            self._ordered[stage.name] = not names & REORDERING_OPERATORS
+            self._unordered[stage.name] = self._unordered_by(stage, frames, names)
         return self._stateless[stage.name]
+
+    def _unordered_by(self, stage: Stage, frames: dict[int, DataFrame], names: set[str]) -> tuple[str, str]:
+        """Why ``stage``'s rows may leave their input's order or share a position with other rows, so that
+        positions cannot name them ("" when nothing does): a repartition; a union of rows of one input (a
+        self-union: two branches write the same positions from two Spark partitions, each numbering its
+        rows from 0, so the consumer would take one branch's rows for replays of the other's); a map over
+        partitions that its transform did not declare order-keeping. Returns (why, what keeps exactly-once)."""
+        if names & REORDERING_OPERATORS:
+            return "a repartition reorders its rows", "use partition_by, which repartitions through a stream"
+        for sink in stage.sinks:
+            if _self_union(frames[id(sink.node)]._jdf.queryExecution().analyzed()):
+                return (
+                    "a union of rows of one input (its branches would number their rows alike)",
+                    "make each row's copies with F.explode(F.array(...)) instead of a union",
+                )
+        added = sum(_count(frames[id(sink.node)], MAP_OPERATORS) for sink in stage.sinks)
+        declared = sum(
+            max(0, _count(frames[id(node)], MAP_OPERATORS) - _count(frames[id(node.parents[0])], MAP_OPERATORS))
+            for node in stage.nodes
+            if node.op == "transform" and node.keeps_order
+        )
+        if added > declared:
+            return (
+                "a map over partitions (mapInPandas, mapInArrow) may reorder its rows",
+                "declare transform(fn, keeps_order=True) if fn keeps them in order",
+            )
+        return "", ""
 
     def carries_positions(self, stage: Stage) -> bool:
         """Whether ``stage``'s transforms see (and may pass on) each row's position, ``__pss`` and ``__pos``
         (`weirflow.spark.replay`): in a stateless stage that keeps its rows in input order and reads systems of
         dense offsets or of records with ordinals. A stateful stage's rows are results, not input rows: its
         transforms never see positions."""
-        if not (self.stateless(stage) and self._ordered[stage.name]):
+        if not self.stateless(stage):
             return False
-        return all(self._positioned(s) for s in stage.input_ids)
+        reason, remedy = self._unordered[stage.name]
+        if not reason:
+            unpositioned = [s for s in stage.input_ids if not self._positioned(s)]
+            if unpositioned:
+                reason = f"its input {', '.join(unpositioned)} has neither dense offsets nor record ordinals"
+                remedy = "read the input from a system that gives them (the embedded log, Event Hubs, Kinesis)"
+        if reason and stage.name not in self._fell_back:
+            self._fell_back.add(stage.name)
+            log.warning(
+                "stage %s is not row-wise: %s. Its rows carry no positions, so a replay after a crash can write "
+                "them twice (at least once, docs/guarantees.md). To keep exactly-once: %s",
+                stage.name,
+                reason,
+                remedy,
+            )
+        return not reason
 
     def _positioned(self, stream_id: str) -> bool:
         """Whether rows read from ``stream_id`` carry positions: its system's offsets are dense, or its records
