@@ -349,7 +349,7 @@ class BatchReader:
         system's record columns around them."""
         spec = self.spec
         n = table.num_rows
-        base = pss(spec.stream_index, partition_of(key))
+        base = pss(spec.stream_code, partition_of(key))
         if spec.dense:
             if position is None:
                 offsets = np.array(chunk.offsets).astype(np.int64)

@@ -32,7 +32,7 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
-from weirflow.spark.replay import POSITION_COLUMNS
+from weirflow.spark.replay import POSITION_COLUMNS, input_codes
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
 from weirflow.start_position import parse_start
@@ -371,7 +371,13 @@ class StageBuilder:
 
     # --- frames -----------------------------------------------------------------------------------------
     def _source(
-        self, index: int, stream_id: str, scope: QueryScope | None, starts: dict[str, Any], positions: bool
+        self,
+        index: int,
+        stream_id: str,
+        scope: QueryScope | None,
+        starts: dict[str, Any],
+        positions: bool,
+        stage_inputs: list[str],
     ) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
@@ -410,7 +416,7 @@ class StageBuilder:
             "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
             "ordinals": str(self.plan.systems.admin(ref.system).record_ordinals).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
-            "stream_index": str(index),
+            "stream_code": str(self.input_codes(stage_inputs)[(ref.system, ref.physical)]),
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
@@ -426,6 +432,11 @@ class StageBuilder:
             if f.name not in INTERNAL_COLUMNS and (positions or f.name not in POSITION_COLUMNS)
         ]
         return observed.filter(F.col("__ctl").isNull()).select(*columns)
+
+    def input_codes(self, input_ids: list[str]) -> dict[tuple[str, str], int]:
+        """The code of each of a stage's inputs (``(system, physical name)`` -> its rows' ``__pss`` bits,
+        `weirflow.spark.replay.input_codes`)."""
+        return input_codes((self.plan.ref(s).system, self.plan.ref(s).physical) for s in input_ids)
 
     def _read_limit(self, settings: InputSettings) -> int:
         """Records one batch reads per task from a stream: `max-events-per-trigger`, else
@@ -450,7 +461,7 @@ class StageBuilder:
                 return frames[id(node)]
             if node.op == "input":
                 stream_id = str(node.stream_id)
-                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions)
+                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, inputs)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))

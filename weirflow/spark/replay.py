@@ -5,10 +5,11 @@ batch's input offsets is replayed by the next holder from that checkpoint: the r
 are recognised, not avoided. Every row a row-wise stage writes carries its **position**, which a replay
 reproduces: the input it came from and where in that input,
 
-* ``__pss`` (int64): the input stream's index among the stage's inputs (bits 16-31) and its partition (bits
-  0-15); on a system whose partitions interleave several ordered lanes (Kinesis: a virtual task reads
-  several shards; `weirflow.interfaces.system.RecordColumns`), the lane plus one in bits 32-62, so that each
-  lane is a partition of its own here;
+* ``__pss`` (int64): the input stream's **code** (bits 16-31: `input_codes`, from the stream's system and
+  physical name, so that an upgrade that adds, removes or reorders a stage's inputs gives none of them another
+  one) and its partition (bits 0-15); on a system whose partitions interleave several ordered lanes
+  (Kinesis: a virtual task reads several shards; `weirflow.interfaces.system.RecordColumns`), the lane plus
+  one in bits 32-62, so that each lane is a partition of its own here;
 * ``__pos`` (int64): the record's offset (or its ordinal in its lane) times 4,096 plus the row's index in the
   record (a packed intermediate record holds at most 4,096 rows; an input record is one row, index 0);
 * ``__k`` (int32, set by the sink): the row's index among the outputs of that input row, in order.
@@ -33,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,9 +55,38 @@ ROW_BITS = 12  # a packed record holds at most 2**12 rows (`weirflow.spark.packi
 PRODUCER_KEY = b"weirflow.stage"  # the packed record's schema metadata naming the producing stage
 
 
-def pss(stream_index: int, partition: int) -> int:
-    """The ``__pss`` of partition ``partition`` of a stage's ``stream_index``-th input."""
-    return (stream_index << 16) | partition
+CODE_BITS = 16  # ``__pss`` bits 16-31: the input stream's code
+# Codes below this were input indexes (rows written by versions before codes): no code takes one, so a mark
+# such a row left in a checkpoint never meets a row placed by code.
+FIRST_CODE = 256
+
+
+def stream_code(system: str, physical: str) -> int:
+    """A stream's code before collisions are resolved: from a digest of where it is, the same in every process,
+    version and machine, in [`FIRST_CODE`, 2**16)."""
+    digest = hashlib.blake2b(f"{system}.{physical}".encode(), digest_size=8).digest()
+    return FIRST_CODE + int.from_bytes(digest, "big") % ((1 << CODE_BITS) - FIRST_CODE)
+
+
+def input_codes(inputs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The code of each of a stage's inputs, ``(system, physical name)`` -> code: its `stream_code`, or, when
+    that is taken by an input that sorts before it, the next free one. The code depends on the stream alone
+    unless two inputs of a stage collide (one chance in 65,280 per pair): a mark or an id of one input is never
+    read as another's after an upgrade changes the stage's inputs (docs/guarantees.md)."""
+    codes: dict[tuple[str, str], int] = {}
+    taken: set[int] = set()
+    for ref in sorted(set(inputs)):
+        code = stream_code(*ref)
+        while code in taken:
+            code = code + 1 if code + 1 < 1 << CODE_BITS else FIRST_CODE
+        taken.add(code)
+        codes[ref] = code
+    return codes
+
+
+def pss(code: int, partition: int) -> int:
+    """The ``__pss`` of partition ``partition`` of the input whose code is ``code`` (`input_codes`)."""
+    return (code << CODE_BITS) | partition
 
 
 def lane_pss(base: int, lanes: np.ndarray) -> np.ndarray:

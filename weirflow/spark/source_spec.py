@@ -119,9 +119,9 @@ class SourceSpec:
         self.ordinals: bool = options.get("ordinals", "false") == "true"
         # the system's record columns asked for (streams.<id>.system-columns)
         self.system_schema = T.StructType.fromJson(json.loads(options.get("system_schema") or '{"fields": []}'))
-        # the stream's index among the stage's inputs (its rows' ``__pss``), and the directory of the marks that
+        # the stream's code among the stage's inputs (its rows' ``__pss``), and the directory of the marks that
         # drop replayed intermediate rows ("" where none are kept), `weirflow.spark.replay`
-        self.stream_index = int(options.get("stream_index") or 0)
+        self.stream_code = int(options.get("stream_code") or 0)
         self.marks_dir: str = options.get("marks_dir", "")
 
     @property

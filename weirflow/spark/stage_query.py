@@ -144,17 +144,16 @@ class StageQuery(TaskProgress):
 
     def _owners(self) -> dict[str, str]:
         """For a query shared by several tasks: each input partition's ``__pss`` (`weirflow.spark.replay.pss`:
-        the input's index among the stage's, and the partition) -> the task reading it, with which the sink
-        counts the rows it writes per task. A query of one task needs none."""
+        the input's code and the partition) -> the task reading it, with which the sink counts the rows it
+        writes per task. A query of one task needs none."""
         if len(self.tasks) == 1:
             return {}
-        plan, owners = self.runner.plan, {}
-        for index, stream_id in enumerate(self.inputs):
-            ref = plan.ref(stream_id)
+        owners = {}
+        for (system, physical), code in self.runner.builder.input_codes(self.inputs).items():
             for t in self.tasks:
                 for ssp in t.task.ssps:
-                    if (ssp.system, ssp.stream) == (ref.system, ref.physical):
-                        owners[str(pss(index, ssp.partition))] = t.name
+                    if (ssp.system, ssp.stream) == (system, physical):
+                        owners[str(pss(code, ssp.partition))] = t.name
         return owners
 
     def _replays(
