@@ -254,7 +254,7 @@ class TaskControl:
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
     spark_history: str = ""
     tails: dict[str, str] = field(default_factory=dict)
-    replays: dict[str, list[int]] = field(default_factory=dict)
+    replays: dict[str, Any] = field(default_factory=dict)
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -308,5 +308,5 @@ class TaskControl:
             marks={str(k): dict(v) for k, v in dict(data.get("marks", {})).items()},
             spark_history=str(data.get("spark-history", "")),
             tails={str(k): str(v) for k, v in dict(data.get("tails", {})).items()},
-            replays={str(k): [int(x) for x in v] for k, v in dict(data.get("replays", {})).items()},
+            replays=dict(data.get("replays", {})),
         )

@@ -149,11 +149,18 @@ def test_replays_are_a_multiset_used_up_copy_by_copy_and_dropped_after_their_che
     assert len(replays) == 0
     key = replay_key("local.mid", 1, "c")
     replays.add([key])
-    for _ in range(KEEP_BATCHES - 1):
-        replays = replays.aged()
+    replays.await_input({"local.in.0": "40"})
+    for _ in range(3 * KEEP_BATCHES):  # however many batches the replay takes to read its input again
+        replays = replays.aged(lambda until: False)
     assert len(replays) == 1 and Replays.from_json(json.loads(json.dumps(replays.to_json()))) == replays
-    assert len(replays.aged()) == 0, "unmatched after its checkpoints: dropped"
+    replays = replays.aged(lambda until: until == {"local.in.0": "40"})
+    for _ in range(KEEP_BATCHES - 2):
+        replays = replays.aged(lambda until: False)
+    assert len(replays) == 1 and not replays.until, "read past: counted down without asking again"
+    assert len(replays.aged(lambda until: False)) == 0, "unmatched after its input was read and more batches"
     assert Replays.from_json({"9c0e4d1b22aa0f3e": [1, 5]}) == Replays(), "a digest naming no writer is left out"
+    legacy = Replays.from_json({key: [1, 5]})  # a checkpoint written before replays had ``until``
+    assert legacy.rows == {key: [1, 5]} and not legacy.until
 
 
 def test_equal_results_of_one_task_are_all_written_and_each_gets_an_id_of_its_own(tmp_path: Path) -> None:
@@ -220,6 +227,45 @@ def test_a_replay_writes_only_the_results_its_earlier_attempt_did_not(tmp_path: 
         outputs = Counter((page, views) for i, page, views in _outputs(systems) if (i or "").startswith(TASK))
         assert outputs == mine, "each result of counts-0 once in the output stream too"
         assert Counter((page, views) for _, page, views in _table(tmp_path)) == mine, "and in the table"
+    finally:
+        systems.close()
+        release(config.snapshot())  # the writers' clients of this job (`systems_for`)
+
+
+def test_a_replay_that_takes_more_batches_than_are_kept_writes_nothing_twice(tmp_path: Path) -> None:
+    """Spark ran far ahead of the checkpoints (a slow checkpoint store): an attempt wrote a result in each of
+    `KEEP_BATCHES` + 5 batches past its checkpoint and was killed. Its replay reads the input again in as many
+    batches: each result is left out however late it comes, since the replay is kept until the task has read
+    its input to where it ended when the replay began."""
+    config, systems = _systems(tmp_path)
+    results_dir, path = tmp_path / "results", tmp_path / "replays.json"
+    count = KEEP_BATCHES + 5
+    try:
+        tails = tails_of(systems, [("local", "mid"), ("local", "out"), ("lake", "counts")])
+
+        def attempt(replays_file: Path | None) -> None:
+            writer = WeirflowStreamWriter(
+                config.snapshot(),
+                SINKS,
+                tasks=[TASK],
+                replays_file=str(replays_file or ""),
+                results_dir=str(results_dir),
+            )
+            for batch in range(count):
+                _plan(tmp_path, batch, batch + 1)
+                writer.commit([_write(writer, batch, 0, [[("/a", batch)]])], batch)
+
+        attempt(None)  # killed after its last batch, before any checkpoint: the next holder starts over
+        since = written_since(systems, TASK, tails)
+        assert len(since) == 3 * count
+        since.await_input({IN: str(count)})
+        since.save(path)
+        attempt(path)
+        expected = Counter(("/a", batch) for batch in range(count))
+        assert Counter((p, v) for _, _, p, v in _intermediate(systems)) == expected
+        assert Counter((p, v) for _, p, v in _outputs(systems)) == expected
+        assert Counter((p, v) for _, p, v in _table(tmp_path)) == expected
+        assert not path.exists(), "every copy used up"
     finally:
         systems.close()
         release(config.snapshot())  # the writers' clients of this job (`systems_for`)
@@ -315,7 +361,7 @@ class Store:
     position: int = 0
     batch: int = -1
     tails: dict[str, str] = field(default_factory=dict)
-    replays: dict[str, list[int]] = field(default_factory=dict)
+    replays: dict[str, Any] = field(default_factory=dict)
 
 
 INPUT = 24
@@ -354,6 +400,27 @@ def _pieces_until(pieces: list[list[tuple[str, int]]], kill_after: int | None) -
         yield _frame(piece)
 
 
+IN = "local.in.0"  # the task's input partition; its offsets are the input positions
+
+
+def _plan(root: Path, batch: int, end: int) -> None:
+    """Batch ``batch``'s entry in Spark's offset log (written before the batch runs): its input's end."""
+    source = {"s": "in", "p": {IN: {"o": str(end), "e": False}}, "w": -1}
+    (root / "offsets").mkdir(exist_ok=True)
+    (root / "offsets" / str(batch)).write_text(f"v1\n{json.dumps({'batchWatermarkMs': 0})}\n{json.dumps(source)}")
+
+
+def _replays(systems: Systems, store: Store) -> Replays:
+    """As `StageQuery._replays`: the checkpoint's replays and what was written past its tails, kept until the
+    input is read to its end as of now."""
+    replays = Replays.from_json(store.replays)
+    since = written_since(systems, TASK, store.tails)
+    if len(since):
+        replays.merge(since)
+        replays.await_input({IN: str(INPUT)})
+    return replays
+
+
 def _run(data: st.DataObject, root: Path) -> None:
     results = data.draw(results_strategy, label="results")
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
@@ -375,9 +442,7 @@ def _run(data: st.DataObject, root: Path) -> None:
             spark_batch, spark_position = store.batch, store.position
             if not store.tails:  # as `StageQuery._first_tails`: taken and checkpointed before the first batch
                 store.tails = tails_of(systems, [("local", "mid"), ("local", "out"), ("lake", "counts")])
-            replays = Replays.from_json(store.replays)
-            replays.merge(written_since(systems, TASK, store.tails))
-            replays.save(replays_file)
+            _replays(systems, store).save(replays_file)
             writer = WeirflowStreamWriter(
                 config.snapshot(),
                 SINKS,
@@ -385,11 +450,15 @@ def _run(data: st.DataObject, root: Path) -> None:
                 replays_file=str(replays_file),
                 results_dir=str(results_dir),
             )
-            lag = data.draw(st.integers(0, 2), label="checkpoints behind Spark")
+            # Spark runs ahead of the checkpoints by up to 14 batches (a slow checkpoint store), and a replay may
+            # read its input again in more, smaller batches than the attempt it replays
+            lag = data.draw(st.integers(0, 14), label="checkpoints behind Spark")
             killed = False
             while spark_position < INPUT and not killed:
-                start, end = spark_position, min(INPUT, spark_position + rng.randrange(1, 9))
+                start = spark_position
+                end = min(INPUT, start + (rng.randrange(1, 9) if rng.random() < 0.5 else 1))
                 batch = spark_batch + 1
+                _plan(root, batch, end)
                 kill = kills < 3 and data.draw(
                     st.sampled_from(["", "", "", "write", "commit", "after"]), label="kill"
                 )

@@ -128,9 +128,16 @@ def last_committed(location: Path) -> CommittedBatch | None:
     """The last committed batch of the Spark checkpoint at ``location``, read from its offset log; None if
     there is none."""
     batch = last_committed_batch(location)
-    if batch is None:
+    return None if batch is None else planned_batch(location, batch)
+
+
+def planned_batch(location: Path, batch: int) -> CommittedBatch | None:
+    """Batch ``batch`` as Spark planned it in the offset log of the checkpoint at ``location`` (written before
+    the batch runs): its metadata and the weirflow sources' end offsets; None when the log has no such batch."""
+    try:
+        lines = (location / OFFSETS_DIR / str(batch)).read_text().splitlines()
+    except FileNotFoundError:
         return None
-    lines = (location / OFFSETS_DIR / str(batch)).read_text().splitlines()
     metadata = json.loads(lines[1])
     sources = [json.loads(line) for line in lines[2:] if line.strip().startswith("{")]
     return CommittedBatch(batch, metadata, [SourceOffset.from_json(s) for s in sources if SourceOffset.is_one(s)])

@@ -21,9 +21,12 @@ stateful stage runs one task per query, and that task can tell what it already w
   their schema metadata) and the records whose result id names it (`weirflow.results.ids`). Each is counted
   under its **replay key**: the stream, the Spark partition that wrote it (`PART_KEY`, or the id's origin)
   and its digest. The sink's writer of Spark partition *p* leaves out each result equal to one counted under
-  *p*, once per copy; the remainder is carried from batch to batch (the ledgers, the task's checkpoints) until
-  it is matched or `KEEP_BATCHES` micro-batches have passed, so that a second fault before the replay is
-  over still knows the first attempt's rows.
+  *p*, once per copy; the remainder is carried from batch to batch (the ledgers, the task's checkpoints), so
+  that a second fault before the replay is over still knows the first attempt's rows, until it is matched or
+  the replay is over: the task's batches have read every input partition past where it ended when the replay
+  began (``until``: no earlier attempt can have read further, since each had stopped writing before the new
+  holder started), and `KEEP_BATCHES` batches more have passed for the windows that input closes to come out.
+  However far Spark had run ahead of the checkpoint, a replay is never given up before it could be produced.
 
 Why a replay is recognised and an equal new result is not taken for one: the next holder restores the operator
 state matching the checkpoint (the state mirror, docs/pipelines.md) and reads the same input from the same
@@ -45,7 +48,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +65,7 @@ log = logging.getLogger("weirflow.spark")
 TASK_KEY = b"weirflow.task"  # a stateful stage's packed record: the schema metadata naming the task
 PART_KEY = b"weirflow.part"  # ... and the Spark partition that wrote it
 ROWS = bytes([MessageType.ROWS])
-KEEP_BATCHES = 10  # micro-batches an unmatched replay is kept for (a kill leaves at most a batch or two)
-LEDGERS_KEPT = 3  # ledgers of the latest batches kept in a Spark checkpoint directory (a catch-up reads the last)
+KEEP_BATCHES = 10  # micro-batches an unmatched replay is kept once the task has read past its ``until``
 
 
 def row_digests(rows: pa.Table | pa.RecordBatch, columns: Iterable[str] | None = None) -> list[str]:
@@ -82,9 +84,13 @@ def replay_key(stream: str, partition: int, digest: str) -> str:
 @dataclass
 class Replays:
     """Results an earlier attempt of a task wrote that its replay will produce again: replay key (`replay_key`)
-    -> [copies, the micro-batches left to keep them]."""
+    -> [copies, the micro-batches left to keep them once the task has read its input to ``until``], and
+    ``until``: input SSP key -> the offset no earlier attempt can have read past (the partition's end when the
+    replay began). JSON:
+    ``{"rows": {"0|local.mid|9c0e4d1b22aa0f3e": [1, 10]}, "until": {"local.in.0": "812"}}``."""
 
     rows: dict[str, list[int]] = field(default_factory=dict)
+    until: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return sum(copies for copies, _ in self.rows.values())
@@ -100,6 +106,12 @@ class Replays:
             entry = self.rows.setdefault(key, [0, left])
             entry[0] += copies
             entry[1] = max(entry[1], left)
+        self.until.update(other.until)
+
+    def await_input(self, ends: Mapping[str, str]) -> None:
+        """Keep every replay at least until the task's batches have read each input partition to ``ends``
+        (SSP key -> offset), its end as the replay begins: no earlier attempt read further."""
+        self.until.update(ends)
 
     def take(self, key: str) -> bool:
         """Whether ``key`` is a replay; if so one copy of it is used up."""
@@ -118,18 +130,36 @@ class Replays:
             if entry[0] <= 0:
                 del self.rows[key]
 
-    def aged(self) -> Replays:
-        """After one more micro-batch: entries kept `KEEP_BATCHES` batches unmatched are dropped."""
+    def aged(self, read_past: Callable[[Mapping[str, str]], bool]) -> Replays:
+        """After one more micro-batch. While it has not read past ``until`` (``read_past(until)`` is False) the
+        replays are all kept: the replay may not have produced them yet. From then on, entries kept
+        `KEEP_BATCHES` batches more unmatched are dropped (a result of update mode, which a replay need not
+        produce again)."""
+        if self.until and not read_past(self.until):
+            return Replays({d: list(entry) for d, entry in self.rows.items()}, dict(self.until))
         return Replays({d: [c, left - 1] for d, (c, left) in self.rows.items() if left > 1})
 
-    def to_json(self) -> dict[str, list[int]]:
-        return {d: list(entry) for d, entry in sorted(self.rows.items())}
+    def to_json(self) -> dict[str, Any]:
+        """The replays as JSON; none left: ``{}``."""
+        if not self.rows:
+            return {}
+        data: dict[str, Any] = {"rows": {d: list(entry) for d, entry in sorted(self.rows.items())}}
+        if self.until:
+            data["until"] = dict(sorted(self.until.items()))
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Replays:
-        """Replays of a checkpoint; entries of an older format (a digest without the partition that wrote it)
-        are left out: no writer could tell its copies apart from another partition's."""
-        return cls({str(d): [int(e[0]), int(e[1])] for d, e in dict(data or {}).items() if str(d).count("|") == 2})
+        """Replays of a checkpoint or ledger. Of the format before ``until`` (the entries alone), every entry
+        counts its batches at once; entries of the format before that (a digest without the partition that
+        wrote it) are left out: no writer could tell its copies apart from another partition's."""
+        data = dict(data or {})
+        rows = dict(data["rows"]) if "rows" in data else data
+        until = {str(k): str(v) for k, v in dict(data.get("until") or {}).items()} if "rows" in data else {}
+        return cls(
+            {str(d): [int(e[0]), int(e[1])] for d, e in rows.items() if str(d).count("|") == 2},
+            until,
+        )
 
     @classmethod
     def load(cls, path: Path) -> Replays:
@@ -167,15 +197,22 @@ class ResultsLedger:
     attempt: str = ""  # the query attempt that committed the batch (`weirflow.results.ids`' token)
 
     def save(self, directory: Path, batch: int) -> None:
-        """Write the ledger of ``batch`` (once: a file is never changed, as the state mirror expects) and remove
-        those older than the last `LEDGERS_KEPT`."""
+        """Write the ledger of ``batch`` (once: a file is never changed, as the state mirror expects). Ledgers
+        are removed by the processor once a checkpoint names a later batch (`prune`), never here: however far
+        Spark runs ahead of the checkpoints, the batch a checkpoint names finds its ledger."""
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{batch}.{os.getpid()}.tmp"
         data = {"tails": self.tails, "replays": self.replays.to_json(), "attempt": self.attempt}
         tmp.write_text(json.dumps(data))
         tmp.replace(directory / f"{batch}.json")
+
+    @staticmethod
+    def prune(directory: Path, checkpointed: int) -> None:
+        """Remove the ledgers of batches before ``checkpointed``, the batch the task's checkpoint now names:
+        a restart resumes from that checkpoint or catches up with a later batch (`weirflow.spark.task_progress`),
+        and reads no earlier ledger."""
         for path in directory.glob("*.json"):
-            if path.stem.isdigit() and int(path.stem) <= batch - LEDGERS_KEPT:
+            if path.stem.isdigit() and int(path.stem) < checkpointed:
                 path.unlink(missing_ok=True)
 
     @classmethod

@@ -30,7 +30,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow import fault_points
 from weirflow.errors import RecordTooLargeError
+from weirflow.interfaces.spark_checkpoint import planned_batch
 from weirflow.interfaces.system import OutgoingRecord, SystemStream, SystemStreamPartition
 from weirflow.results.ids import result_digest, result_id, result_origin, row_id
 from weirflow.served_tables import write_batch
@@ -48,7 +49,7 @@ from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
-from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, input_partition, output_index
+from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, compare_offsets, input_partition, output_index
 from weirflow.spark.result_replays import (
     PART_KEY,
     TASK_KEY,
@@ -520,7 +521,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             # once none is left nobody reads the file again
             left = Replays.load(Path(self.replays_file))
             left.used(replayed)
-            left = left.aged()
+            left = left.aged(lambda until: self._read_past(until, batchId))
             left.save(Path(self.replays_file))
         tails = self._tails(counts, batchId)
         if tails and self.results_dir is not None:
@@ -543,6 +544,25 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self._check_fence()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
+
+    def _read_past(self, until: Mapping[str, str], batch: int) -> bool:
+        """Whether ``batch`` read every input partition of ``until`` (SSP key -> offset) to that offset or
+        further, from the end offsets Spark planned it with (its offset log, beside the ledgers)."""
+        planned = planned_batch(Path(self.results_dir).parent, batch) if self.results_dir else None
+        if planned is None:
+            return False
+        ends = {key: p for source in planned.sources for key, p in source.partitions.items()}
+        systems = systems_for(self.snapshot)
+        for key, offset in until.items():
+            end = ends.get(key)
+            if end is None:
+                return False
+            if end.ended:
+                continue
+            order = compare_offsets(systems.admin(SystemStreamPartition.parse(key).system), end.offset, offset)
+            if order is None or order < 0:
+                return False
+        return True
 
     def _commit_tables(self, shipped: dict[str, list[bytes]]) -> dict[str, list[float]]:
         """Each table output's rows of the batch in one commit, through the fence (`table_commits`); returns per

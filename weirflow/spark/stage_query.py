@@ -178,11 +178,25 @@ class StageQuery(TaskProgress):
                     len(since),
                 )
             replays.merge(since)
+            replays.await_input(self._input_ends(t))
         if not len(replays):
             return None
         path = directory / "replays.json"
         replays.save(path)
         return path
+
+    def _input_ends(self, t: TaskState) -> dict[str, str]:
+        """The next offset of every input partition of ``t`` now: as its replay begins, no earlier attempt of the
+        task read further (each stopped writing before this holder started: the fence)."""
+        ends: dict[str, str] = {}
+        by_stream: dict[tuple[str, str], list[int]] = {}
+        for ssp in t.task.ssps:
+            by_stream.setdefault((ssp.system, ssp.stream), []).append(ssp.partition)
+        for (system, stream), partitions in by_stream.items():
+            metadata = self.runner.plan.systems.admin(system).partition_metadata_of(stream, partitions)
+            for partition in partitions:
+                ends[SystemStreamPartition(system, stream, partition).key()] = metadata[partition].upcoming
+        return ends
 
     def _first_tails(
         self, t: TaskState, streams: list[tuple[str, str]], starts: dict[str, PartitionOffset]
