@@ -46,6 +46,7 @@ from weirflow.errors import (
     StreamNotFoundError,
 )
 from weirflow.interfaces.system import (
+    FENCED_ATTEMPT_S,
     RECORD_ID_PROPERTY,
     IncomingRecord,
     OutgoingRecord,
@@ -726,9 +727,11 @@ class EventHubSystemProducer(SystemProducer):
         runs right before every attempt, and what it raises ends the send at once (never retried)."""
 
         def attempt() -> None:
-            if before_attempt is not None:
-                before_attempt()
-            client.send_batch(batch)
+            if before_attempt is None:
+                client.send_batch(batch)
+                return
+            before_attempt()
+            client.send_batch(batch, timeout=FENCED_ATTEMPT_S)  # the fence's margin covers one attempt
 
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.send_attempts),

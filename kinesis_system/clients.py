@@ -37,6 +37,7 @@ from weirflow.errors import (
     WeirflowError,
 )
 from weirflow.interfaces.system import (
+    FENCED_ATTEMPT_S,
     IncomingRecord,
     OutgoingRecord,
     PartitionMetadata,
@@ -97,6 +98,7 @@ class KinesisClients:
         self.settings = settings
         self._client: Any = None
         self._probe_client: Any = None
+        self._fenced_client: Any = None
         self._guard = threading.Lock()
         self._maps: dict[str, tuple[float, ShardMap]] = {}
         self._readers: dict[str, SliceReader] = {}
@@ -113,7 +115,7 @@ class KinesisClients:
             found = self._virtual[stream] = int(value) if value else self.settings.virtual_tasks
         return found
 
-    def _make_client(self, read_timeout_s: float, attempts: int) -> Any:
+    def _make_client(self, read_timeout_s: float, attempts: int, connect_timeout_s: float = 5) -> Any:
         import boto3
         from botocore.config import Config as BotoConfig
 
@@ -122,8 +124,8 @@ class KinesisClients:
             region_name=self.settings.region,
             endpoint_url=self.settings.endpoint,
             config=BotoConfig(
-                retries={"max_attempts": attempts, "mode": "standard"},
-                connect_timeout=5,
+                retries={"total_max_attempts": attempts, "mode": "standard"},
+                connect_timeout=connect_timeout_s,
                 read_timeout=read_timeout_s,
                 max_pool_connections=32,
             ),
@@ -137,6 +139,16 @@ class KinesisClients:
                 self._client = self._make_client(30, 5)
                 self._client.meta.events.register("before-parse.kinesis.GetRecords", raw_get_records)
             return self._client
+
+    @property
+    def fenced_client(self) -> Any:
+        """The client of fenced sends (`KinesisProducer.send_fenced`): one attempt per call, so that the fence
+        is checked before every attempt (boto3's own retries would not check it), and an attempt bounded by
+        `FENCED_ATTEMPT_S` (1 s to connect, the rest to answer), which the fence's margin covers."""
+        with self._guard:
+            if self._fenced_client is None:
+                self._fenced_client = self._make_client(FENCED_ATTEMPT_S - 1, 1, connect_timeout_s=1)
+            return self._fenced_client
 
     @property
     def probe_client(self) -> Any:
@@ -514,9 +526,11 @@ class KinesisSystemProducer(SystemProducer):
     ) -> None:
         """One `PutRecords` call, its failed entries (and throttled calls) retried with exponential backoff
         (tenacity) until all are written, or `ServiceUnavailableError` after ``send.attempts`` tries.
-        ``before_attempt`` runs right before every call; what it raises ends the send (never retried)."""
+        ``before_attempt`` runs right before every call; what it raises ends the send (never retried). A fenced
+        call goes through the client of one attempt (`KinesisClients.fenced_client`), and its transient
+        failures are retried here, each after the fence was checked again."""
         pending = call
-        client = self.clients.client
+        client = self.clients.client if before_attempt is None else self.clients.fenced_client
 
         def attempt() -> None:
             nonlocal pending
@@ -531,6 +545,10 @@ class KinesisSystemProducer(SystemProducer):
             except KinesisThrottledError as exc:  # the whole call refused: every entry failed
                 cause = exc.__cause__ or exc
                 results = [{"ErrorCode": error_code(cause), "ErrorMessage": str(cause)}] * len(pending)
+            except ServiceUnavailableError as exc:
+                if before_attempt is None:  # boto3 retried it already
+                    raise
+                raise _NotWritten(str(exc)) from exc  # one attempt of a fenced send: retried after a check
             failed = [(entry, res) for entry, res in zip(pending, results, strict=True) if "ErrorCode" in res]
             if failed:
                 pending = [entry for entry, _ in failed]

@@ -309,8 +309,9 @@ def test_the_dead_letter_stream_is_created_and_written_under_one_name(tmp_path: 
 
     producer = Producer()
     writer = WeirflowStreamWriter(config.snapshot(), [])
-    writer._send(producer, [OutgoingRecord("page-views", b"x" * 11, partition=1)])
+    writer._send(producer, [OutgoingRecord("page-views", b"x" * 11, partition=1, id="views/65792/0/0")])
     assert [r.stream for r in producer.sent] == [dead_letter_stream("page-views")]
+    assert [r.id for r in producer.sent] == ["views/65792/0/0"], "the dead letter has its record's id"
 
 
 def test_no_module_spells_the_dead_letter_suffix_itself() -> None:

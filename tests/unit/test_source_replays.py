@@ -66,7 +66,7 @@ def config(tmp_path: Path) -> Config:
     return config
 
 
-def _reader(config: Config, marks_dir: Path) -> Any:
+def _reader(config: Config, marks_dir: Path, fence: str = "") -> Any:
     options = {
         "config": config.snapshot(),
         "stream": "mid",
@@ -85,6 +85,7 @@ def _reader(config: Config, marks_dir: Path) -> Any:
         "max_records": "10",
         "run_id": "r1",
         "marks_dir": str(marks_dir),
+        "fence": fence,
     }
     return BatchReader(source.SourceSpec(options))
 
@@ -159,3 +160,27 @@ def test_packed_rows_of_another_pipeline_version_become_dead_letters(config: Con
     assert len(letters) == 1
     letter = json.loads(letters[0].value)
     assert "lack column(s) n" in letter["error"] and letter["offset"] == "5"
+
+
+def test_a_reader_whose_processor_lost_the_task_sends_no_dead_letter(config: Config, tmp_path: Path) -> None:
+    """Dead letters are sent fenced, as the sink's records are: a reader of a query whose processor no longer
+    holds the task's lock (here: its keeper published no deadline for it) sends none and fails the read."""
+    from weirflow.errors import LockLostError
+    from weirflow.spark import fence
+
+    schema = pa.schema([("m", pa.string())])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays([pa.array(["old"])], schema=schema))
+    systems = Systems(config)
+    try:
+        systems.admin("local").create_stream(StreamSpec("mid.dlq", 1))
+        systems.producer("local").send(
+            [OutgoingRecord("mid", encode_rows(sink.getvalue().to_pybytes()), partition=0)]
+        )
+        lost = fence.encode([fence.LockRef("task-counts-0", "p0", "", 1)], tmp_path / "leases.json")
+        with pytest.raises(LockLostError):
+            list(_reader(config, tmp_path / "marks", lost).read(("ssp", KEY, "0", "6", "")))
+        assert systems.consumer("local").read(SystemStreamPartition("local", "mid.dlq", 0), "0", 10) == []
+    finally:
+        systems.close()

@@ -298,7 +298,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "confirmed renewal it stops the task at once, writing nothing more (a leader stops leading), before "
         "another processor can take the lease. Default: a third of `job.coordinator.lease.duration.ms`. "
         "Must be positive and shorter than lease duration minus renew interval, and longer than one storage "
-        "call may take.",
+        'call may take: at least 4 s, one attempt of a fenced send (docs/guarantees.md, "The workers\' fence").',
         _C,
     ),
     ConfigKey(

@@ -400,6 +400,13 @@ class SystemConsumer(ABC):
         """Release connections. Idempotent."""
 
 
+# How long one attempt of a fenced send may take at most, from its fence check to the system's answer: each
+# system bounds an attempt's connect and wait by it (the embedded log checks once its write lock is held), so
+# the fence's margin (a third of the lease by default: 5 s) covers the time between a check and the write it
+# lets through (docs/guarantees.md).
+FENCED_ATTEMPT_S = 4.0
+
+
 class SystemProducer(ABC):
     """Appends records to streams. ``send`` is durable when it returns (at-least-once)."""
 
@@ -412,7 +419,8 @@ class SystemProducer(ABC):
         """`send`, calling ``before_attempt`` right before every attempt to write, the first and each retry;
         it raises to stop the send. The Spark sink passes its fence here, so a worker whose processor lost the
         task's lock writes nothing more, however long a retry waited (docs/guarantees.md). The default calls
-        it once, then `send`; a system whose ``send`` retries overrides this to call it before each retry."""
+        it once, then `send`; a system whose ``send`` retries or waits overrides this to call it before each
+        attempt, and bounds one attempt by `FENCED_ATTEMPT_S`."""
         before_attempt()
         self.send(records)
 

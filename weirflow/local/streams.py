@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,12 +218,26 @@ class LocalSystemProducer(SystemProducer):
         self._store.close()
 
     def send(self, records: Sequence[OutgoingRecord]) -> None:
+        self._send(records, None)
+
+    def send_fenced(self, records: Sequence[OutgoingRecord], before_attempt: Callable[[], None]) -> None:
+        """`send`, checking the fence once the log's write lock is held, right before the records are written:
+        taking the lock can wait out the busy timeout behind another process's write (10 s, longer than the
+        fence's margin), and a check made before that wait would let a writer whose lease ran out meanwhile
+        write after the task's next holder read back what was written (docs/guarantees.md)."""
+        self._send(records, before_attempt)
+
+    def _send(self, records: Sequence[OutgoingRecord], before_write: Callable[[], None] | None) -> None:
         if not records:
+            if before_write is not None:
+                before_write()
             return
         counts = {stream: self._store.partitions(stream) for stream in {r.stream for r in records}}
         placed = [(r, self._partition(r, counts[r.stream])) for r in records]
         timestamp = clock.now_ms()
         with self._store.db.transaction() as conn:
+            if before_write is not None:  # the write lock is ours: nothing can delay the write from here on
+                before_write()
             next_offsets: dict[tuple[str, int], int] = {}
             rows = []
             for record, partition in placed:

@@ -406,7 +406,8 @@ class BatchReader:
     def _send_dead_letters(self, ssp: Any) -> None:
         """Write this chunk's undecodable records to ``<physical>.dlq`` (same system, same partition) before
         the batch can commit, so a dead letter is never lost; a replayed batch writes it again with the same
-        id (`OutgoingRecord.id`), which the embedded log drops."""
+        id (`OutgoingRecord.id`), which the embedded log drops. Sent fenced, as the sink sends (a reader whose
+        processor lost the task writes nothing, however long a send waited)."""
         if not self._dead:
             return
         from weirflow.interfaces.system import OutgoingRecord
@@ -423,7 +424,9 @@ class BatchReader:
             )
             for letter, key in self._dead
         ]
-        systems_for(self.spec.snapshot).producer(self.spec.system).send(records)
+        spec = self.spec
+        producer = systems_for(spec.snapshot).producer(spec.system)
+        producer.send_fenced(records, lambda: spec.fence.check(spec.snapshot))
         self._dead = []
 
 

@@ -111,6 +111,7 @@ class QueryScope:
     task_of: dict[str, str]
     inject: str
     marks_dir: str = ""  # where reads of intermediate streams keep their marks (`weirflow.spark.replay`)
+    fence: str = ""  # the query's fence (`weirflow.spark.fence.encode`), checked before dead letters are sent
 
 
 # Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
@@ -418,6 +419,7 @@ class StageBuilder:
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
             "stream_code": str(self.input_codes(stage_inputs)[(ref.system, ref.physical)]),
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
+            "fence": scope.fence if scope is not None else "",
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")

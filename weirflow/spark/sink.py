@@ -492,6 +492,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                     ).encode(),
                     key=record.key,
                     partition=record.partition,
+                    id=record.id,  # the record's own id: a replay's dead letter is recognised as its record is
                 )
                 for record, reason in zip(exc.records, exc.reasons, strict=True)
             ]

@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.replay import POS, PSS
 
 CONTROL_TYPE = T.StructType(
@@ -123,6 +124,8 @@ class SourceSpec:
         # drop replayed intermediate rows ("" where none are kept), `weirflow.spark.replay`
         self.stream_code = int(options.get("stream_code") or 0)
         self.marks_dir: str = options.get("marks_dir", "")
+        # the query's fence: its readers send dead letters only while the processor holds the tasks' locks
+        self.fence = decode_fence(options.get("fence"))
 
     @property
     def keeps_marks(self) -> bool:

@@ -93,6 +93,7 @@ class StageQuery(TaskProgress):
             task_of={key: t.name for key, t in self.by_ssp.items()},
             inject="" if self.merged else self.tasks[0].name,
             marks_dir=str(runner.checkpoint_root / _MARKS_DIR / quote(runner.run_id, safe="")),
+            fence=self._fence(),
         )
         for t in self.tasks:
             t.read_to = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
@@ -119,7 +120,7 @@ class StageQuery(TaskProgress):
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
             .option("sinks", json.dumps(sinks))
-            .option("fence", fence.encode([fence.LockRef.of(t.lock) for t in self.tasks], runner.leases_file()))
+            .option("fence", self._fence())
             .option("served_dir", str(location) if self.stage.serves else "")
             .option("counts_dir", str(self.counts_dir))
             .option("tasks", json.dumps([t.name for t in self.tasks]))
@@ -141,6 +142,10 @@ class StageQuery(TaskProgress):
             "new" if fresh else "existing",
             {k: p.offset for k, p in starts.items()},
         )
+
+    def _fence(self) -> str:
+        """The fence of the query's sends (its sink's and its readers' dead letters): every task's lock."""
+        return fence.encode([fence.LockRef.of(t.lock) for t in self.tasks], self.runner.leases_file())
 
     def _owners(self) -> dict[str, str]:
         """For a query shared by several tasks: each input partition's ``__pss`` (`weirflow.spark.replay.pss`:
