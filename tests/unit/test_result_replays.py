@@ -17,12 +17,14 @@ from typing import Any
 from unittest import mock
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit import table_fakes
 from weirflow.config.loader import Config
 from weirflow.control import ControlMessage, MessageType
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.results.ids import ResultId, parse
 from weirflow.spark import sink as sink_module
@@ -33,6 +35,8 @@ from weirflow.spark.result_replays import (
     TASK_KEY,
     Replays,
     ResultsLedger,
+    from_checkpoint,
+    in_checkpoint,
     replay_key,
     tails_of,
     written_since,
@@ -271,6 +275,39 @@ def test_a_replay_that_takes_more_batches_than_are_kept_writes_nothing_twice(tmp
         release(config.snapshot())  # the writers' clients of this job (`systems_for`)
 
 
+def test_a_checkpoint_of_many_replays_stays_within_every_store_s_limits(tmp_path: Path) -> None:
+    """A killed attempt of a task that writes many results leaves many replays (40,000 here: one DynamoDB item
+    or one Azure Table entity could not hold them). The checkpoint records them by the ledger that holds them,
+    and stays small; a restart reads them from that ledger, and fails naming it when it is missing."""
+    from weirflow_aws.checkpoints import MAX_BODY_BYTES, encode
+
+    from weirflow.control import TaskControl
+    from weirflow_azure.checkpoint.table import _control_row
+
+    replays = Replays()
+    replays.add(replay_key("local.out", n % PARTITIONS, f"{n:016x}") for n in range(40_000))
+    directory = tmp_path / "results"
+    ResultsLedger({"local.out.0": "7"}, replays, "a").save(directory, 12)
+
+    def sizes(recorded: dict[str, Any]) -> tuple[int, int]:
+        control = TaskControl(replays=recorded).to_json()
+        row = _control_row("task", control)
+        return len(encode({}, control)), sum(2 * len(v) for v in row.values() if isinstance(v, str))
+
+    dynamodb, azure_table = sizes(in_checkpoint(replays, 12))
+    assert dynamodb < MAX_BODY_BYTES and azure_table < 1 << 20
+    assert dynamodb < 1000 and azure_table < 1000, "the checkpoint does not grow with the replays"
+    whole = sizes(replays.to_json())
+    assert whole[0] > MAX_BODY_BYTES or whole[1] > 1 << 20, "held whole, they outgrow a store's limit"
+    assert from_checkpoint("counts-0", in_checkpoint(replays, 12), directory) == replays
+    few = Replays()
+    few.add([replay_key("local.out", 0, "ab")])
+    assert in_checkpoint(few, 12) == few.to_json(), "a few are held in the checkpoint itself"
+    (directory / "12.json").unlink()
+    with pytest.raises(MalformedDocumentError, match=r"task counts-0: .*40000 replayed results.*batch 12"):
+        from_checkpoint("counts-0", in_checkpoint(replays, 12), directory)
+
+
 def _ends(systems: Systems) -> dict[str, int]:
     return {
         f"local.{s}.{p}": int(m.upcoming)
@@ -362,6 +399,7 @@ class Store:
     batch: int = -1
     tails: dict[str, str] = field(default_factory=dict)
     replays: dict[str, Any] = field(default_factory=dict)
+    ledgers: str = ""  # the task's ledgers (its Spark checkpoint's ``results``), which a checkpoint may name
 
 
 INPUT = 24
@@ -413,7 +451,7 @@ def _plan(root: Path, batch: int, end: int) -> None:
 def _replays(systems: Systems, store: Store) -> Replays:
     """As `StageQuery._replays`: the checkpoint's replays and what was written past its tails, kept until the
     input is read to its end as of now."""
-    replays = Replays.from_json(store.replays)
+    replays = from_checkpoint(TASK, store.replays, Path(store.ledgers))
     since = written_since(systems, TASK, store.tails)
     if len(since):
         replays.merge(since)
@@ -438,7 +476,8 @@ def _run(data: st.DataObject, root: Path) -> None:
             if spark_batch > store.batch and data.draw(st.booleans(), label="same machine"):
                 ledger = ResultsLedger.load(results_dir, spark_batch)
                 assert ledger is not None
-                store = Store(spark_position, spark_batch, ledger.tails, ledger.replays.to_json())
+                replays = in_checkpoint(ledger.replays, spark_batch)
+                store = Store(spark_position, spark_batch, ledger.tails, replays, str(results_dir))
             spark_batch, spark_position = store.batch, store.position
             if not store.tails:  # as `StageQuery._first_tails`: taken and checkpointed before the first batch
                 store.tails = tails_of(systems, [("local", "mid"), ("local", "out"), ("lake", "counts")])
@@ -489,7 +528,8 @@ def _run(data: st.DataObject, root: Path) -> None:
                 if due_batch > store.batch:
                     ledger = ResultsLedger.load(results_dir, due_batch)
                     assert ledger is not None, f"the ledger of batch {due_batch} was not kept"
-                    store = Store(ends[due_batch], due_batch, ledger.tails, ledger.replays.to_json())
+                    replays = in_checkpoint(ledger.replays, due_batch)
+                    store = Store(ends[due_batch], due_batch, ledger.tails, replays, str(results_dir))
             if killed:
                 kills += 1
                 continue

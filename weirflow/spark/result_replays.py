@@ -56,6 +56,7 @@ from typing import Any
 import pyarrow as pa
 
 from weirflow.control import MessageType
+from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.results.ids import ResultId, parse
 from weirflow.spark.packing import unpack
@@ -65,6 +66,10 @@ log = logging.getLogger("weirflow.spark")
 TASK_KEY = b"weirflow.task"  # a stateful stage's packed record: the schema metadata naming the task
 PART_KEY = b"weirflow.part"  # ... and the Spark partition that wrote it
 ROWS = bytes([MessageType.ROWS])
+# The most bytes of replays a task's checkpoint holds itself; more are named by the ledger that holds them
+# (`in_checkpoint`), so the checkpoint stays within its store's limits (a DynamoDB item: 400 KB, an Azure
+# Table entity: 1 MiB) however many results a killed attempt wrote.
+INLINE_REPLAYS_BYTES = 16_384
 KEEP_BATCHES = 10  # micro-batches an unmatched replay is kept once the task has read past its ``until``
 
 
@@ -225,6 +230,33 @@ class ResultsLedger:
             return None
         tails = {str(k): str(v) for k, v in dict(data.get("tails", {})).items()}
         return cls(tails, Replays.from_json(data.get("replays")), str(data.get("attempt", "")))
+
+
+def in_checkpoint(replays: Replays, batch: int) -> dict[str, Any]:
+    """What a task's checkpoint of ``batch`` records of the replays still to come after it
+    (``control.replays``): the replays themselves up to `INLINE_REPLAYS_BYTES`, else ``{"ledger": batch,
+    "copies": n}``: they are in the batch's ledger, which the Spark checkpoint directory keeps (and the state
+    mirror carries) as long as a checkpoint names the batch (`ResultsLedger.prune`)."""
+    data = replays.to_json()
+    if len(json.dumps(data)) <= INLINE_REPLAYS_BYTES:
+        return data
+    return {"ledger": batch, "copies": len(replays)}
+
+
+def from_checkpoint(task: str, data: Mapping[str, Any] | None, directory: Path) -> Replays:
+    """The replays a task's checkpoint records (`in_checkpoint`), read from the ledger it names when they are
+    not in the checkpoint itself; ``directory`` is the task's ledgers (its Spark checkpoint's ``results``).
+    A named ledger that is missing fails the start: starting without it would write those results again."""
+    if not data or "ledger" not in data:
+        return Replays.from_json(data)
+    ledger = ResultsLedger.load(directory, int(data["ledger"]))
+    if ledger is None:
+        raise MalformedDocumentError(
+            f"task {task}: its checkpoint keeps {data.get('copies', 'its')} replayed results in the ledger of "
+            f"batch {data['ledger']} ({directory / (str(data['ledger']) + '.json')}), which is missing: restore "
+            "the task's Spark checkpoint directory (the state mirror holds it), or reset the task"
+        )
+    return ledger.replays
 
 
 def tails_of(systems: Any, streams: Iterable[tuple[str, str]]) -> dict[str, str]:

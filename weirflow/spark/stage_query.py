@@ -33,7 +33,7 @@ from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
 from weirflow.spark.replay import pss
-from weirflow.spark.result_replays import Replays, tails_of, written_since
+from weirflow.spark.result_replays import from_checkpoint, tails_of, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
 from weirflow.start_position import start_offset
 
@@ -115,7 +115,9 @@ class StageQuery(TaskProgress):
                     return
         self.location = location
         self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
-        self.replays_file = None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir, starts)
+        self.replays_file = (
+            None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir, starts, location)
+        )
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
@@ -162,7 +164,12 @@ class StageQuery(TaskProgress):
         return owners
 
     def _replays(
-        self, t: TaskState, sinks: list[dict[str, Any]], directory: Path, starts: dict[str, PartitionOffset]
+        self,
+        t: TaskState,
+        sinks: list[dict[str, Any]],
+        directory: Path,
+        starts: dict[str, PartitionOffset],
+        location: Path,
     ) -> Path | None:
         """The file of results an earlier attempt of stateful task ``t`` wrote past its checkpoint, which this
         query will produce again and must not write (`weirflow.spark.result_replays`): those its checkpoint
@@ -172,7 +179,7 @@ class StageQuery(TaskProgress):
             return None
         if not t.control.tails:
             self._first_tails(t, streams, starts)
-        replays = Replays.from_json(t.control.replays)
+        replays = from_checkpoint(t.name, t.control.replays, location / RESULTS_DIR)
         if t.control.tails:
             since = written_since(self.runner.plan.systems, t.name, t.control.tails)
             if len(since):

@@ -51,7 +51,7 @@ from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.replay import compare_offsets
-from weirflow.spark.result_replays import ResultsLedger
+from weirflow.spark.result_replays import ResultsLedger, in_checkpoint
 from weirflow.spark.writer_log import WROTE_FORMAT
 from weirflow.systems import Systems
 from weirflow.telemetry import BATCH_BUCKETS, Histogram
@@ -243,7 +243,7 @@ class TaskProgress:
         ledger = ResultsLedger.load(directory, batch) if directory is not None else None
         if directory is not None and ledger is not None:
             t.control.tails = ledger.tails
-            t.control.replays = ledger.replays.to_json()
+            t.control.replays = in_checkpoint(ledger.replays, batch)
             ResultsLedger.prune(directory, batch)
         if replayed:
             t.stats.replays_dropped += replayed
@@ -484,7 +484,7 @@ class TaskProgress:
         not run again) would be taken for replays still to come, and equal new results left out for them."""
         ledger = ResultsLedger.load(location / RESULTS_DIR, batch)
         if ledger is not None:
-            t.control.tails, t.control.replays = ledger.tails, ledger.replays.to_json()
+            t.control.tails, t.control.replays = ledger.tails, in_checkpoint(ledger.replays, batch)
             return
         if not t.control.tails and not t.control.replays:
             return  # the task writes no results, or none were written yet
