@@ -727,11 +727,9 @@ class EventHubSystemProducer(SystemProducer):
         runs right before every attempt, and what it raises ends the send at once (never retried)."""
 
         def attempt() -> None:
-            if before_attempt is None:
-                client.send_batch(batch)
-                return
-            before_attempt()
-            client.send_batch(batch, timeout=FENCED_ATTEMPT_S)  # the fence's margin covers one attempt
+            if before_attempt is not None:
+                before_attempt()
+            client.send_batch(batch, timeout=None if before_attempt is None else FENCED_ATTEMPT_S)  # in the margin
 
         retrying = Retrying(
             stop=stop_after_attempt(self._settings.send_attempts),

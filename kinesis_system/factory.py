@@ -8,8 +8,8 @@ from weirflow_kinesis.clients import (
     KinesisClients,
     KinesisSystemAdmin,
     KinesisSystemConsumer,
-    KinesisSystemProducer,
 )
+from weirflow_kinesis.producer import KinesisSystemProducer
 from weirflow_kinesis.settings import KinesisSettings
 
 

@@ -13,8 +13,8 @@ from weirflow.errors import ConfigError
 from weirflow.grouper import group_by_partition
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow_kinesis import positions
-from weirflow_kinesis.clients import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds, _with_id
 from weirflow_kinesis.hashing import HASH_SPACE, key_hash, partition_key, pinning_key, slice_of, slice_range
+from weirflow_kinesis.producer import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds, _with_id
 from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
 

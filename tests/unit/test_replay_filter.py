@@ -245,7 +245,7 @@ def test_the_adapters_read_the_ids_the_plugins_write() -> None:
     from azure.eventhub import EventData
 
     from weirflow_azure.eventhubs.clients import RECORD_ID_PROPERTY
-    from weirflow_kinesis.clients import _with_id
+    from weirflow_kinesis.producer import _with_id
     from weirflow_kinesis.settings import KinesisSettings
 
     assert EVENT_HUBS_ID_PROPERTY == RECORD_ID_PROPERTY
