@@ -31,7 +31,13 @@ from deltalake.exceptions import (
     TableNotFoundError,
 )
 
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
+from weirflow.errors import (
+    ServiceUnavailableError,
+    StreamNotFoundError,
+    WeirflowError,
+    raising_mapped,
+    table_entry,
+)
 
 
 class DeltaTableError(WeirflowError):
@@ -106,15 +112,8 @@ def _storage_key(exc: BaseException) -> tuple[type[BaseException], int | None] |
 
 def classify(exc: BaseException, table: ErrorTable = DELTA_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: for a storage failure its status entry first,
-    then the entry of its most derived type."""
-    key = _storage_key(exc)
-    if key is not None and key in table:
-        return table[key]
-    for cls in type(exc).__mro__:
-        target = table.get(cls)
-        if target is not None:
-            return target
-    return None
+    then the entry of its most derived type (`weirflow.errors.table_entry`)."""
+    return table_entry(table, exc, _storage_key(exc))
 
 
 def is_transient(exc: BaseException) -> bool:
