@@ -114,39 +114,6 @@ class QueryScope:
     fence: str = ""  # the query's fence (`weirflow.spark.fence.encode`), checked before dead letters are sent
 
 
-# Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
-# may run its tasks in one query (`SparkTaskRunner`); anything else (aggregations, joins, deduplication,
-# limits, stateful map functions, operators added by later Spark versions) counts as stateful.
-STATELESS_OPERATORS = frozenset(
-    {
-        "StreamingRelationV2",
-        "StreamingDataSourceV2Relation",
-        "StreamingDataSourceV2ScanRelation",
-        "StreamingRelation",
-        "EventTimeWatermark",
-        "CollectMetrics",
-        "Project",
-        "Filter",
-        "Union",
-        "SubqueryAlias",
-        "Generate",
-        "Sample",
-        "Repartition",
-        "RepartitionByExpression",
-        "RebalancePartitions",
-        "ResolvedHint",
-        "MapInPandas",
-        "PythonMapInArrow",
-        "MapInArrow",
-        "MapPartitionsInPandas",
-        "MapElements",
-        "MapPartitions",
-        "SerializeFromObject",
-        "DeserializeToObject",
-        "AppendColumns",
-        "Expand",
-    }
-)
 # Stateless operators after which a partition's rows are no longer in their input's order: a stage with one
 # of them carries no row positions (`weirflow.spark.replay` needs rows written in position order).
 REORDERING_OPERATORS = frozenset({"Repartition", "RepartitionByExpression", "RebalancePartitions"})
@@ -162,6 +129,33 @@ MAP_OPERATORS = frozenset(
         "MapPartitions",
         "AppendColumns",
     }
+)
+# Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
+# may run its tasks in one query (`SparkTaskRunner`); anything else (aggregations, joins, deduplication,
+# limits, stateful map functions, operators added by later Spark versions) counts as stateful.
+STATELESS_OPERATORS = (
+    frozenset(
+        {
+            "StreamingRelationV2",
+            "StreamingDataSourceV2Relation",
+            "StreamingDataSourceV2ScanRelation",
+            "StreamingRelation",
+            "EventTimeWatermark",
+            "CollectMetrics",
+            "Project",
+            "Filter",
+            "Union",
+            "SubqueryAlias",
+            "Generate",
+            "Sample",
+            "ResolvedHint",
+            "SerializeFromObject",
+            "DeserializeToObject",
+            "Expand",
+        }
+    )
+    | REORDERING_OPERATORS
+    | MAP_OPERATORS
 )
 
 
@@ -180,8 +174,12 @@ def _walk(node: Any) -> list[Any]:
     return found
 
 
+def _analyzed(frame: DataFrame) -> Any:
+    return frame._jdf.queryExecution().analyzed()
+
+
 def _count(frame: DataFrame, operators: frozenset[str]) -> int:
-    return sum(str(n.nodeName()) in operators for n in _walk(frame._jdf.queryExecution().analyzed()))
+    return sum(str(n.nodeName()) in operators for n in _walk(_analyzed(frame)))
 
 
 def _self_union(plan: Any) -> bool:
@@ -304,30 +302,29 @@ class StageBuilder:
         of `STATELESS_OPERATORS`."""
         if stage.name not in self._stateless:
             frames = self.build(stage, scope=None, starts={})[1]
-            names = {
-                str(node.nodeName())
-                for sink in stage.sinks
-                for node in _walk(frames[id(sink.node)]._jdf.queryExecution().analyzed())
-            }
-            self._stateless[stage.name] = names <= STATELESS_OPERATORS
-            self._unordered[stage.name] = self._unordered_by(stage, frames, names)
+            plans = [_analyzed(frames[id(sink.node)]) for sink in stage.sinks]
+            names = [str(node.nodeName()) for plan in plans for node in _walk(plan)]
+            self._stateless[stage.name] = set(names) <= STATELESS_OPERATORS
+            self._unordered[stage.name] = self._unordered_by(stage, frames, plans, names)
         return self._stateless[stage.name]
 
-    def _unordered_by(self, stage: Stage, frames: dict[int, DataFrame], names: set[str]) -> tuple[str, str]:
+    def _unordered_by(
+        self, stage: Stage, frames: dict[int, DataFrame], plans: list[Any], names: list[str]
+    ) -> tuple[str, str]:
         """Why ``stage``'s rows may leave their input's order or share a position with other rows, so that
         positions cannot name them ("" when nothing does): a repartition; a union of rows of one input (a
         self-union: two branches write the same positions from two Spark partitions, each numbering its
         rows from 0, so the consumer would take one branch's rows for replays of the other's); a map over
-        partitions that its transform did not declare order-keeping. Returns (why, what keeps exactly-once)."""
-        if names & REORDERING_OPERATORS:
+        partitions that its transform did not declare order-keeping. ``plans``: the analyzed plan of each of
+        its outputs, ``names`` their operators. Returns (why, what keeps exactly-once)."""
+        if REORDERING_OPERATORS.intersection(names):
             return "a repartition reorders its rows", "use partition_by, which repartitions through a stream"
-        for sink in stage.sinks:
-            if _self_union(frames[id(sink.node)]._jdf.queryExecution().analyzed()):
-                return (
-                    "a union of rows of one input (its branches would number their rows alike)",
-                    "make each row's copies with F.explode(F.array(...)) instead of a union",
-                )
-        added = sum(_count(frames[id(sink.node)], MAP_OPERATORS) for sink in stage.sinks)
+        if any(_self_union(plan) for plan in plans):
+            return (
+                "a union of rows of one input (its branches would number their rows alike)",
+                "make each row's copies with F.explode(F.array(...)) instead of a union",
+            )
+        added = sum(name in MAP_OPERATORS for name in names)
         declared = sum(
             max(0, _count(frames[id(node)], MAP_OPERATORS) - _count(frames[id(node.parents[0])], MAP_OPERATORS))
             for node in stage.nodes
@@ -378,7 +375,7 @@ class StageBuilder:
         scope: QueryScope | None,
         starts: dict[str, Any],
         positions: bool,
-        stage_inputs: list[str],
+        code: int,
     ) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
@@ -417,7 +414,7 @@ class StageBuilder:
             "dense": str(self.plan.systems.admin(ref.system).dense_offsets).lower(),
             "ordinals": str(self.plan.systems.admin(ref.system).record_ordinals).lower(),
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
-            "stream_code": str(self.input_codes(stage_inputs)[(ref.system, ref.physical)]),
+            "stream_code": str(code),
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
             "fence": scope.fence if scope is not None else "",
         }
@@ -456,6 +453,7 @@ class StageBuilder:
         (input stream ids in observation order, node id -> DataFrame)."""
         frames: dict[int, DataFrame] = {}
         inputs = stage.input_ids
+        codes = self.input_codes(inputs)
         positions = scope is not None and self.carries_positions(stage)
 
         def frame(node: Node) -> DataFrame:
@@ -463,7 +461,9 @@ class StageBuilder:
                 return frames[id(node)]
             if node.op == "input":
                 stream_id = str(node.stream_id)
-                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, inputs)
+                ref = self.plan.ref(stream_id)
+                code = codes[(ref.system, ref.physical)]
+                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, code)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))
