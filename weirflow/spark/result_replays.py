@@ -57,9 +57,11 @@ import pyarrow as pa
 
 from weirflow.control import MessageType
 from weirflow.errors import MalformedDocumentError
-from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.interfaces.spark_checkpoint import planned_batch
+from weirflow.interfaces.system import SystemStream, SystemStreamPartition
 from weirflow.results.ids import ResultId, parse
 from weirflow.spark.packing import unpack
+from weirflow.spark.replay import compare_offsets
 
 log = logging.getLogger("weirflow.spark")
 
@@ -270,6 +272,43 @@ def tails_of(systems: Any, streams: Iterable[tuple[str, str]]) -> dict[str, str]
         for partition, meta in systems.admin(system).partition_metadata(physical).items():
             tails[SystemStreamPartition(system, physical, partition).key()] = meta.upcoming
     return tails
+
+
+def batch_tails(systems: Any, streams: Iterable[tuple[str, str, bool]], kept: Mapping[str, str]) -> dict[str, str]:
+    """The tails of a batch's commit for ``streams`` (system, physical name, whether the batch wrote to it):
+    a stream it wrote nothing to keeps its tails in ``kept`` (those the same query attempt noted at its previous
+    batch: nothing of the task lies past them), without asking its system; the others are asked (`tails_of`)."""
+    tails: dict[str, str] = {}
+    ask = []
+    for system, physical, wrote in streams:
+        stream = SystemStream(system, physical)
+        same = {k: v for k, v in kept.items() if SystemStreamPartition.parse(k).system_stream == stream}
+        if same and not wrote:
+            tails.update(same)
+        else:
+            ask.append((system, physical))
+    if ask:
+        tails.update(tails_of(systems, ask))
+    return tails
+
+
+def read_past(systems: Any, spark_dir: Path | None, batch: int, until: Mapping[str, str]) -> bool:
+    """Whether ``batch`` of the Spark checkpoint at ``spark_dir`` read every input partition of ``until`` (SSP
+    key -> offset) to that offset or further, by the end offsets Spark planned it with (its offset log)."""
+    planned = planned_batch(spark_dir, batch) if spark_dir is not None else None
+    if planned is None:
+        return False
+    ends = {key: p for source in planned.sources for key, p in source.partitions.items()}
+    for key, offset in until.items():
+        end = ends.get(key)
+        if end is None:
+            return False
+        if end.ended:
+            continue
+        order = compare_offsets(systems.admin(SystemStreamPartition.parse(key).system), end.offset, offset)
+        if order is None or order < 0:
+            return False
+    return True
 
 
 def written_since(systems: Any, task: str, tails: Mapping[str, str]) -> Replays:

@@ -30,7 +30,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,23 +41,23 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 
 from weirflow import fault_points
 from weirflow.errors import RecordTooLargeError
-from weirflow.interfaces.spark_checkpoint import planned_batch
-from weirflow.interfaces.system import OutgoingRecord, SystemStream, SystemStreamPartition
+from weirflow.interfaces.system import OutgoingRecord
 from weirflow.results.ids import result_digest, result_id, result_origin, row_id
 from weirflow.served_tables import write_batch
 from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.packing import pack
-from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, compare_offsets, input_partition, output_index
+from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, input_partition, output_index
 from weirflow.spark.result_replays import (
     PART_KEY,
     TASK_KEY,
     Replays,
     ResultsLedger,
+    batch_tails,
+    read_past,
     replay_key,
     row_digests,
-    tails_of,
 )
 from weirflow.spark.source import systems_for
 from weirflow.spark.table_commits import commit_rows, ship, unship
@@ -522,7 +522,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             # once none is left nobody reads the file again
             left = Replays.load(Path(self.replays_file))
             left.used(replayed)
-            left = left.aged(lambda until: self._read_past(until, batchId))
+            spark_dir = Path(self.results_dir).parent if self.results_dir else None
+            left = left.aged(lambda until: read_past(systems_for(self.snapshot), spark_dir, batchId, until))
             left.save(Path(self.replays_file))
         tails = self._tails(counts, batchId)
         if tails and self.results_dir is not None:
@@ -545,25 +546,6 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self._check_fence()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
-
-    def _read_past(self, until: Mapping[str, str], batch: int) -> bool:
-        """Whether ``batch`` read every input partition of ``until`` (SSP key -> offset) to that offset or
-        further, from the end offsets Spark planned it with (its offset log, beside the ledgers)."""
-        planned = planned_batch(Path(self.results_dir).parent, batch) if self.results_dir else None
-        if planned is None:
-            return False
-        ends = {key: p for source in planned.sources for key, p in source.partitions.items()}
-        systems = systems_for(self.snapshot)
-        for key, offset in until.items():
-            end = ends.get(key)
-            if end is None:
-                return False
-            if end.ended:
-                continue
-            order = compare_offsets(systems.admin(SystemStreamPartition.parse(key).system), end.offset, offset)
-            if order is None or order < 0:
-                return False
-        return True
 
     def _commit_tables(self, shipped: dict[str, list[bytes]]) -> dict[str, list[float]]:
         """Each table output's rows of the batch in one commit, through the fence (`table_commits`); returns per
@@ -595,19 +577,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             return {}
         previous = ResultsLedger.load(Path(self.results_dir), batch - 1) if self.results_dir else None
         ours = previous.tails if previous is not None and previous.attempt == self.attempt else {}
-        tails: dict[str, str] = {}
-        ask = []
-        for sink in sinks:
-            where = (sink["system"], sink["physical"])
-            stream = SystemStream(*where)
-            kept = {k: v for k, v in ours.items() if SystemStreamPartition.parse(k).system_stream == stream}
-            if kept and not written.get(sink["stream"]):
-                tails.update(kept)
-            else:
-                ask.append(where)
-        if ask:
-            tails.update(tails_of(systems_for(self.snapshot), ask))
-        return tails
+        streams = [(s["system"], s["physical"], bool(written.get(s["stream"]))) for s in sinks]
+        return batch_tails(systems_for(self.snapshot), streams, ours)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: the batch will be replayed; consumers see duplicates, never gaps."""

@@ -189,8 +189,8 @@ class StageQuery(TaskProgress):
                     t.name,
                     len(since),
                 )
-            replays.merge(since)
-            replays.await_input(self._input_ends(t))
+                replays.merge(since)
+                replays.await_input(self._input_ends(t))
         if not len(replays):
             return None
         path = directory / "replays.json"

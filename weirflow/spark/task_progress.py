@@ -239,12 +239,12 @@ class TaskProgress:
         """Carry into the task's checkpoint of ``batch`` where the partitions it writes results to ended at the
         batch's commit and the replays still to come after it: the batch's own ledger, which the sink's commit
         wrote before Spark started the next batch (the next batch may have changed the replays since)."""
-        directory = self.location / RESULTS_DIR if self.location is not None else None
-        ledger = ResultsLedger.load(directory, batch) if directory is not None else None
-        if directory is not None and ledger is not None:
-            t.control.tails = ledger.tails
-            t.control.replays = in_checkpoint(ledger.replays, batch)
-            ResultsLedger.prune(directory, batch)
+        if self.location is not None:
+            directory = self.location / RESULTS_DIR
+            ledger = ResultsLedger.load(directory, batch)
+            if ledger is not None:
+                t.control.tails, t.control.replays = ledger.tails, in_checkpoint(ledger.replays, batch)
+                ResultsLedger.prune(directory, batch)
         if replayed:
             t.stats.replays_dropped += replayed
             log.info("task %s: %d replayed results not written again", t.name, replayed)
