@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,21 @@ def test_a_send_that_waited_for_the_log_s_lock_checks_the_fence_after_the_wait(t
         # another process's long write holds the log's lock
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        entered = threading.Event()
+        # the sender reaches the log's transaction (and waits there for the lock): any check made before the wait
+        # is made by then
+        store = producer._store  # type: ignore[attr-defined]
+        taking, transaction = threading.Event(), store.db.transaction
+
+        @contextmanager
+        def observed() -> Iterator[sqlite3.Connection]:
+            taking.set()
+            with transaction() as conn:
+                yield conn
+
+        store.db.transaction = observed
         failure: list[BaseException] = []
 
         def send() -> None:
-            entered.set()
             try:
                 producer.send_fenced([OutgoingRecord("out", b"late", partition=0)], check)
             except BaseException as exc:  # handed to the test thread
@@ -51,11 +62,7 @@ def test_a_send_that_waited_for_the_log_s_lock_checks_the_fence_after_the_wait(t
 
         sender = threading.Thread(target=send)
         sender.start()
-        assert entered.wait(10)
-        # the sender waits for the lock; a check before that wait would be made by now
-        deadline = time.monotonic() + 0.5
-        while not checks and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert taking.wait(10)
         lost.set()  # the lease ran out while the sender waited
         other.execute("COMMIT")
         other.close()

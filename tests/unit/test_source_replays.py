@@ -141,16 +141,20 @@ def test_rows_of_another_producer_stage_are_not_replays(config: Config, tmp_path
     assert values == [0, 1, 2, 3, 4, 5, 6, 7, 100]
 
 
-def test_packed_rows_of_another_pipeline_version_become_dead_letters(config: Config, tmp_path: Path) -> None:
+def _of_another_version() -> bytes:
+    """A packed record of another pipeline version: rows without the stream's column ``n``."""
     schema = pa.schema([("m", pa.string())])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(pa.RecordBatch.from_arrays([pa.array(["old"])], schema=schema))
+    return encode_rows(sink.getvalue().to_pybytes())
+
+
+def test_packed_rows_of_another_pipeline_version_become_dead_letters(config: Config, tmp_path: Path) -> None:
     systems = Systems(config)
     try:
         systems.admin("local").create_stream(StreamSpec("mid.dlq", 1))
-        record = encode_rows(sink.getvalue().to_pybytes())
-        systems.producer("local").send([OutgoingRecord("mid", record, partition=0)])
+        systems.producer("local").send([OutgoingRecord("mid", _of_another_version(), partition=0)])
         values, controls = _read(config, tmp_path / "marks", 0, 6)
         assert values == [0, 1, 2, 3, 4, 5, 6, 7], "the task goes on past the record instead of failing"
         assert [c["task_count"] for c in controls if c["kind"] == "dlq"] == [1]
@@ -168,16 +172,10 @@ def test_a_reader_whose_processor_lost_the_task_sends_no_dead_letter(config: Con
     from weirflow.errors import LockLostError
     from weirflow.spark import fence
 
-    schema = pa.schema([("m", pa.string())])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_batch(pa.RecordBatch.from_arrays([pa.array(["old"])], schema=schema))
     systems = Systems(config)
     try:
         systems.admin("local").create_stream(StreamSpec("mid.dlq", 1))
-        systems.producer("local").send(
-            [OutgoingRecord("mid", encode_rows(sink.getvalue().to_pybytes()), partition=0)]
-        )
+        systems.producer("local").send([OutgoingRecord("mid", _of_another_version(), partition=0)])
         lost = fence.encode([fence.LockRef("task-counts-0", "p0", "", 1)], tmp_path / "leases.json")
         with pytest.raises(LockLostError):
             list(_reader(config, tmp_path / "marks", lost).read(("ssp", KEY, "0", "6", "")))
