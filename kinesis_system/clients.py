@@ -311,6 +311,14 @@ class KinesisSystemAdmin(SystemAdmin):
     def compare_offsets(self, a: str, b: str) -> int | None:
         return positions.compare(a, b)
 
+    def pin_starts(self, stream: str, starts: Mapping[int, str]) -> dict[int, str]:
+        """Each virtual task's start with the shards it would read from where the stream starts now pinned at
+        that record (`SliceReader.pin`): a replay then numbers the records as the first read did."""
+        oldest: dict[str, str | None] = {}
+        with self.clients.errors(stream):
+            reader = self.clients.reader(stream)
+            return {task: reader.pin(task, start, oldest) for task, start in starts.items()}
+
     def lost_ranges(self, stream: str) -> list[tuple[str, str, str]]:
         """The ranges of ``stream`` this processor found dropped by retention before a task read them: (shard,
         last sequence number read, oldest sequence number still held); each is also logged as a warning."""

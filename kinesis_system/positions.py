@@ -9,13 +9,16 @@ shards, so an offset is a **position**: canonical JSON ``{"<shard id>": "<state>
   gives every record the ordinal it had before, which is what lets the Spark data plane drop the rows of a
   replayed batch downstream (docs/guarantees.md). ``"<sequence number>"`` alone (written by versions before
   ordinals) counts from 0 at that record;
+* ``"<<sequence number>"`` — nothing processed yet; start at that record, the first the shard held when the
+  task started (its **pinned start**, `pinned`): what a replay counts ordinals from, however much the stream's
+  retention has dropped meanwhile (a record dropped from there on is reported lost, `weirflow_kinesis.spool`);
 * ``"E"`` — the shard is processed to its ``SHARD_END`` (closed by a split or merge);
 * ``"@<epoch ms>"`` — nothing processed yet; start at the first record that arrived at or after that time
   (``start: latest`` and ``start: <time>``);
 * absent — nothing processed yet; start at the shard's beginning (``TRIM_HORIZON``).
 
-A shard absent from a position is read only once every parent of it that holds keys of the task's slice is
-``"E"`` (or expired from the stream), which is what keeps per-key order across splits and merges.
+A shard absent from a position or pinned is read only once every parent of it that holds keys of the task's
+slice is ``"E"`` (or expired from the stream), which is what keeps per-key order across splits and merges.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from weirflow.errors import InvalidOffsetError
 ENDED = "E"
 EARLIEST = "{}"
 _ORDINAL = "#"
+_PINNED = "<"
 # The most shard numbers a lane can tell apart (`lane`): lanes are stored in 31 bits.
 MAX_LANE = 2**31 - 2
 
@@ -55,6 +59,26 @@ def at_time(ms: int) -> str:
 
 def is_sequence(state: str | None) -> bool:
     return bool(state) and state[0].isdigit()  # type: ignore[index]
+
+
+def pinned(sequence_number: str) -> str:
+    """The state of a shard with nothing processed yet that starts at record ``sequence_number`` (inclusive)."""
+    return f"{_PINNED}{sequence_number}"
+
+
+def is_pinned(state: str | None) -> bool:
+    return bool(state) and state.startswith(_PINNED)  # type: ignore[union-attr]
+
+
+def unanchored(state: str | None) -> bool:
+    """Whether a read from ``state`` counts ordinals from wherever the stream starts now (absent: its oldest
+    record; a time: the first record at or after it), which retention may move: what `pin` replaces."""
+    return state is None or state.startswith("@")
+
+
+def started(state: str | None) -> bool:
+    """Whether the shard has records processed (or is processed to its end)."""
+    return state is not None and (state == ENDED or is_sequence(state))
 
 
 def processed(sequence_number: str, ordinal: int) -> str:
@@ -103,11 +127,11 @@ def compare(a: str, b: str) -> int | None:
 
 
 def _rank(state: str | None) -> tuple[int, str]:
-    if state is None or state.startswith("@"):
+    if not started(state):  # absent, a time or a pinned start: nothing processed
         return (0, "")
     if state == ENDED:
         return (2, "")
-    return (1, sequence_key(sequence_of(state)))
+    return (1, sequence_key(sequence_of(state)))  # type: ignore[arg-type]
 
 
 def _compare_state(a: str | None, b: str | None) -> int | None:

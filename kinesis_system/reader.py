@@ -99,10 +99,15 @@ class _WalkState:
     patient: bool = True
     behind: bool = False  # a shard visited was not read to what it held (its run not caught up)
     done: set[str] = field(default_factory=set)  # shards whose goal is reached (walks with an end)
+    bases: dict[str, int] = field(default_factory=dict)  # shard → the ordinal before its next record, when set
     walk: Walk = field(default_factory=Walk)
 
     def take(self, shard: str, records: list[SpooledRecord]) -> None:
-        ordinal = positions.ordinal_of(self.position.get(shard))
+        if not records:
+            return
+        ordinal = self.bases.pop(shard, None)
+        if ordinal is None:
+            ordinal = positions.ordinal_of(self.position.get(shard))
         for record in records:
             if self.positions_before:
                 self.walk.before.append(positions.encode(self.position))
@@ -346,6 +351,7 @@ class SliceReader:
             if current == positions.ENDED:
                 state.position[shard_id] = current
                 return True, True
+        self._anchor(state, shard_id, current or "", goal)
         walk = state.walk
         if not state.patient:  # a planner: read this shard ahead from now on
             self._interest[shard_id] = time.monotonic()
@@ -357,6 +363,61 @@ class SliceReader:
         if reached:
             state.done.add(shard_id)
         return bool(took) or finished, finished
+
+    def _anchor(self, state: _WalkState, shard: str, start: str, goal: _Goal | None) -> None:
+        """A read of a planned range that starts ``shard`` (no record of it processed yet): the range's end
+        names the ordinal of its last record there, given when it was planned, so the records are counted back
+        from it. Counted from the start, they would count from the oldest record still held (or a pinned one
+        that retention has since dropped), and retention may have dropped some that the planned read (and its
+        earlier attempt) counted: the replay's records would take lower ordinals and new records be taken for
+        replays. One extra pass over what the read takes anyway, once per range that starts a shard."""
+        ordinal = positions.ordinal_of((state.target or {}).get(shard))
+        if goal is None or not goal.upto or not goal.inclusive or not ordinal:
+            return
+        if positions.started(state.position.get(shard)):
+            return
+        counting = _WalkState(state.task, {}, None, 1 << 62, False, False, state.deadline, state.patient)
+        took, _, reached = self._shard(counting, shard, start, 1 << 62, goal)
+        if not reached or not took or took[-1].sequence_number != goal.upto:
+            return
+        base = ordinal - len(took)
+        if base:
+            log.warning(
+                "kinesis %s/%s task v%d: %d record(s) counted when this range was planned are no longer held "
+                "(dropped by the stream's retention); the range's records keep the ordinals its plan gave them",
+                self.spool.stream,
+                shard,
+                state.task,
+                base,
+            )
+        state.bases[shard] = base
+
+    def pin(self, task: int, start: str, oldest: dict[str, str | None] | None = None) -> str:
+        """``start`` with each shard the task reads from where the stream starts now (absent: its oldest record;
+        a time: the first record at or after it) pinned at that record (`positions.pinned`), when it has one.
+        Checkpointed before a task's first read, it fixes where ordinals count from: retention dropping that
+        record later is then reported as a loss (`Spool.oldest`), where an unpinned replay would silently count
+        from a later record and give new records the ordinals of records already written. ``oldest`` keeps the
+        shards' oldest records across the calls for one stream's tasks (a shard feeds several)."""
+        position = positions.decode(start)
+        shards = self.shard_map(False)
+        pinned = dict(position)
+        held = oldest if oldest is not None else {}
+        for shard in shards.feeding(task, self.virtual_tasks):
+            state = position.get(shard.id)
+            if not positions.unanchored(state):
+                continue
+            if state is None:
+                if shard.id not in held:
+                    held[shard.id] = self.spool.oldest(shard.id)
+                first = held[shard.id]
+                if first is not None:
+                    pinned[shard.id] = positions.pinned(first)
+            elif shards.readable(shard, position, task, self.virtual_tasks):
+                resolved = self.spool.resolve_time(shard.id, int(state[1:]))
+                if resolved is not None and positions.is_pinned(resolved):
+                    pinned[shard.id] = resolved
+        return positions.encode(pinned) if pinned != position else start
 
     def _goal(self, shard: str, state: str | None, goal: str | None) -> _Goal | None:
         """The shard's goal in an end position, or None when the shard has nothing to read before it."""

@@ -59,9 +59,11 @@ class ShardMap:
         return [s for s in self.ordered if s.overlaps(low, high)]
 
     def readable(self, shard: Shard, position: Mapping[str, str], task: int, virtual_tasks: int) -> bool:
-        """Whether ``shard`` may be read at ``position``: it has started, or every parent holding keys of the
-        task's slice is processed to its end (or expired from the stream)."""
-        if shard.id in position:
+        """Whether ``shard`` may be read at ``position``: it has started (or has a start time), or every parent
+        holding keys of the task's slice is processed to its end (or expired from the stream). A pinned start
+        (`positions.pinned`) says where the shard's reading starts, not that its parents are done."""
+        state = position.get(shard.id)
+        if state is not None and not positions.is_pinned(state):
             return True
         low, high = slice_range(task, virtual_tasks)
         for parent_id in shard.parents:

@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS losses (shard TEXT NOT NULL, after TEXT NOT NULL, old
 # Kinesis shard iterators expire after 5 minutes; one older than this is replaced before use.
 _ITERATOR_TTL_MS = 240_000
 _GET_RECORDS_LIMIT = 10_000
-# GetRecords calls spent looking for a shard's oldest record (`Spool._oldest`).
+# GetRecords calls spent looking for a shard's oldest record (`Spool.oldest`).
 _OLDEST_PROBES = 20
 # The service's read limit per shard (all readers together): after a call that read n bytes the next waits at
 # least n / this many seconds, so a processor alone stays within it.
@@ -392,10 +392,10 @@ class Spool:
                     return False
                 time.sleep(pause / 1000)
             now = now_ms()
-            resuming = not iterator and not hi and positions.is_sequence(lo)
+            resuming = not iterator and not hi and (positions.is_sequence(lo) or positions.is_pinned(lo))
             if not iterator or now - iterator_ms > _ITERATOR_TTL_MS:
                 iterator = self._iterator(shard, lo, hi)
-            if resuming:  # the first read after a checkpointed record: has retention dropped what followed it?
+            if resuming:  # the first read after a checkpointed record or from a pinned start: anything dropped?
                 self._check_retention(shard, lo)
             response = self._get_records(shard, iterator, lo, hi)
             if self.before_store is not None:
@@ -458,27 +458,31 @@ class Spool:
 
     def _check_retention(self, shard: str, after: str) -> None:
         """Report records lost to the stream's retention: when a read resumes after sequence number ``after``
-        and that record is itself older than the oldest record the shard still holds, whatever arrived between
-        them was dropped before any task read it. Kinesis would silently start at the oldest record; the range
-        is logged as lost and kept in the spool (`lost_ranges`). Sequence numbers cannot say how many records
-        the range held, so the count is of ranges."""
-        oldest = self._oldest(shard)
-        if oldest is None or positions.sequence_key(oldest) <= positions.sequence_key(after):
+        (or from it, a pinned start ``"<q"``) and that record is itself older than the oldest record the shard
+        still holds, whatever arrived between them was dropped before this read. Kinesis would silently start
+        at the oldest record; the range is logged as lost and kept in the spool (`lost_ranges`). Sequence
+        numbers cannot say how many records the range held, so the count is of ranges. Ordinals go on counting
+        from ``after``: if an earlier attempt of the task read part of the range, as many of the records after
+        it are taken for its replays downstream (docs/guarantees.md, "Kinesis retention")."""
+        oldest = self.oldest(shard)
+        first = after[1:] if positions.is_pinned(after) else after
+        if oldest is None or positions.sequence_key(oldest) <= positions.sequence_key(first):
             return
         with self.db.transaction() as conn:
             conn.execute("INSERT OR IGNORE INTO losses VALUES (?, ?, ?, ?)", (shard, after, oldest, now_ms()))
             count = conn.execute("SELECT COUNT(*) FROM losses").fetchone()[0]
         log.warning(
-            "kinesis %s/%s: records after sequence number %s up to %s were dropped by the stream's retention "
-            "before they were read: lost (%d lost range(s) in this stream so far)",
+            "kinesis %s/%s: records %s sequence number %s up to %s were dropped by the stream's retention "
+            "before this read: lost (%d lost range(s) in this stream so far)",
             self.stream,
             shard,
-            after,
+            "from" if first != after else "after",
+            first,
             oldest,
             count,
         )
 
-    def _oldest(self, shard: str) -> str | None:
+    def oldest(self, shard: str) -> str | None:
         """The sequence number of the oldest record ``shard`` still holds (None when it holds none)."""
         iterator = self.client.get_shard_iterator(
             StreamName=self.stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"

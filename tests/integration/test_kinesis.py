@@ -472,7 +472,9 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
 ) -> None:
     """A task resumes after a record that the stream's 24 h retention has since dropped, with the records after
     it: Kinesis would silently start at the oldest record left; weirflow reads on from there too, and reports
-    the range as lost (kinesalite's clock moved 25 h on with libfaketime)."""
+    the range as lost (kinesalite's clock moved 25 h on with libfaketime). So does a task replayed from a start
+    pinned before its first read (`SystemAdmin.pin_starts`) whose pinned record is gone: its first attempt's
+    records were numbered from there (docs/guarantees.md, "Kinesis retention")."""
     from tests.faketime import libfaketime
     from tests.kinesalite import Kinesalite, use_dummy_credentials
     from weirflow.config.loader import Config
@@ -508,8 +510,12 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
         admin.create_stream(StreamSpec("aging", 1, {"shards": "1"}))
         producer.send([OutgoingRecord("aging", b"old%d" % i, key=b"k%d" % i) for i in range(100)])
         ssp = SystemStreamPartition("kin", "aging", 0)
-        first = consumer.read(ssp, positions.EARLIEST, 40)
+        pinned = admin.pin_starts("aging", {0: positions.EARLIEST})[0]
+        oldest = next(iter(positions.decode(pinned).values()))
+        assert positions.is_pinned(oldest) and positions.compare(pinned, positions.EARLIEST) == 0
+        first = consumer.read(ssp, pinned, 40)
         assert [r.value for r in first] == [b"old%d" % i for i in range(40)]
+        assert oldest == positions.pinned(first[0].attributes["sequence_number"])
         clock.write_text("+25h\n")  # the 60 records not yet read are now past the retention
         producer.send([OutgoingRecord("aging", b"new%d" % i, key=b"k%d" % i) for i in range(10)])
         with caplog.at_level("WARNING"):
@@ -518,6 +524,13 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
         lost = moved_admin.lost_ranges("aging")
         assert len(lost) == 1 and lost[0][1] == first[-1].attributes["sequence_number"], lost
         assert "dropped by the stream's retention" in caplog.text and "1 lost range" in caplog.text
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            replayed = moved_consumer.read_columns(ssp, pinned, 1000)
+        assert replayed.values == [b"new%d" % i for i in range(10)]
+        lost = moved_admin.lost_ranges("aging")
+        assert len(lost) == 2 and lost[1][1] == oldest, lost
+        assert f"from sequence number {oldest[1:]}" in caplog.text and "2 lost range" in caplog.text
     finally:
         for client in (admin, consumer, producer, moved_admin, moved_consumer):
             client.close()

@@ -83,6 +83,9 @@ def test_children_are_read_only_after_every_parent_holding_the_slice_ends() -> N
     assert shards.readable(merged, {"p1": "E"}, 3, 4)
     assert not shards.readable(merged, {"p1": "E"}, 1, 4), "slice 1 lies in p0 too"
     assert shards.readable(_shard("c4", 0, 1, ("expired",)), {}, 0, 4), "an expired parent does not block"
+    pinned = {"c2": positions.pinned("200")}  # a start pinned before the parents end says nothing of them
+    assert not shards.readable(left, pinned, 0, 4)
+    assert shards.readable(left, {**pinned, "p0": "E"}, 0, 4)
 
 
 def test_a_key_appears_once_per_round_and_calls_keep_the_service_limits() -> None:

@@ -1,6 +1,7 @@
 """The Kinesis spool and its reader (docs/kinesis.md, "Reading: one spool per processor"): a record's ordinal
 is the same in every walk that reaches it, a run never claims records it does not hold, trimming never takes
-what a read still needs, read-ahead failures reach the task, read-ahead stays within ``spool.max.bytes`` and a
+what a read still needs, a replay numbers records as its first attempt did (or reports the loss) however
+much retention dropped meanwhile, read-ahead failures reach the task, read-ahead stays within ``spool.max.bytes`` and a
 corrupt spool file is rebuilt.
 
 Kinesis is `FakeShards`, an in-memory stand-in for the part of a Kinesis client the spool calls
@@ -55,6 +56,11 @@ class FakeShards:
         self.data = [bytes([i]) * size for i in range(len(SEQ))]
         self.calls = 0
         self.failures: list[BaseException] = []
+        self.first = 0  # records below this index are dropped by the stream's retention (`trim`)
+
+    def trim(self, records: int) -> None:
+        """Retention drops the oldest ``records`` records: an iterator from before them starts after them."""
+        self.first = records
 
     def get_shard_iterator(
         self, StreamName: str, ShardId: str, ShardIteratorType: str, **kw: Any
@@ -63,13 +69,13 @@ class FakeShards:
         start = {"TRIM_HORIZON": 0, "AT_SEQUENCE_NUMBER": 0, "AFTER_SEQUENCE_NUMBER": 1}[ShardIteratorType]
         if "StartingSequenceNumber" in kw:
             start += SEQ.index(kw["StartingSequenceNumber"])
-        return {"ShardIterator": str(start)}
+        return {"ShardIterator": str(max(start, self.first))}
 
     def get_records(self, ShardIterator: str, Limit: int) -> dict[str, Any]:
         self.calls += 1
         if self.failures:
             raise self.failures.pop(0)
-        start = int(ShardIterator)
+        start = max(int(ShardIterator), self.first)
         end = min(len(SEQ), start + min(Limit, self.per_call))
         arrival = datetime.now(tz=UTC)
         return {
@@ -325,3 +331,74 @@ def test_a_record_s_ordinal_is_the_same_in_every_walk_that_reaches_it(sizes: lis
             assert positions.ordinal_of(positions.decode(end)[SHARD]) == len(SEQ)
         finally:
             reader.close()
+
+
+def _numbered(walk: Any) -> list[tuple[str, int]]:
+    return list(zip([r.sequence_number for r in walk.records], walk.ordinals, strict=True))
+
+
+def test_a_replay_after_retention_dropped_what_its_first_attempt_read_first_keeps_every_ordinal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task with nothing checkpointed in a shard reads its first batch (records 1-5); retention then drops
+    records 1-2 before the batch is replayed on another processor. The replay must give records 3-5 the
+    ordinals 3-5 the first attempt gave them, or record 6 takes ordinal 4 and is dropped downstream as a
+    replay of what was written (docs/guarantees.md, "Kinesis retention").
+
+    A replay of the planned batch (its end names its last record's ordinal) counts back from that end; a
+    replay from the checkpoint, which the runtime pins to the shard's oldest record before the first read
+    (`SliceReader.pin`), counts from there, and the pinned record's loss is reported, never silent."""
+    kinesis = FakeShards()
+    first = _reader(_spool(tmp_path / "first", kinesis))
+    try:
+        pinned = first.pin(0, positions.EARLIEST)
+        assert positions.decode(pinned) == {SHARD: positions.pinned(SEQ[0])}
+        assert positions.compare(pinned, positions.EARLIEST) == 0, "a pin moves nothing forward"
+        planned = first.walk(0, pinned, 5, values=False)
+        attempt = first.walk(0, pinned, 1000, end=planned.end)
+        assert _numbered(attempt) == [(SEQ[i], i + 1) for i in range(5)]
+        assert _numbered(first.walk(0, positions.EARLIEST, 5)) == _numbered(attempt), "pinned or not, alike"
+    finally:
+        first.close()
+
+    kinesis.trim(2)
+    for replay_start in (positions.EARLIEST, pinned):  # the checkpoint without a pin, and with one
+        moved = _reader(_spool(tmp_path / f"moved-{len(replay_start)}", kinesis))
+        try:
+            with caplog.at_level(logging.WARNING, logger="weirflow.kinesis"):
+                replay = moved.walk(0, replay_start, 1000, end=planned.end)
+            assert _numbered(replay) == [(SEQ[i], i + 1) for i in range(2, 5)], "counted back from the end"
+            assert replay.end == planned.end
+            after = moved.walk(0, replay.end, 1000)
+            assert _numbered(after)[0] == (SEQ[5], 6)
+            assert "no longer held" in caplog.text
+        finally:
+            moved.close()
+        caplog.clear()
+
+    # planned anew from the checkpoint (a stateless stage's query restarts with a fresh Spark checkpoint): only
+    # the pin says where counting began, and its record is gone, so the loss is reported
+    moved = _reader(_spool(tmp_path / "replanned", kinesis))
+    try:
+        with caplog.at_level(logging.WARNING, logger="weirflow.kinesis"):
+            replanned = moved.walk(0, pinned, 1000)
+        assert _numbered(replanned)[0] == (SEQ[2], 1)
+        assert moved.spool.lost_ranges() == [(SHARD, positions.pinned(SEQ[0]), SEQ[2])]
+        assert f"records from sequence number {SEQ[0]} up to {SEQ[2]}" in caplog.text
+    finally:
+        moved.close()
+
+
+def test_a_pinned_start_is_read_from_its_record_and_reports_that_record_s_loss_only(tmp_path: Path) -> None:
+    kinesis = FakeShards()
+    kinesis.trim(3)
+    reader = _reader(_spool(tmp_path, kinesis))
+    try:
+        pinned = reader.pin(0, positions.EARLIEST)
+        assert positions.decode(pinned) == {SHARD: positions.pinned(SEQ[3])}, "the oldest record still held"
+        assert reader.pin(0, pinned) == pinned, "pinning is idempotent"
+        walk = reader.walk(0, pinned, 1000)
+        assert _numbered(walk) == [(SEQ[i], i - 2) for i in range(3, len(SEQ))]
+        assert reader.spool.lost_ranges() == [], "the pinned record is held: nothing lost"
+    finally:
+        reader.close()

@@ -289,6 +289,14 @@ class SystemAdmin(ABC):
         x, y = int(a), int(b)
         return (x > y) - (x < y)
 
+    def pin_starts(self, stream: str, starts: Mapping[int, str]) -> dict[int, str]:
+        """The start offsets of tasks about to read ``stream`` (partition → offset), each in the form a replay
+        from it reads exactly the records a read from it now reads, numbered alike. The runtime checkpoints
+        them before the tasks' first read when they change. The default returns them as they are: a dense
+        offset names its record, whatever the system's retention drops. A system of positions whose start may
+        mean "the oldest record held" pins it to that record (Kinesis: `positions.pinned`)."""
+        return dict(starts)
+
     def records_between(self, stream: str, partition: int, start: str, end: str) -> int | None:
         """Records from offset ``start`` up to ``end`` (lag, record counts), or None when the system cannot count
         them without reading. The default subtracts dense offsets."""

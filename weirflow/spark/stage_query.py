@@ -88,6 +88,7 @@ class StageQuery(TaskProgress):
             for t in self.tasks
             for ssp in t.task.ssps
         }
+        self._pin(starts)
         scope = QueryScope(
             ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
             task_of={key: t.name for key, t in self.by_ssp.items()},
@@ -144,6 +145,32 @@ class StageQuery(TaskProgress):
             "new" if fresh else "existing",
             {k: p.offset for k, p in starts.items()},
         )
+
+    def _pin(self, starts: dict[str, PartitionOffset]) -> None:
+        """Pin the starts that mean "where the stream starts now" to a record (`SystemAdmin.pin_starts`; only
+        Kinesis has such starts) and checkpoint them before the query reads: a replay of the first batch then
+        numbers its records as the first attempt did, however much retention dropped meanwhile."""
+        by_stream: dict[tuple[str, str], dict[int, str]] = {}
+        for key, start in starts.items():
+            if not start.ended:
+                ssp = SystemStreamPartition.parse(key)
+                by_stream.setdefault((ssp.system, ssp.stream), {})[ssp.partition] = str(start.offset)
+        pinned: set[str] = set()
+        for (system, stream), offsets in by_stream.items():
+            for partition, offset in self.runner.plan.systems.admin(system).pin_starts(stream, offsets).items():
+                if offset != offsets[partition]:
+                    key = SystemStreamPartition(system, stream, partition).key()
+                    starts[key] = PartitionOffset(offset, starts[key].ended)
+                    pinned.add(key)
+        for t in self.tasks:
+            if pinned & t.keys:
+                t.offsets = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
+                t.writer.write(Checkpoint(offsets=dict(t.offsets), control=t.control.to_json()))
+                log.info(
+                    "task %s: its starts in %s pinned and checkpointed before its first read",
+                    t.name,
+                    ", ".join(sorted(pinned & t.keys)),
+                )
 
     def _fence(self) -> str:
         """The fence of the query's sends (its sink's and its readers' dead letters): every task's lock."""
