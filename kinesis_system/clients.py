@@ -311,6 +311,20 @@ class KinesisSystemAdmin(SystemAdmin):
     def compare_offsets(self, a: str, b: str) -> int | None:
         return positions.compare(a, b)
 
+    def lanes_live(self, stream: str, partition: int, offset: str) -> set[int] | None:
+        """The lanes of the shards feeding virtual task ``partition`` that a read from position ``offset`` may
+        still read: every shard not processed to its end (`ShardMap.done`); a shard expired from the stream is
+        none of them. Listed afresh: a shard created since the last listing may hold a live lane."""
+        with self.clients.errors(stream):
+            shards = self.clients.shard_map(stream, force=True)
+        virtual, position = self.clients.virtual_tasks(stream), positions.decode(offset)
+        pruned = shards.pruned_shards(position, partition, virtual)
+        return {
+            positions.lane(s.id)
+            for s in shards.feeding(partition, virtual)
+            if s.id not in pruned and position.get(s.id) != positions.ENDED
+        }
+
     def pin_starts(self, stream: str, starts: Mapping[int, str]) -> dict[int, str]:
         """Each virtual task's start with the shards it would read from where the stream starts now pinned at
         that record (`SliceReader.pin`): a replay then numbers the records as the first read did."""

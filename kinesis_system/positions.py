@@ -17,6 +17,12 @@ shards, so an offset is a **position**: canonical JSON ``{"<shard id>": "<state>
   (``start: latest`` and ``start: <time>``);
 * absent — nothing processed yet; start at the shard's beginning (``TRIM_HORIZON``).
 
+A closed shard processed to its end is **pruned** from a position once it no longer says anything a read
+needs (`weirflow_kinesis.shards.ShardMap.prune`): when it has expired from the stream, or a child of it that
+holds keys of the task's slice has started. ``"~E"`` then counts the shards pruned, so that a position stays
+as small as the shards it still reads, however often the stream is resharded, and `compare` still tells a
+pruned shard from one not read yet.
+
 A shard absent from a position or pinned is read only once every parent of it that holds keys of the task's
 slice is ``"E"`` (or expired from the stream), which is what keeps per-key order across splits and merges.
 """
@@ -30,6 +36,7 @@ from collections.abc import Mapping
 from weirflow.errors import InvalidOffsetError
 
 ENDED = "E"
+PRUNED = "~E"  # the key counting the ended shards pruned from a position
 EARLIEST = "{}"
 _ORDINAL = "#"
 _PINNED = "<"
@@ -114,13 +121,47 @@ def sequence_key(sequence_number: str) -> str:
     return sequence_number.rjust(64, "0")
 
 
+def shard_states(position: Mapping[str, str]) -> dict[str, str]:
+    """A decoded position's shards and their states (without its count of pruned shards)."""
+    return {shard: state for shard, state in position.items() if shard != PRUNED}
+
+
+def pruned(position: Mapping[str, str]) -> int:
+    """How many ended shards were pruned from a decoded position."""
+    return int(position.get(PRUNED, 0))
+
+
+def ended(position: Mapping[str, str]) -> int:
+    """How many shards a decoded position has processed to their end, pruned or not."""
+    return pruned(position) + sum(1 for shard, state in position.items() if state == ENDED and shard != PRUNED)
+
+
 def compare(a: str, b: str) -> int | None:
-    """-1, 0 or 1 when every shard of one position is at or past the other's, else None (incomparable)."""
+    """-1, 0 or 1 when every shard of one position is at or past the other's, else None (incomparable). A
+    shard ended in one and absent from the other counts as pruned there (the same) when the other has pruned
+    shards and has ended at least as many."""
     pa, pb = decode(a), decode(b)
     if pa == pb:
         return 0
-    signs = {_compare_state(pa.get(s), pb.get(s)) for s in set(pa) | set(pb)}
+    sa, sb, ea, eb = shard_states(pa), shard_states(pb), ended(pa), ended(pb)
+    signs: set[int | None] = set()
+    for shard in set(sa) | set(sb):
+        x, y = sa.get(shard), sb.get(shard)
+        if (
+            x == ENDED
+            and y is None
+            and pruned(pb)
+            and eb >= ea
+            or y == ENDED
+            and x is None
+            and pruned(pa)
+            and ea >= eb
+        ):
+            continue
+        signs.add(_compare_state(x, y))
     signs.discard(0)
+    if not signs and ea != eb:  # the same shards, but one has ended (and pruned) more
+        signs.add(1 if ea > eb else -1)
     if None in signs or len(signs) > 1:
         return None
     return signs.pop() if signs else 0

@@ -100,6 +100,7 @@ class _WalkState:
     behind: bool = False  # a shard visited was not read to what it held (its run not caught up)
     done: set[str] = field(default_factory=set)  # shards whose goal is reached (walks with an end)
     bases: dict[str, int] = field(default_factory=dict)  # shard → the ordinal before its next record, when set
+    pruned: set[str] = field(default_factory=set)  # shards the start position pruned (`ShardMap.prune`)
     walk: Walk = field(default_factory=Walk)
 
     def take(self, shard: str, records: list[SpooledRecord]) -> None:
@@ -301,6 +302,8 @@ class SliceReader:
             patient,
         )
         force_listing = False
+        shards = self.shard_map(False)
+        state.pruned = shards.pruned_shards(state.position, task, self.virtual_tasks)
         while len(state.walk.records) < limit:
             progress = False
             shards = self.shard_map(force_listing)
@@ -311,7 +314,8 @@ class SliceReader:
                 moved, ended = self._visit(state, shards, shard.id)
                 progress, force_listing = progress or moved, force_listing or ended
             if state.target is not None and all(
-                s in state.done or state.position.get(s) == positions.ENDED for s in state.target
+                s in state.done or state.position.get(s) == positions.ENDED
+                for s in positions.shard_states(state.target)
             ):
                 state.walk.at_end = True
                 break
@@ -325,13 +329,22 @@ class SliceReader:
                         f"(at {positions.encode(state.position)})"
                     )
                 time.sleep(0.05)  # a parent still being read elsewhere in this walk's range: poll
-        state.walk.end = positions.encode(state.position)
+        target = state.target
+        if (
+            state.walk.at_end
+            and end is not None
+            and target is not None
+            and not any(v.startswith("@") for v in target.values())
+        ):
+            state.walk.end = end  # reached exactly: the end as planned (pruned with the planner's listing)
+        else:
+            state.walk.end = positions.encode(shards.prune(state.position, task, self.virtual_tasks))
         return state.walk
 
     def _visit(self, state: _WalkState, shards: ShardMap, shard_id: str) -> tuple[bool, bool]:
         """Take what the walk may of one shard; returns (whether the position moved, whether the shard ended)."""
         current = state.position.get(shard_id)
-        if current == positions.ENDED or shard_id in state.done:
+        if self._settled(state, shards, shard_id):
             return False, False
         goal = None
         if state.target is not None:
@@ -339,7 +352,9 @@ class SliceReader:
             if goal is None:
                 state.done.add(shard_id)
                 return False, False
-        if not shards.readable(shards.by_id[shard_id], state.position, state.task, self.virtual_tasks):
+        if not shards.readable(
+            shards.by_id[shard_id], state.position, state.task, self.virtual_tasks, state.pruned
+        ):
             return False, False
         self._raise_if_failing(shard_id)
         if current is not None and current.startswith("@"):
@@ -363,6 +378,17 @@ class SliceReader:
         if reached:
             state.done.add(shard_id)
         return bool(took) or finished, finished
+
+    def _settled(self, state: _WalkState, shards: ShardMap, shard_id: str) -> bool:
+        """Whether the walk has nothing more to do in the shard: read to its end (``"E"``, or pruned from the
+        position, `ShardMap.prune`) or to its goal."""
+        current = state.position.get(shard_id)
+        if current == positions.ENDED or shard_id in state.done:
+            return True
+        if current is None and shard_id in state.pruned:
+            state.done.add(shard_id)
+            return True
+        return False
 
     def _anchor(self, state: _WalkState, shard: str, start: str, goal: _Goal | None) -> None:
         """A read of a planned range that starts ``shard`` (no record of it processed yet): the range's end
@@ -403,9 +429,10 @@ class SliceReader:
         shards = self.shard_map(False)
         pinned = dict(position)
         held = oldest if oldest is not None else {}
+        done = shards.pruned_shards(position, task, self.virtual_tasks)
         for shard in shards.feeding(task, self.virtual_tasks):
             state = position.get(shard.id)
-            if not positions.unanchored(state):
+            if not positions.unanchored(state) or shard.id in done:
                 continue
             if state is None:
                 if shard.id not in held:
@@ -413,7 +440,7 @@ class SliceReader:
                 first = held[shard.id]
                 if first is not None:
                     pinned[shard.id] = positions.pinned(first)
-            elif shards.readable(shard, position, task, self.virtual_tasks):
+            elif shards.readable(shard, position, task, self.virtual_tasks, done):
                 resolved = self.spool.resolve_time(shard.id, int(state[1:]))
                 if resolved is not None and positions.is_pinned(resolved):
                     pinned[shard.id] = resolved

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,10 @@ class ShardMap:
         # Creation order: a child's starting sequence number is above its parents' (Kinesis numbers records
         # across the stream's life), and ids break ties in the order Kinesis created them.
         self.ordered = sorted(shards, key=lambda s: (positions.sequence_key(s.starting_sequence), s.id))
+        self.children: dict[str, list[Shard]] = {}
+        for shard in self.ordered:
+            for parent in shard.parents:
+                self.children.setdefault(parent, []).append(shard)
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -58,21 +62,83 @@ class ShardMap:
         low, high = slice_range(task, virtual_tasks)
         return [s for s in self.ordered if s.overlaps(low, high)]
 
-    def readable(self, shard: Shard, position: Mapping[str, str], task: int, virtual_tasks: int) -> bool:
+    def readable(
+        self,
+        shard: Shard,
+        position: Mapping[str, str],
+        task: int,
+        virtual_tasks: int,
+        pruned: Collection[str] | None = None,
+    ) -> bool:
         """Whether ``shard`` may be read at ``position``: it has started (or has a start time), or every parent
-        holding keys of the task's slice is processed to its end (or expired from the stream). A pinned start
-        (`positions.pinned`) says where the shard's reading starts, not that its parents are done."""
+        holding keys of the task's slice is processed to its end (`done`; or expired from the stream). A
+        pinned start (`positions.pinned`) says where the shard's reading starts, not that its parents are done.
+        ``pruned``: `pruned_shards` of the position, when the caller has it."""
         state = position.get(shard.id)
         if state is not None and not positions.is_pinned(state):
             return True
         low, high = slice_range(task, virtual_tasks)
-        for parent_id in shard.parents:
-            parent = self.by_id.get(parent_id)
-            if parent is None or not parent.overlaps(low, high):
-                continue  # expired, or held none of this slice's keys
-            if position.get(parent_id) != positions.ENDED:
-                return False
-        return True
+        parents = [p for p in map(self.by_id.get, shard.parents) if p is not None and p.overlaps(low, high)]
+        if not parents:  # expired, or held none of this slice's keys
+            return True
+        if pruned is None:
+            pruned = self.pruned_shards(position, task, virtual_tasks)
+        return all(position.get(p.id) == positions.ENDED or p.id in pruned for p in parents)
+
+    def done(self, shard: Shard, position: Mapping[str, str], task: int, virtual_tasks: int) -> bool:
+        """Whether ``shard`` is processed to its end at ``position``: ``"E"``, or pruned (`pruned_shards`)."""
+        state = position.get(shard.id)
+        if state is not None:
+            return state == positions.ENDED
+        return shard.id in self.pruned_shards(position, task, virtual_tasks)
+
+    def pruned_shards(self, position: Mapping[str, str], task: int, virtual_tasks: int) -> set[str]:
+        """The shards feeding the task that ``position`` has pruned (`prune`): absent while a child holding keys
+        of the task's slice has started or is done itself. A child is read only once its parents are done, so a
+        shard never read has no such child. One pass, children before parents."""
+        low, high = slice_range(task, virtual_tasks)
+        done: set[str] = set()
+        pruned: set[str] = set()
+        for shard in reversed(self.ordered):
+            if not shard.overlaps(low, high):
+                continue
+            state = position.get(shard.id)
+            if state is not None:
+                if state == positions.ENDED:
+                    done.add(shard.id)
+                continue
+            children = [c for c in self.children.get(shard.id, ()) if c.overlaps(low, high)]
+            if any(positions.started(position.get(c.id)) or c.id in done for c in children):
+                done.add(shard.id)
+                pruned.add(shard.id)
+        return pruned
+
+    def prune(self, position: Mapping[str, str], task: int, virtual_tasks: int) -> dict[str, str]:
+        """``position`` without the ended shards that no read needs any more (`positions`, "pruned"): those
+        expired from the stream, and those a child of which, holding keys of the task's slice, has started or
+        is done (which `done` and `readable` then read from the child). One pass, children before parents."""
+        low, high = slice_range(task, virtual_tasks)
+        kept = dict(position)
+        count = positions.pruned(position)
+        for shard_id, ended in positions.shard_states(position).items():
+            if ended == positions.ENDED and shard_id not in self.by_id:
+                del kept[shard_id]
+                count += 1
+        done: set[str] = set()  # shards done at the position as pruned so far
+        for shard in reversed(self.ordered):
+            if not shard.overlaps(low, high):
+                continue
+            state = kept.get(shard.id)
+            children = [c for c in self.children.get(shard.id, ()) if c.overlaps(low, high)]
+            follows = any(positions.started(kept.get(c.id)) or c.id in done for c in children)
+            if state == positions.ENDED and follows:
+                del kept[shard.id]
+                count += 1
+            if state == positions.ENDED or state is None and follows:
+                done.add(shard.id)
+        if count:
+            kept[positions.PRUNED] = str(count)
+        return kept
 
     def open_shards(self) -> list[Shard]:
         return [s for s in self.ordered if not s.closed]

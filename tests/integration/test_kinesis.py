@@ -32,6 +32,7 @@ from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.local.launcher import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
+from weirflow_kinesis.shards import Shard, ShardMap
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -136,15 +137,19 @@ class KinesisPageViews(ExampleJob):
 
     def consumed(self) -> bool:
         """Whether every written event is at or before its virtual task's checkpointed position in its shard (the
-        last one written to each virtual task and shard is)."""
+        last one written to each virtual task and shard is): the shard's state is past it, or the shard is read
+        to its end (``"E"``, or pruned from the position once a child started: `ShardMap.done`)."""
         done = {
             ssp.partition: positions.decode(offset)
             for checkpoint in self.checkpoints().values()
             for ssp, offset in checkpoint.offsets.items()
             if ssp.stream == self.input
         }
+        shards = ShardMap([Shard.from_api(s) for s in self.client.list_shards(StreamName=self.input)["Shards"]])
         for (task, shard), sequence in self.latest.items():
             state = done.get(task, {}).get(shard)
+            if state is None and shards.done(shards.by_id[shard], done.get(task, {}), task, VIRTUAL_TASKS):
+                continue
             if state != positions.ENDED and not (
                 positions.is_sequence(state)
                 and positions.sequence_key(positions.sequence_of(state)) >= positions.sequence_key(sequence)  # type: ignore[arg-type]
@@ -535,3 +540,64 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
         for client in (admin, consumer, producer, moved_admin, moved_consumer):
             client.close()
         server.stop()
+
+
+def test_a_read_past_a_split_prunes_the_parent_and_never_reads_it_again(kinesalite: Any, tmp_path: Path) -> None:
+    """A virtual task reads a shard to its end, then both its children: the position it ends at no longer names
+    the parent (`ShardMap.prune`: a child has started), a read from there reads only what came after, and
+    the admin says the parent's lane is no longer read (`lanes_live`), which is what lets a consumer forget
+    its mark (docs/guarantees.md, "Checkpoints stay bounded")."""
+    import boto3
+
+    from tests.kinesalite import use_dummy_credentials
+    from weirflow.config.loader import Config
+    from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+    from weirflow_kinesis.factory import KinesisSystemFactory
+
+    use_dummy_credentials()
+    config = Config.from_dict(
+        {
+            "job.name": "pruning",
+            "job.state.dir": str(tmp_path),
+            **kinesalite.config("kin"),
+            "systems.kin.virtual.tasks": 1,
+        }
+    )
+    factory = KinesisSystemFactory()
+    admin, consumer, producer = (
+        factory.get_admin("kin", config),
+        factory.get_consumer("kin", config),
+        factory.get_producer("kin", config),
+    )
+    stream = f"pruning-{uuid.uuid4().hex[:8]}"
+    client = boto3.client("kinesis", endpoint_url=kinesalite.endpoint)
+    try:
+        admin.create_stream(StreamSpec(stream, 1, {"shards": "1"}))
+        producer.send([OutgoingRecord(stream, b"before%d" % i, key=b"k%d" % i) for i in range(20)])
+        parent = client.list_shards(StreamName=stream)["Shards"][0]
+        middle = int(parent["HashKeyRange"]["EndingHashKey"]) // 2
+        client.split_shard(StreamName=stream, ShardToSplit=parent["ShardId"], NewStartingHashKey=str(middle))
+        client.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2})
+        producer.send([OutgoingRecord(stream, b"after%d" % i, key=b"k%d" % i) for i in range(20)])
+        ssp = SystemStreamPartition("kin", stream, 0)
+        children = [s["ShardId"] for s in client.list_shards(StreamName=stream)["Shards"]][1:]
+        lanes = {positions.lane(s) for s in [parent["ShardId"], *children]}
+        assert admin.lanes_live(stream, 0, positions.EARLIEST) == lanes
+
+        read = consumer.read_columns(ssp, positions.EARLIEST, 1000)
+        assert sorted(read.values) == sorted(
+            [b"before%d" % i for i in range(20)] + [b"after%d" % i for i in range(20)]
+        )
+        end = positions.decode(read.next_offset)
+        assert parent["ShardId"] not in end and end[positions.PRUNED] == "1", end
+        assert set(positions.shard_states(end)) == set(children)
+        assert admin.lanes_live(stream, 0, read.next_offset) == lanes - {positions.lane(parent["ShardId"])}
+        producer.send([OutgoingRecord(stream, b"later", key=b"k1")])
+        later = consumer.read_columns(ssp, read.next_offset, 1000)
+        assert later.values == [b"later"], "the pruned parent is not read again"
+        unpruned = positions.encode({**positions.shard_states(end), parent["ShardId"]: positions.ENDED})
+        assert admin.compare_offsets(read.next_offset, unpruned) == 0
+        assert admin.compare_offsets(later.next_offset, read.next_offset) == 1
+    finally:
+        for part in (admin, consumer, producer):
+            part.close()

@@ -19,6 +19,74 @@ from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
 
 
+def _lineage(generations: int) -> ShardMap:
+    """A shard split ``generations`` times, each time into a lower half (the one holding slice 0 of 2) and an
+    upper half that is not split again: ``shardId-<n>`` for the chain, every shard created in order."""
+    shards, low, high, parent = [], 0, HASH_SPACE - 1, ()
+    for n in range(generations + 1):
+        chain = f"shardId-{2 * n:012d}"
+        closed = n < generations
+        shards.append(Shard(chain, low, high, parent, str(10**9 + 2 * n), "9" if closed else None))
+        if closed:
+            middle = (low + high) // 2
+            shards.append(
+                Shard(f"shardId-{2 * n + 1:012d}", middle + 1, high, (chain,), str(10**9 + 2 * n + 1), None)
+            )
+            high, parent = middle, (chain,)
+    return ShardMap(shards)
+
+
+def test_a_position_prunes_the_shards_it_read_to_their_end_and_stays_within_every_store_s_limits() -> None:
+    """A task reading a shard split 20,000 times keeps, pruned, one state per shard it may still read: unpruned,
+    its position would outgrow an Azure Table string property (32K characters). A pruned
+    shard is still done for every read (never read again), still lets its other children be read, and
+    compares as the same as its unpruned form."""
+    from weirflow_aws.checkpoints import MAX_BODY_BYTES, encode
+
+    from weirflow_azure.checkpoint.table import CHUNK_CHARS
+
+    generations, virtual = 20_000, 2
+    shards = _lineage(generations)
+    chain = [s for s in shards.ordered if s.low == 0]
+    assert len(chain) == generations + 1
+    whole = {s.id: positions.ENDED for s in chain[:-1]} | {chain[-1].id: positions.processed("77", 3)}
+    pruned = shards.prune(whole, 0, virtual)
+    assert pruned == {chain[-1].id: positions.processed("77", 3), positions.PRUNED: str(generations)}
+    assert shards.pruned_shards(pruned, 0, virtual) == {s.id for s in chain[:-1]}, "every pruned shard is done"
+    assert not shards.done(chain[-1], pruned, 0, virtual) and shards.done(chain[-2], pruned, 0, virtual)
+    assert positions.compare(positions.encode(pruned), positions.encode(whole)) == 0
+    earlier = {**whole, chain[-1].id: positions.processed("70", 1)}
+    assert positions.compare(positions.encode(pruned), positions.encode(earlier)) == 1
+    assert positions.compare(positions.encode({chain[0].id: "E"}), positions.EARLIEST) == 1, "ended, not pruned"
+
+    ssp = SystemStreamPartition("kin", "views", 0)
+    assert len(positions.encode(pruned)) < 100 and len(encode({ssp: positions.encode(pruned)}, None)) < 1000
+    assert len(positions.encode(whole)) > CHUNK_CHARS, "unpruned, it outgrows an Azure Table string property"
+    assert len(encode({ssp: positions.encode(whole)}, None)) < MAX_BODY_BYTES  # (DynamoDB's zlib holds out longer)
+
+    # slice 1 lies in the upper halves: each read to its end before the next, none split again
+    one = shards.feeding(1, virtual)
+    assert [s.id for s in one][:2] == [chain[0].id, "shardId-000000000001"]
+    at_first_child = shards.prune({chain[0].id: positions.ENDED, "shardId-000000000001": "88#1"}, 1, virtual)
+    assert at_first_child == {"shardId-000000000001": "88#1", positions.PRUNED: "1"}
+    assert shards.readable(shards.by_id["shardId-000000000001"], at_first_child, 1, virtual)
+    expired = ShardMap([s for s in shards.ordered if s.id != chain[0].id])  # the parent left the listing
+    assert expired.prune({chain[0].id: positions.ENDED, chain[1].id: "5#1"}, 0, virtual) == {
+        chain[1].id: "5#1",
+        positions.PRUNED: "1",
+    }
+
+
+def test_a_shard_never_read_is_not_pruned_and_a_child_waits_for_it() -> None:
+    shards = _lineage(2)
+    parent, child = shards.by_id["shardId-000000000000"], shards.by_id["shardId-000000000002"]
+    assert shards.prune({}, 0, 2) == {}
+    assert not shards.done(parent, {}, 0, 2) and not shards.readable(child, {}, 0, 2)
+    pinned = {child.id: positions.pinned("5")}
+    assert not shards.done(parent, pinned, 0, 2), "a pinned child has not started"
+    assert shards.prune({parent.id: positions.ENDED}, 0, 2) == {parent.id: positions.ENDED}, "no child started"
+
+
 def test_slices_tile_the_hash_space_and_agree_with_slice_of() -> None:
     for virtual in (1, 3, 16, 1024):
         ranges = [slice_range(k, virtual) for k in range(virtual)]

@@ -1,8 +1,8 @@
 """The Kinesis spool and its reader (docs/kinesis.md, "Reading: one spool per processor"): a record's ordinal
 is the same in every walk that reaches it, a run never claims records it does not hold, trimming never takes
 what a read still needs, a replay numbers records as its first attempt did (or reports the loss) however
-much retention dropped meanwhile, read-ahead failures reach the task, read-ahead stays within ``spool.max.bytes`` and a
-corrupt spool file is rebuilt.
+much retention dropped meanwhile, read-ahead failures reach the task, read-ahead stays within
+``spool.max.bytes`` and a corrupt spool file is rebuilt.
 
 Kinesis is `FakeShards`, an in-memory stand-in for the part of a Kinesis client the spool calls
 (`get_shard_iterator`, `get_records`, ``exceptions``); the races are driven through the spool's hooks
@@ -402,3 +402,24 @@ def test_a_pinned_start_is_read_from_its_record_and_reports_that_record_s_loss_o
         assert reader.spool.lost_ranges() == [], "the pinned record is held: nothing lost"
     finally:
         reader.close()
+
+
+def test_a_read_up_to_a_planned_end_ends_exactly_there_whatever_its_listing_prunes(tmp_path: Path) -> None:
+    """The planner's listing no longer holds a shard the task read to its end (it expired), so the planned end
+    has it pruned (`ShardMap.prune`); the reader's listing, a moment older, still holds it. The read ends at
+    the planned end exactly: the Spark source reads a batch until its position equals the planned end, and an
+    end pruned otherwise would never equal it (the batch would fail as unreadable, on every retry)."""
+    kinesis = FakeShards()
+    expired = Shard("shardId-000000000099", 0, HASH_SPACE - 1, (), "1", "2")
+    shard = Shard(SHARD, 0, HASH_SPACE - 1, (), SEQ[0], None)
+    spool = _spool(tmp_path, kinesis)
+    planner = SliceReader(spool, lambda force: ShardMap([shard]), 1)
+    reader = SliceReader(spool, lambda force: ShardMap([expired, shard]), 1)
+    start = positions.encode({expired.id: positions.ENDED})
+    planned = planner.walk(0, start, 5, values=False)
+    assert positions.decode(planned.end) == {SHARD: positions.processed(SEQ[4], 5), positions.PRUNED: "1"}
+    read = reader.walk(0, start, 1000, end=planned.end)
+    assert [r.sequence_number for r in read.records] == SEQ[:5]
+    assert read.end == planned.end
+    assert positions.compare(positions.encode({expired.id: "E", SHARD: f"{SEQ[4]}#5"}), planned.end) == 0
+    planner.close()

@@ -289,6 +289,13 @@ class SystemAdmin(ABC):
         x, y = int(a), int(b)
         return (x > y) - (x < y)
 
+    def lanes_live(self, stream: str, partition: int, offset: str) -> set[int] | None:
+        """The lanes (`RecordColumns.lanes`) a read of ``partition`` from ``offset`` may still read, for a system
+        whose partitions are made of lanes (`record_ordinals`); a lane not listed is read to its end and is never
+        read again from there, so a consumer may forget its mark once it has read past its rows
+        (`weirflow.spark.lane_marks`). None (the default): the partition is one lane, nothing to forget."""
+        return None
+
     def pin_starts(self, stream: str, starts: Mapping[int, str]) -> dict[int, str]:
         """The start offsets of tasks about to read ``stream`` (partition → offset), each in the form a replay
         from it reads exactly the records a read from it now reads, numbered alike. The runtime checkpoints

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from weirflow.clock import now_ms
 from weirflow.control import (
     CONTROL_KIND_NAMES,
     ControlMessage,
@@ -25,6 +27,8 @@ from weirflow.control import (
 )
 from weirflow.errors import MalformedDocumentError, UnreadableRangeError
 from weirflow.interfaces.system import RecordColumns
+from weirflow.spark import lane_marks
+from weirflow.spark.lane_marks import LaneCheck
 from weirflow.spark.packing import unpack
 from weirflow.spark.replay import (
     PRODUCER_KEY,
@@ -38,6 +42,8 @@ from weirflow.spark.replay import (
 )
 from weirflow.spark.serde import JsonDecoder, KeyValueDecoder
 from weirflow.spark.source_spec import SourceSpec, checkpoints_for, partition_of, systems_for
+
+log = logging.getLogger("weirflow.spark.reader")
 
 _READ_CHUNK = 10_000
 
@@ -152,6 +158,7 @@ class BatchReader:
             yield self._control_batch([(0, self._ctl("rows", key, task_count=self._taken))])
         if self._marks is not None and cache is not None and self._order(end, start) != 0:
             self._marks.at = end
+            self._prune_lanes(key, self._marks)
             cache.save(key, self._marks, start)
             detail = json.dumps({**self._marks.to_json(), "dropped": self._dropped})
             yield self._control_batch([(0, self._ctl("marks", key, detail=detail))])
@@ -217,6 +224,24 @@ class BatchReader:
             position = chunk.next_offset
         marks.at = start
         return marks
+
+    def _prune_lanes(self, key: str, marks: Marks) -> None:
+        """Forget the marks of lanes no row will come from again (`weirflow.spark.lane_marks`)."""
+        if not self.spec.lane_sources:
+            return
+        systems, checkpoints = systems_for(self.spec.snapshot), checkpoints_for(self.spec.snapshot)
+        check = LaneCheck(self.spec.lane_sources, checkpoints.read_last_checkpoint, systems.admin)
+        partition = partition_of(key)
+
+        def end() -> str:
+            admin = systems.admin(self.spec.system)
+            return str(admin.partition_metadata_of(self.spec.physical, [partition])[partition].upcoming)
+
+        dropped = lane_marks.prune(
+            marks, now_ms(), check.live_lanes, end, lambda offset: (self._order(marks.at, offset) or 0) >= 0
+        )
+        if dropped:
+            log.info("%s: the marks of %d lanes read to their end dropped", key, dropped)
 
     def _order(self, a: str, b: str) -> int | None:
         """Offset ``a`` of one of this stream's partitions against ``b``

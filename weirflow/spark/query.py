@@ -32,6 +32,7 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.lane_marks import LaneSource, encode_sources
 from weirflow.spark.replay import POSITION_COLUMNS, input_codes
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
@@ -416,6 +417,7 @@ class StageBuilder:
             "read_groups": str(read_groups(self.spark, self.plan.systems.consumer(ref.system))),
             "stream_code": str(code),
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
+            "lane_sources": self._lane_sources(stream_id) if settings.intermediate else "",
             "fence": scope.fence if scope is not None else "",
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
@@ -436,6 +438,20 @@ class StageBuilder:
         """The code of each of a stage's inputs (``(system, physical name)`` -> its rows' ``__pss`` bits,
         `weirflow.spark.replay.input_codes`)."""
         return input_codes((self.plan.ref(s).system, self.plan.ref(s).physical) for s in input_ids)
+
+    def _lane_sources(self, stream_id: str) -> str:
+        """The inputs with lanes of the stage writing intermediate stream ``stream_id``, by input code: where a
+        consumer learns which lanes' marks it may forget (`weirflow.spark.lane_marks`)."""
+        writer = self.plan.writer_stage(stream_id)
+        inputs = list(writer.input_ids)
+        codes = self.input_codes(inputs)
+        sources: dict[tuple[str, int], LaneSource] = {}
+        for input_id in inputs:
+            ref = self.plan.ref(input_id)
+            if self.plan.systems.admin(ref.system).record_ordinals:
+                source = LaneSource(ref.system, ref.physical, self.plan.task_prefix(writer))
+                sources[(writer.name, codes[(ref.system, ref.physical)])] = source
+        return encode_sources(sources) if sources else ""
 
     def _read_limit(self, settings: InputSettings) -> int:
         """Records one batch reads per task from a stream: `max-events-per-trigger`, else

@@ -106,6 +106,9 @@ class Marks:
 
     at: str
     marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # marks of lanes no row will come from again, and the offset past which they go (`weirflow.spark.lane_marks`)
+    pending: dict[str, str] = field(default_factory=dict)
+    checked_ms: int = 0  # when the lanes were last checked
 
     def admit(self, producer: str, rows: pa.Table) -> pa.Array | None:
         """The rows of one packed record that are not replays, as a boolean mask (None: all of them), and
@@ -128,11 +131,24 @@ class Marks:
         return None if keep.all() else pa.array(keep)
 
     def to_json(self) -> dict[str, Any]:
-        return {"at": self.at, "m": {name: list(mark) for name, mark in sorted(self.marks.items())}}
+        data: dict[str, Any] = {
+            "at": self.at,
+            "m": {name: list(mark) for name, mark in sorted(self.marks.items())},
+        }
+        if self.pending:
+            data["x"] = dict(sorted(self.pending.items()))
+        if self.checked_ms:
+            data["c"] = self.checked_ms
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Marks:
-        return cls(str(data["at"]), {str(n): (int(m[0]), int(m[1])) for n, m in dict(data.get("m", {})).items()})
+        return cls(
+            str(data["at"]),
+            {str(n): (int(m[0]), int(m[1])) for n, m in dict(data.get("m", {})).items()},
+            {str(n): str(o) for n, o in dict(data.get("x", {})).items()},
+            int(data.get("c", 0)),
+        )
 
 
 def compare_offsets(admin: SystemAdmin, a: str, b: str) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from weirflow.spark.fence import decode as decode_fence
+from weirflow.spark.lane_marks import decode_sources
 from weirflow.spark.replay import POS, PSS
 
 CONTROL_TYPE = T.StructType(
@@ -124,6 +125,8 @@ class SourceSpec:
         # drop replayed intermediate rows ("" where none are kept), `weirflow.spark.replay`
         self.stream_code = int(options.get("stream_code") or 0)
         self.marks_dir: str = options.get("marks_dir", "")
+        # per (producer stage, input code): the input with lanes its rows come from (`weirflow.spark.lane_marks`)
+        self.lane_sources = decode_sources(options.get("lane_sources", ""))
         # the query's fence: its readers send dead letters only while the processor holds the tasks' locks
         self.fence = decode_fence(options.get("fence"))
 
