@@ -46,7 +46,8 @@ from weirflow_kinesis.keys import MIN_RETENTION_HOURS
 from weirflow_kinesis.reader import SliceReader, Walk
 from weirflow_kinesis.settings import KinesisSettings
 from weirflow_kinesis.shards import Shard, ShardMap
-from weirflow_kinesis.spool import Spool, raw_get_records
+from weirflow_kinesis.spool import Spool
+from weirflow_kinesis.spool_rows import raw_get_records
 
 log = logging.getLogger("weirflow.kinesis.clients")
 

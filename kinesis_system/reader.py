@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from weirflow.errors import UnreadableRangeError, WeirflowError
 from weirflow_kinesis import positions
 from weirflow_kinesis.shards import ShardMap
-from weirflow_kinesis.spool import Run, Spool, SpooledRecord, is_corrupt
+from weirflow_kinesis.spool import Spool
+from weirflow_kinesis.spool_rows import Run, SpooledRecord, is_corrupt
 
 log = logging.getLogger("weirflow.kinesis.reader")
 # A read up to an end position gives up when the spool cannot reach it in this time.

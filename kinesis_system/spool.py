@@ -24,9 +24,7 @@ So a spool file SQLite finds corrupt is moved aside (``<file>.corrupt``) and rec
 
 from __future__ import annotations
 
-import binascii
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -34,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,24 +40,19 @@ from weirflow.clock import now_ms
 from weirflow.local.database import Database
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
+from weirflow_kinesis.spool_rows import (
+    SCHEMA,
+    SPOOL_VERSION,
+    Run,
+    SpooledRecord,
+    is_corrupt,
+    order,
+    read_floor,
+    records_of,
+)
 
 log = logging.getLogger("weirflow.kinesis.spool")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (shard TEXT NOT NULL, seq TEXT NOT NULL, task INTEGER NOT NULL,
-    sequence_number TEXT NOT NULL, partition_key TEXT NOT NULL, data BLOB NOT NULL, arrival_ms INTEGER NOT NULL,
-    read_ms INTEGER NOT NULL, PRIMARY KEY (shard, seq)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS records_by_task ON records (shard, task, seq);
-CREATE TABLE IF NOT EXISTS runs (shard TEXT PRIMARY KEY, lo TEXT NOT NULL, hi TEXT NOT NULL,
-    ended INTEGER NOT NULL, iterator TEXT, iterator_ms INTEGER NOT NULL, next_call_ms INTEGER NOT NULL,
-    caught_up INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS marks (shard TEXT NOT NULL, task INTEGER NOT NULL, reader TEXT NOT NULL,
-    floor TEXT NOT NULL, asked_ms INTEGER NOT NULL, PRIMARY KEY (shard, task, reader)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS probes (shard TEXT NOT NULL, at_ms INTEGER NOT NULL, found TEXT,
-    next_call_ms INTEGER NOT NULL, PRIMARY KEY (shard, at_ms)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS losses (shard TEXT NOT NULL, after TEXT NOT NULL, oldest TEXT NOT NULL,
-    detected_ms INTEGER NOT NULL, PRIMARY KEY (shard, after)) WITHOUT ROWID;
-"""
 # Kinesis shard iterators expire after 5 minutes; one older than this is replaced before use.
 _ITERATOR_TTL_MS = 240_000
 _GET_RECORDS_LIMIT = 10_000
@@ -76,96 +68,6 @@ _MARK_TTL_MS = 120_000
 _MARK_REFRESH_S = 5.0
 # Bytes of record data a spool holds before its prefetcher stops reading ahead (`spool.max.bytes`' default).
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
-# SQLite's primary result codes of a file that is not (or no longer) a sound database.
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
-# Where `raw_get_records` puts a GetRecords response's records.
-RAW_RECORDS = "WeirflowRawRecords"
-# Part of the spool file's name: a spool written by another layout is not read (it is a cache).
-SPOOL_VERSION = "s3"
-
-
-def _order(state: str) -> tuple[str, int]:
-    """Sort key of a run's lower bound or a task's state in a shard: the beginning ("") first, then "at q"
-    before "after q"."""
-    if not state:
-        return ("", 0)
-    if state.startswith("<"):
-        return (positions.sequence_key(state[1:]), 0)
-    return (positions.sequence_key(state), 1)
-
-
-def is_corrupt(exc: BaseException) -> bool:
-    """Whether SQLite reported ``exc`` because the file is not, or no longer, a sound database (as opposed to
-    busy, full or read-only): told by its result code, never its text."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (
-        isinstance(exc, sqlite3.DatabaseError)
-        and code is not None
-        and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
-    )
-
-
-def _floor(state: str) -> str:
-    """The lowest ``seq`` a reader at ``state`` may still need: records below it are passed."""
-    if not state:
-        return ""
-    return positions.sequence_key(state[1:] if state.startswith("<") else state)
-
-
-def _records(response: dict[str, Any]) -> list[tuple[str, str, bytes, int]]:
-    """(sequence number, partition key, data, arrival ms) of a `GetRecords` response: from the raw JSON records
-    when the client kept them (`raw_get_records`), else from botocore's parsed ones."""
-    raw = response.get(RAW_RECORDS)
-    if raw is not None:
-        return [
-            (
-                r["SequenceNumber"],
-                r["PartitionKey"],
-                binascii.a2b_base64(r["Data"]),
-                int(float(r["ApproximateArrivalTimestamp"]) * 1000),
-            )
-            for r in raw
-        ]
-    return [
-        (
-            r["SequenceNumber"],
-            r["PartitionKey"],
-            bytes(r["Data"]),
-            int(r["ApproximateArrivalTimestamp"].timestamp() * 1000),
-        )
-        for r in response.get("Records", [])
-    ]
-
-
-def raw_get_records(response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **_: Any) -> None:
-    """botocore's ``before-parse.kinesis.GetRecords`` hook: hands the records over as the service's JSON
-    (under `RAW_RECORDS`) and lets botocore parse the rest. Its generic shape walk costs more per record than
-    reading Kinesis does (py-spy, docs/kinesis.md); Data stays base64 and arrival times epoch seconds."""
-    if response_dict.get("status_code") != 200:
-        return
-    body = json.loads(response_dict["body"])
-    customized_response_dict[RAW_RECORDS] = body.pop("Records", [])
-    response_dict["body"] = json.dumps(body).encode()
-
-
-@dataclass(frozen=True)
-class Run:
-    lo: str  # "" = from the shard's beginning, "<q" = from q inclusive, "q" = after q
-    hi: str  # the last sequence number read ("" when none yet)
-    ended: bool  # read to SHARD_END: nothing after hi, ever
-    caught_up: bool = False  # the last read reached what the shard held then (a bounded read may end here)
-
-    def covers(self, state: str) -> bool:
-        return _order(state) >= _order(self.lo)
-
-
-@dataclass(frozen=True)
-class SpooledRecord:
-    sequence_number: str
-    partition_key: str
-    data: bytes
-    arrival_ms: int
-    task: int
 
 
 class Spool:
@@ -300,7 +202,7 @@ class Spool:
         """`records` and the run they were taken from, in one snapshot: a run said caught up or ended holds
         exactly the records taken (read separately, a read ahead committed in between would make a run caught
         up whose last records were not taken, and a bounded input would end early)."""
-        low, after_it = _order(after)
+        low, after_it = order(after)
         clauses = ["shard = ?", "task = ?", "seq >= ?" if after_it == 0 else "seq > ?"]
         args: list[Any] = [shard, task, low]
         if upto is not None:
@@ -311,7 +213,7 @@ class Spool:
         conn.execute("BEGIN")  # one snapshot: the run and its records read together
         try:
             row = conn.execute("SELECT lo, hi, ended, caught_up FROM runs WHERE shard = ?", (shard,)).fetchone()
-            covered = row is not None and _order(after) >= _order(row[0])
+            covered = row is not None and order(after) >= order(row[0])
             query = f"SELECT {columns} FROM records WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?"
             rows = conn.execute(query, (*args, limit)).fetchall() if covered else []
         except BaseException:
@@ -336,7 +238,7 @@ class Spool:
         if run is None or not run.covers(state):
             with self._locked(shard, wait=True), self.db.transaction() as conn:
                 row = conn.execute("SELECT lo FROM runs WHERE shard = ?", (shard,)).fetchone()
-                if row is None or _order(state) < _order(row[0]):
+                if row is None or order(state) < order(row[0]):
                     if row is not None:
                         log.info(
                             "kinesis spool %s/%s: a task needs records from %r, before the spooled run (%r); "
@@ -361,7 +263,7 @@ class Spool:
     def _mark(self, shard: str, task: int, state: str) -> None:
         """Hold this reader's read mark of ``task`` in ``shard`` at ``state``: written when it moves and
         refreshed every `_MARK_REFRESH_S` while it stays (a mark left lower a moment is only conservative)."""
-        floor, now, thread = _floor(state), time.monotonic(), threading.get_ident()
+        floor, now, thread = read_floor(state), time.monotonic(), threading.get_ident()
         with self._guard:
             written = self._marks.get((shard, task, thread))
             if written is not None and written[0] == floor and now - written[1] < _MARK_REFRESH_S:
@@ -403,7 +305,7 @@ class Spool:
             if response is None:  # throttled: try again a second later
                 conn.execute("UPDATE runs SET next_call_ms = ? WHERE shard = ?", (now_ms() + 1000, shard))
                 return False
-            records = _records(response)
+            records = records_of(response)
             following = response.get("NextShardIterator")
             # nothing more was there: fewer records than asked for and none behind (AWS may return fewer while
             # more wait, with MillisBehindLatest > 0)
@@ -491,7 +393,7 @@ class Spool:
             if not iterator:
                 return None
             response = dict(self.client.get_records(ShardIterator=iterator, Limit=1000))
-            records = _records(response)
+            records = records_of(response)
             if records:
                 return records[0][0]
             if int(response.get("MillisBehindLatest") or 0) == 0 and not response.get("NextShardIterator"):

@@ -17,13 +17,12 @@ from tests.unit.test_kinesis_spool import FakeShards, _fill, _spool
 from tests.unit.test_leader_duties import TIMINGS, World
 from tests.unit.test_lease_keeper import FakeClock, FakeLock
 from weirflow import telemetry
-from weirflow.coordination.job_model_store import latch_name
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
 from weirflow.errors import ServiceUnavailableError
 from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.interfaces.coordination import LatchState
+from weirflow.interfaces.coordination import LatchState, latch_name
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.database import Database
 from weirflow.local.launcher import wait_until

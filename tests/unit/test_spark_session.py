@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
+from weirflow.errors import ConfigError, JavaMissingError
 from weirflow.spark import class_archive
-from weirflow.spark.session import (
-    JavaMissingError,
-    check_java,
-    prepare_environment,
-    spark_settings,
-    worker_python,
-)
+from weirflow.spark.java import check_java
+from weirflow.spark.session import prepare_environment, spark_settings, worker_python
 
 
 def test_environment_defaults_to_this_interpreter_and_loopback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,11 +52,3 @@ def publish_job_model(store: MetadataStore, model: JobModel, etag: str | None) -
     if etag is None:
         return store.put(JOB_MODEL_KEY, model.to_json(), if_none_match=True)
     return store.put(JOB_MODEL_KEY, model.to_json(), if_match=etag)
-
-
-def latch_name(version: int) -> str:
-    return f"jobmodel-{version}"
-
-
-def task_lock_name(task: str) -> str:
-    return f"task-{task}"

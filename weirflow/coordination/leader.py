@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from weirflow import clock as wall_clock
 from weirflow import telemetry
 from weirflow.assignment import assign
-from weirflow.coordination.job_model_store import latch_name, publish_job_model, read_job_model_or_report
+from weirflow.coordination.job_model_store import publish_job_model, read_job_model_or_report
 from weirflow.coordination.model_history import ModelChange, describe_change, read_history_or_report, record_change
 from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.errors import EtagMismatchError, LockLostError
-from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo
+from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo, latch_name
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.job_model import JobModel, TaskModel
 

@@ -51,18 +51,18 @@ from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.identity import Announcement, default_processor_id, ensure_sole_instance
 from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
-from weirflow.coordination.job_model_store import latch_name, read_job_model_or_report, task_lock_name
+from weirflow.coordination.job_model_store import read_job_model_or_report
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.leader import JobView, LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
-from weirflow.coordination.server_hook import ProcessorServer, ServerFactory
+from weirflow.coordination.server_hook import ProcessorServer
 from weirflow.coordination.silence import SilentHolders
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.drain_notice import run_id_of
 from weirflow.errors import LockLostError, MalformedDocumentError
-from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo
+from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo, latch_name, task_lock_name
 from weirflow.job_context import JobContext
 from weirflow.job_model import JobModel, TaskModel
 from weirflow.runs import RUN_RECORD_SOURCE, RunBook, RunDecision, deployment_of
@@ -76,6 +76,10 @@ _TASK_RETRY_MS = 5000
 # every poll): a rebalance's tasks stay stopped until its latch completes and each processor sees that, a few
 # reads for the second or so that takes, where a poll interval per step would add a second or more.
 _LATCH_POLL_MS = 100
+
+
+#: Starts the processor's server (None: it runs none, e.g. with ``endpoints.enabled`` off).
+ServerFactory = Callable[["StreamProcessor"], ProcessorServer | None]
 
 
 class StreamProcessor:

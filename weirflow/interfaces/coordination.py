@@ -294,3 +294,14 @@ class JobCoordinatorFactory(ABC):
     def get_coordination_utils(
         self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
     ) -> CoordinationUtils: ...
+
+
+def latch_name(version: int) -> str:
+    """The name of the latch on which the processors of job model ``version`` say they run it."""
+    return f"jobmodel-{version}"
+
+
+def task_lock_name(task: str) -> str:
+    """The name of the lock a processor holds while it runs ``task``: part of the contract, since a backend's
+    checkpoint store may fence its writes by that lock's tenure (the embedded one does)."""
+    return f"task-{task}"

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from weirflow import clock
-from weirflow.coordination.job_model_store import task_lock_name
 from weirflow.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
+from weirflow.interfaces.coordination import task_lock_name
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.database import Database
 

@@ -18,7 +18,6 @@ when it does not.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -29,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from weirflow.errors import StartupError
+from weirflow.spark.java import check_java, java_version_text
 
 log = logging.getLogger("weirflow.spark")
 
@@ -64,12 +64,6 @@ gateway.proc.wait()
 """
 
 
-@functools.lru_cache(maxsize=4)
-def java_version_text(java: str) -> str:
-    """What ``java -version`` prints (once per process: a JVM start costs a few hundred milliseconds)."""
-    return subprocess.run([java, "-version"], capture_output=True, text=True, check=True, timeout=30).stderr
-
-
 def _folders() -> list[Path]:
     """Where archives live, most preferred first: beside the installation (a virtual environment or an image's
     prefix, where the PySpark it belongs to is), else the user's cache directory."""
@@ -80,8 +74,6 @@ def _folders() -> list[Path]:
 def archive_name() -> str:
     """The archive's file name for this Java runtime and PySpark install."""
     import pyspark
-
-    from weirflow.spark.session import check_java
 
     java = java_version_text(check_java())
     key = hashlib.sha256(f"{java}\0{pyspark.__version__}\0{Path(pyspark.__file__).parent}".encode()).hexdigest()

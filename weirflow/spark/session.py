@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,10 +30,10 @@ from weirflow.interfaces.config import ConfigView
 
 if TYPE_CHECKING:
     from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
-from weirflow.errors import JavaMissingError
 from weirflow.fault_points import PROCESSOR_PID
 from weirflow.spark import forkserver
-from weirflow.spark.class_archive import java_options, java_version_text
+from weirflow.spark.class_archive import java_options
+from weirflow.spark.java import check_java
 
 log = logging.getLogger("weirflow.spark")
 
@@ -70,24 +68,6 @@ SPARK_DEFAULTS: dict[str, str] = {
 }
 # Settings a job may not change: with them changed, results are lost (the comments above say how).
 REQUIRED_SETTINGS = {"spark.sql.exchange.reuse": "false"}
-
-
-def check_java() -> str:
-    """The `java` that Spark will use; raise `JavaMissingError` with the way to install one."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        raise JavaMissingError(
-            "Spark needs a Java runtime (17 or newer) and none was found "
-            f"({'JAVA_HOME=' + java_home if java_home else 'no java on PATH'}). Install one, e.g. "
-            "`sudo apt-get install default-jre-headless` (Debian/Ubuntu), `brew install openjdk@17` (macOS), "
-            "or run `make run`, which installs it when missing."
-        )
-    try:
-        java_version_text(java)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise JavaMissingError(f"'{java} -version' failed ({exc}); install a working Java 17+ runtime") from exc
-    return java
 
 
 _LAUNCHER = """#!/bin/sh

@@ -32,6 +32,7 @@ from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
+from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import pss
 from weirflow.spark.result_replays import from_checkpoint, tails_of, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
@@ -39,7 +40,6 @@ from weirflow.start_position import start_offset
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage
-    from weirflow.spark.runner import SparkTaskRunner
 
 log = logging.getLogger("weirflow.spark")
 
@@ -53,7 +53,7 @@ class StageQuery(TaskProgress):
     """One Spark streaming query and the tasks it runs: a stateful stage's task alone (``merged`` False), or
     every task of a stateless stage this processor holds."""
 
-    def __init__(self, runner: SparkTaskRunner, stage: Stage, tasks: list[TaskState], merged: bool) -> None:
+    def __init__(self, runner: QueryHost, stage: Stage, tasks: list[TaskState], merged: bool) -> None:
         self.runner = runner
         self.stage = stage
         self.tasks = tasks

@@ -50,6 +50,7 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job_model import TaskModel
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
+from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import compare_offsets
 from weirflow.spark.result_replays import ResultsLedger, in_checkpoint
 from weirflow.spark.writer_log import WROTE_FORMAT
@@ -58,7 +59,6 @@ from weirflow.telemetry import BATCH_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage
-    from weirflow.spark.runner import SparkTaskRunner
 
 log = logging.getLogger("weirflow.spark")
 
@@ -121,9 +121,7 @@ def records_between(systems: Systems, before: Offsets, after: Offsets) -> int:
 class TaskState:
     """One task this processor runs: its lock and fence, control state, last offsets and progress."""
 
-    def __init__(
-        self, runner: SparkTaskRunner, task: TaskModel, lock: Lock, checkpoint: Checkpoint | None
-    ) -> None:
+    def __init__(self, runner: QueryHost, task: TaskModel, lock: Lock, checkpoint: Checkpoint | None) -> None:
         self.task = task
         self.lock = lock
         self.stage = runner.plan.stage(task.stage)
@@ -146,7 +144,7 @@ class TaskProgress:
     """The per-batch work of one Spark query for the tasks it runs (see the module docstring). `StageQuery`
     is the one such query: it supplies the attributes declared here, and adds starting and stopping."""
 
-    runner: SparkTaskRunner
+    runner: QueryHost
     stage: Stage
     tasks: list[TaskState]
     merged: bool
