@@ -7,8 +7,10 @@ import sys
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from weirflow.config.keys import CONFIG_KEYS_GROUP, KEYS, ConfigKey, plugin_keys, registered_keys
+from weirflow.config.keys import KEYS, ConfigKey
 from weirflow.config.reference import render_markdown
+from weirflow.config.registry import plugin_keys, registered_keys
+from weirflow.interfaces.config import CONFIG_KEYS_GROUP
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

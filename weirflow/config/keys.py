@@ -1,26 +1,19 @@
-"""Core's configuration keys (name, type, default, meaning) and the registry of every installed key.
+"""Core's configuration keys (name, type, default, meaning).
 
 `KEYS` are the keys core reads. A plugin declares its own keys in its own package and registers them under
 the ``weirflow.config_keys`` entry-point group (`weirflow.interfaces.config` says how; the embedded default,
-`weirflow.local.keys`, registers its keys the same way). `registered_keys()` is core's plus every plugin's:
-the loader validates against it and `docs/configuration.md` is rendered from it (``weirflow config-reference``;
-a test keeps the two identical). Keys containing ``<name>`` or ``<id>`` are patterns: the placeholder matches
-one dotted segment (``systems.<name>.factory`` matches ``systems.local.factory``). Keys under a
-`FREE_PREFIXES` prefix (``spark.``) are passed through unchecked.
+`weirflow.local.keys`, registers its keys the same way). `weirflow.config.registry.registered_keys()` is core's
+plus every plugin's: the loader validates against it and `docs/configuration.md` is rendered from it
+(``weirflow config-reference``; a test keeps the two identical). Keys containing ``<name>`` or ``<id>`` are
+patterns: the placeholder matches one dotted segment (``systems.<name>.factory`` matches
+``systems.local.factory``). Keys under a `FREE_PREFIXES` prefix (``spark.``) are passed through unchecked.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Iterable
-from importlib.metadata import EntryPoint, entry_points
+from weirflow.interfaces.config import ConfigKey, KeyType
 
-from weirflow.interfaces.config import CONFIG_KEYS_GROUP, ConfigKey, KeyType
-
-__all__ = ["CONFIG_KEYS_GROUP", "FREE_PREFIXES", "KEYS", "ConfigKey", "KeyType", "plugin_keys", "registered_keys"]
-
-log = logging.getLogger("weirflow.config")
+__all__ = ["FREE_PREFIXES", "KEYS", "ConfigKey", "KeyType"]
 
 # Prefixes whose keys are passed through to another component without validation.
 FREE_PREFIXES: tuple[str, ...] = ("spark.",)
@@ -570,50 +563,3 @@ KEYS: tuple[ConfigKey, ...] = (
         _S,
     ),
 )
-
-
-def _entry_point_order(ep: EntryPoint) -> tuple[bool, str]:
-    """Core's own packages first (the embedded default), then the plugins by alias: a stable reference."""
-    return (not ep.value.startswith("weirflow."), ep.name)
-
-
-def _keys_of(ep: EntryPoint) -> list[ConfigKey]:
-    """The keys one ``weirflow.config_keys`` entry point declares: a sequence of `ConfigKey`, or a callable
-    returning one. A plugin that cannot be loaded is skipped with a warning (its keys then warn as unknown)."""
-    try:
-        declared = ep.load()
-        if callable(declared):
-            declared = declared()
-        keys = list(declared)
-    except Exception as exc:
-        log.warning("config keys of plugin '%s' (%s) cannot be loaded: %s", ep.name, ep.value, exc)
-        return []
-    bad = [k for k in keys if not isinstance(k, ConfigKey)]
-    if bad:
-        log.warning(
-            "config keys of plugin '%s' (%s) are not all ConfigKey (%r): skipped", ep.name, ep.value, bad[0]
-        )
-        return []
-    return keys
-
-
-def plugin_keys(eps: Iterable[EntryPoint] | None = None) -> tuple[ConfigKey, ...]:
-    """Every key the ``weirflow.config_keys`` entry points (or ``eps``) declare, in a stable order. A key
-    declared twice for the same owner (same name, same ``system``) keeps its first declaration, core's first."""
-    seen = {(k.name, k.system) for k in KEYS}
-    found: list[ConfigKey] = []
-    points = entry_points(group=CONFIG_KEYS_GROUP) if eps is None else eps
-    for ep in sorted(points, key=_entry_point_order):
-        for key in _keys_of(ep):
-            if (key.name, key.system) in seen:
-                log.warning("config key '%s' of plugin '%s' is declared already: ignored", key.name, ep.name)
-                continue
-            seen.add((key.name, key.system))
-            found.append(key)
-    return tuple(found)
-
-
-@functools.cache
-def registered_keys() -> tuple[ConfigKey, ...]:
-    """Core's keys, then every installed plugin's (read once per process)."""
-    return KEYS + plugin_keys()

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from weirflow.config.keys import FREE_PREFIXES, ConfigKey, registered_keys
+from weirflow.config.keys import FREE_PREFIXES, ConfigKey
+from weirflow.config.registry import registered_keys
 from weirflow.errors import ConfigError
 from weirflow.factories import SYSTEMS, is_plugin_factory, system_factory_value
 

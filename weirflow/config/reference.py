@@ -1,5 +1,5 @@
 """Renders docs/configuration.md from the key registry: core's keys and every installed plugin's
-(`weirflow.config.keys.registered_keys`). `python -m weirflow.config.reference [--check FILE]`."""
+(`weirflow.config.registry.registered_keys`). `python -m weirflow.config.reference [--check FILE]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from weirflow.config.keys import ConfigKey, registered_keys
+from weirflow.config.keys import ConfigKey
+from weirflow.config.registry import registered_keys
 
 INTRO = """# Configuration reference
 
