@@ -25,7 +25,6 @@ MAX_LINES = 600
 # Files still over the limit, each at most at its length when this check came: shrink it, then drop it here.
 STILL_OVER = {
     "weirflow/coordination/processor.py": 809,
-    "eventhub_system/clients.py": 749,
 }
 
 
