@@ -7,19 +7,20 @@ Three loops, each a thread with one job, so that none can starve another:
   of each gained task and starts it. Tasks it keeps run on undisturbed (sticky rebalance). Each step is
   resumable: a storage error part-way (joining the latch, reading its state, taking a lock) is retried on the
   next round from where it stopped, so a gained task is never left unstarted.
-* **leader**: tries to win the leadership lease every poll; while leading, renews it and runs
-  `LeaderDuties.tick`; on a failed renew it steps down at once, and it also steps down (self-fence) when no
-  renewal was confirmed by ``deadline - margin`` (see `weirflow.coordination.keeper`); every write of its
-  duties checks that deadline first (`weirflow.coordination.leader_fence`).
-* **keeper**: writes the heartbeat row and renews the task locks, each on its own (`LeaseKeeper`); a lock
-  that is lost, or whose renewal is not confirmed by ``deadline - margin``, has its task abandoned at once
-  (`TaskRunner.abandon_tasks`: no further output or checkpoint), before another processor can take it. The
-  keeper runs until the very end of a shutdown, so the locks of tasks being stopped stay renewed.
+* **leader** (`weirflow.coordination.leader_role`): tries to win the leadership lease every poll; while
+  leading, renews it and runs `LeaderDuties.tick`; on a failed renew it steps down at once, and it also steps
+  down (self-fence) when no renewal was confirmed by ``deadline - margin`` (see `weirflow.coordination.keeper`);
+  every write of its duties checks that deadline first (`weirflow.coordination.leader_fence`).
+* **keeper** (`weirflow.coordination.keeper_role`): writes the heartbeat row and renews the task locks, each on
+  its own (`LeaseKeeper`); a lock that is lost, or whose renewal is not confirmed by ``deadline - margin``, has
+  its task abandoned at once (`TaskRunner.abandon_tasks`: no further output or checkpoint), before another
+  processor can take it. The keeper runs until the very end of a shutdown, so the locks of tasks being stopped
+  stay renewed.
 
 An exception in any loop is logged with its traceback, stored as the processor's ``error`` (visible in
-`weirflow status`) and retried on the next round; if errors go on for `_FATAL_AFTER_LEASES` lease durations
-the processor moves to FAILED and `run` returns non-zero. Nothing is swallowed. A task stop that takes longer
-than `task.stop.timeout.ms` is abandoned and reported.
+`weirflow status`) and retried on the next round; if errors go on for four lease durations
+(`weirflow.coordination.processor_core`) the processor moves to FAILED and `run` returns non-zero. Nothing is
+swallowed. A task stop that takes longer than `task.stop.timeout.ms` is abandoned and reported.
 
 **Malformed documents** (`weirflow.malformed`: reported once, never a loop error, since no retry repairs them):
 a job model that cannot be read is not used (the processor keeps the model it works on and waits for a readable
@@ -50,19 +51,19 @@ from weirflow.config.loader import Config
 from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.identity import Announcement, default_processor_id, ensure_sole_instance
-from weirflow.coordination.job_finished import FinishedWatch, read_job_finished
+from weirflow.coordination.job_finished import read_job_finished
 from weirflow.coordination.job_model_store import read_job_model_or_report
 from weirflow.coordination.keeper import LeaseKeeper
-from weirflow.coordination.leader import JobView, LeaderDuties
-from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
+from weirflow.coordination.keeper_role import KeeperRole
+from weirflow.coordination.leader import JobView
+from weirflow.coordination.leader_role import LATCH_POLL_MS, LeaderRole
 from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
 from weirflow.coordination.server_hook import ProcessorServer
-from weirflow.coordination.silence import SilentHolders
-from weirflow.coordination.state import ProcessorState, check_transition
+from weirflow.coordination.state import ProcessorState
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.drain_notice import run_id_of
-from weirflow.errors import LockLostError, MalformedDocumentError
-from weirflow.interfaces.coordination import LatchState, LeaderElector, ProcessorInfo, latch_name, task_lock_name
+from weirflow.errors import MalformedDocumentError
+from weirflow.interfaces.coordination import LatchState, ProcessorInfo, latch_name, task_lock_name
 from weirflow.job_context import JobContext
 from weirflow.job_model import JobModel, TaskModel
 from weirflow.runs import RUN_RECORD_SOURCE, RunBook, RunDecision, deployment_of
@@ -70,19 +71,14 @@ from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.processor")
 
-_FATAL_AFTER_LEASES = 4
 _TASK_RETRY_MS = 5000
-# While a latch is open, the processors of its model and the leader look at it this often (never less often than
-# every poll): a rebalance's tasks stay stopped until its latch completes and each processor sees that, a few
-# reads for the second or so that takes, where a poll interval per step would add a second or more.
-_LATCH_POLL_MS = 100
 
 
 #: Starts the processor's server (None: it runs none, e.g. with ``endpoints.enabled`` off).
 ServerFactory = Callable[["StreamProcessor"], ProcessorServer | None]
 
 
-class StreamProcessor:
+class StreamProcessor(LeaderRole, KeeperRole):
     """Runs one processor of a job until `stop` is called (or a persistent error).
 
     ``runner_factory`` builds the `TaskRunner` from the opened `JobContext`; ``planner_factory`` builds the
@@ -262,15 +258,6 @@ class StreamProcessor:
         return self._model.owner_of(task)
 
     # --- state ----------------------------------------------------------------------------------------
-    def _set_state(self, new: ProcessorState) -> None:
-        with self._state_lock:
-            if self._state is new:
-                return
-            check_transition(self._state, new)
-            log.info("state %s -> %s", self._state.value, new.value)
-            self._state = new
-        self._heartbeat_now.set()
-
     def _info(self) -> ProcessorInfo:
         assert self.runner is not None
         tasks = self.runner.running() - self.runner.starting()
@@ -296,41 +283,6 @@ class StreamProcessor:
         sent_at = self._keeper.now()  # before the request: the alive deadline counts from here
         self.ctx.coordination.processor_registry().heartbeat(self._info())
         self._keeper.heartbeat_confirmed(sent_at)
-
-    def _silent_holders(self) -> SilentHolders:
-        assert self.ctx is not None
-        return SilentHolders(
-            self.ctx.coordination.processor_registry(), self.timings.liveness_timeout_ms, self.processor_id
-        )
-
-    def _loop_error(self, loop: str, errors: LoopErrors, exc: BaseException) -> None:
-        elapsed = errors.failed(clock.now_ms())
-        self.error = f"{loop}: {type(exc).__name__}: {exc}"
-        log.error("%s loop error (failing for %d ms): %s", loop, elapsed, exc, exc_info=exc)
-        if elapsed > self.timings.lease_ms * _FATAL_AFTER_LEASES:
-            log.critical("%s loop has failed for %d s; the processor gives up", loop, elapsed // 1000)
-            self._fatal = True
-            self._set_state(ProcessorState.FAILED)
-            self._halt()
-
-    def _recovered(self, errors: LoopErrors, loop: str) -> None:
-        if errors.ok() and self.error.startswith(f"{loop}:"):
-            log.info("%s loop recovered", loop)
-            self.error = ""
-
-    def _halt(self) -> None:
-        """End the follower and leader loops, waking them from their pauses."""
-        self._stop.set()
-        self._wake_follower.set()
-        self._wake_leader.set()
-
-    def _wait(self, ms: int, wake: threading.Event) -> bool:
-        """Pause up to ``ms``, less when ``wake`` is set (news from the other loop, or stop); True when stop was
-        requested. A wake set while the loop was busy ends the next pause at once: the loop may have read the
-        news already, and one round more costs a read."""
-        wake.wait(ms / 1000)
-        wake.clear()
-        return self._stop.is_set()
 
     # --- follower -------------------------------------------------------------------------------------
     def _follower_loop(self) -> None:
@@ -447,7 +399,7 @@ class StreamProcessor:
                 self._awaiting_latch = False
                 self._round_again = True
                 return
-            self._wait(min(_LATCH_POLL_MS, self.timings.poll_interval_ms), self._wake_follower)
+            self._wait(min(LATCH_POLL_MS, self.timings.poll_interval_ms), self._wake_follower)
         if self._stop.is_set():
             return
         self._awaiting_latch = False
@@ -585,196 +537,6 @@ class StreamProcessor:
                 log.error("task %s failed (%s); retrying in %d s", task, error, _TASK_RETRY_MS // 1000)
 
     # --- leader ---------------------------------------------------------------------------------------
-    def _leader_loop(self, planner: Callable[[], dict[str, TaskModel]]) -> None:
-        assert self.ctx is not None
-        elector = self.ctx.coordination.leader_elector()
-        tenure = self._tenure = Leadership()
-        errors = LoopErrors()
-        while not self._stop.is_set():
-            try:
-                self._leader_round(elector, tenure, planner)
-                self._recovered(errors, "leader")
-            except LockLostError as exc:  # a leader write refused by the self-fence (`leader_fence`)
-                log.error("stepping down as leader: %s", exc)
-                tenure.step_down()
-            except Exception as exc:
-                self._loop_error("leader", errors, exc)
-                self._fence_leadership(tenure)
-            duties = tenure.duties
-            pause = self.timings.poll_interval_ms
-            if duties is not None and duties.watching_latch:
-                pause = min(_LATCH_POLL_MS, pause)
-            self._wait(pause, self._wake_leader)
-        try:
-            elector.resign()
-        except Exception as exc:
-            log.error("could not resign leadership: %s", exc)
-
-    def _leader_round(
-        self, elector: LeaderElector, tenure: Leadership, planner: Callable[[], dict[str, TaskModel]]
-    ) -> None:
-        assert self.ctx is not None
-        lease_s = self.timings.lease_ms / 1000
-        if tenure.duties is None:
-            sent_at = time.monotonic()
-            won = elector.try_become_leader()
-            if not won and self._break_silent_leader(elector):
-                sent_at = time.monotonic()
-                won = elector.try_become_leader()
-            if won:
-                log.info("became leader")
-                tenure.confirm(sent_at, lease_s)
-                tenure.lapses = self._keeper.lapses
-                fence = LeaderFence(
-                    self.processor_id, lambda: self._leadership_until(tenure), instance=self.instance_id
-                )
-                metadata = FencedMetadataStore(self.ctx.metadata, fence)
-                coordination = FencedCoordination(self.ctx.coordination, fence)
-                tenure.duties = LeaderDuties(
-                    self.processor_id,
-                    coordination,
-                    metadata,
-                    planner,
-                    self.timings,
-                    on_change=self._wake_follower.set,
-                )
-                tenure.finished = FinishedWatch(
-                    self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms, run_id_of(self.config)
-                )
-        elif time.monotonic() - tenure.last_sent >= self.timings.renew_interval_ms / 1000:
-            self._fence_leadership(tenure)  # a renewal may take long: never act on a lease past its margin
-            sent_at = time.monotonic()
-            if elector.renew():
-                tenure.confirm(sent_at, lease_s)
-            elif tenure.duties is not None:
-                log.warning("lost leadership (lease renewal failed); stepping down")
-                tenure.step_down()
-        self._fence_leadership(tenure)
-        if tenure.duties is not None:
-            tenure.duties.tick()
-        if tenure.finished is not None and self._model.version == self._working_version:
-            if tenure.finished.check(self._model) and not self._finished_known:
-                # written by this process: its follower reads it now rather than a check interval later
-                self._finished_known = True
-                self._next_finished_read = 0.0
-                self._wake_follower.set()
-
-    def _break_silent_leader(self, elector: LeaderElector) -> bool:
-        """Break the leadership lease when its holder is silent past the liveness timeout; whether it was."""
-        holders = self._silent_holders()
-        silent = holders.silent()
-        if not silent:
-            return False
-        return holders.break_lease(
-            "the leadership lease", elector.current_leader(), silent, elector.break_if_held_by
-        )
-
-    def _leadership_until(self, tenure: Leadership) -> float:
-        """Until when this leader may write: its lease's deadline - margin, never past the alive deadline, and
-        never after a heartbeat gap (`LeaseKeeper.heartbeat_confirmed`) in its tenure."""
-        if self._keeper.lapses != tenure.lapses:
-            return float("-inf")
-        return min(tenure.deadline - self.timings.renew_margin_ms / 1000, self._keeper.alive_until())
-
-    def _fence_leadership(self, tenure: Leadership) -> None:
-        """Step down when the leadership lease was not confirmed by ``deadline - margin``, or this processor was
-        not heard for ``liveness - liveness margin`` (a silent leader's lease may be broken by a follower)."""
-        if tenure.duties is None or time.monotonic() < self._leadership_until(tenure):
-            return
-        if time.monotonic() >= tenure.deadline - self.timings.renew_margin_ms / 1000:
-            log.error(
-                "leadership lease not renewed within lease - margin (%d ms); stepping down before it can expire",
-                self.timings.lease_ms - self.timings.renew_margin_ms,
-            )
-        else:
-            log.error(
-                "no heartbeat of this processor confirmed within liveness - margin (%d ms); stepping down before "
-                "a follower may break the leadership lease",
-                self.timings.liveness_timeout_ms - self.timings.liveness_margin_ms(),
-            )
-        tenure.step_down()
-
-    # --- keeper ---------------------------------------------------------------------------------------
-    def _keeper_loop(self) -> None:
-        errors = LoopErrors()
-        tick_ms = min(
-            self.timings.poll_interval_ms, self.timings.heartbeat_interval_ms, self.timings.renew_margin_ms // 4
-        )
-        tick_s = max(0.05, tick_ms / 1000)
-        while not self._keeper_stop.is_set():
-            self._heartbeat_now.wait(tick_s)
-            if self._keeper_stop.is_set():
-                break
-            try:
-                problem = self._keep_leases()
-                problem = self._keep_heartbeat() or problem
-                if problem is None:
-                    self._recovered(errors, "keeper")
-                else:
-                    self._loop_error("keeper", errors, problem)
-            except Exception as exc:
-                self._loop_error("keeper", errors, exc)
-
-    def _keep_leases(self) -> BaseException | None:
-        """One keeper round over the task locks; returns a renewal error of this round, if any."""
-        result = self._keeper.tick()
-        assert self.runner is not None
-        self.runner.leases_renewed()  # before fencing: a lock given up below is then left out too
-        for task, exc in result.errors:
-            log.warning("renewing the lock of task %s failed (retrying): %s", task, exc)
-        if result.lost:
-            self._fence(result.lost, "its lock is no longer ours")
-        if result.expiring:
-            self._fence(
-                result.expiring,
-                f"its lock's renewal was not confirmed within lease - margin "
-                f"({self.timings.lease_ms - self.timings.renew_margin_ms} ms)",
-            )
-        if result.unheard:
-            self._fence(
-                result.unheard,
-                f"no heartbeat of this processor was confirmed within liveness - margin "
-                f"({self.timings.liveness_timeout_ms - self.timings.liveness_margin_ms()} ms), so another "
-                "processor may break its lock",
-            )
-        return result.errors[0][1] if result.errors else None
-
-    def _fence(self, tasks: list[str], why: str) -> None:
-        """Abandon ``tasks`` at once: they write nothing more here; the follower tries to take them again."""
-        assert self.runner is not None
-        self.runner.abandon_tasks(tasks)
-        for task in tasks:
-            log.error("lost the lock of task %s: %s; abandoned it, writing nothing more", task, why)
-        self.error = f"lost the lock of {', '.join(sorted(tasks))}: {why}"
-        with self._lost_guard:
-            self._lost.update(tasks)
-        self._heartbeat_now.set()
-
-    def _keep_heartbeat(self) -> BaseException | None:
-        """Write the registry row on the keeper's pool (never blocking the fence); returns the error of the
-        previous write, if it failed."""
-        error: BaseException | None = None
-        future = self._heartbeat_future
-        if future is not None and future.done():
-            self._heartbeat_future = None
-            error = future.exception()
-        now = time.monotonic()
-        due = (
-            self._heartbeat_now.is_set()
-            or self._heartbeat_again
-            or (now - self._last_heartbeat) * 1000 >= self.timings.heartbeat_interval_ms
-        )
-        self._heartbeat_now.clear()
-        if error is not None:
-            due = True  # a failed heartbeat is written again on the next tick, not an interval later
-        if due and self._heartbeat_future is None:
-            self._heartbeat_again = False
-            self._last_heartbeat = now
-            self._heartbeat_future = self._keeper.submit(self._write_heartbeat)
-        elif due:
-            self._heartbeat_again = True  # one is under way: write again once it is done
-        return error
-
     # --- shutdown -------------------------------------------------------------------------------------
     def _shutdown(self, leader: threading.Thread, keeper: threading.Thread) -> None:
         """Stop every task in parallel while the keeper still renews their locks, release the locks, then stop
