@@ -96,3 +96,21 @@ def test_no_source_file_is_over_600_lines() -> None:
             if lines > MAX_LINES:
                 over[path.relative_to(ROOT).as_posix()] = lines
     assert not over, f"files over {MAX_LINES} lines (split them by what they hold): {over}"
+
+
+def test_a_public_helper_loads_no_core_code_with_the_package() -> None:
+    """A plugin imports `weirflow.clock` or `weirflow.errors`; the package's own pipeline API comes only when
+    asked for (`from weirflow import App`)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, weirflow.clock, weirflow.errors; "
+        "print(sorted(m for m in sys.modules if m.startswith(('weirflow.pipeline', 'pyspark')))); "
+        "from weirflow import App, Stream; print(App.__module__, Stream.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
+    assert out[0] == "[]", out[0]
+    assert out[1] == "weirflow.pipeline.api weirflow.pipeline.api"
