@@ -147,16 +147,7 @@ def compare(a: str, b: str) -> int | None:
     signs: set[int | None] = set()
     for shard in set(sa) | set(sb):
         x, y = sa.get(shard), sb.get(shard)
-        if (
-            x == ENDED
-            and y is None
-            and pruned(pb)
-            and eb >= ea
-            or y == ENDED
-            and x is None
-            and pruned(pa)
-            and ea >= eb
-        ):
+        if _pruned_from(pb, x, y, ea, eb) or _pruned_from(pa, y, x, eb, ea):
             continue
         signs.add(_compare_state(x, y))
     signs.discard(0)
@@ -165,6 +156,14 @@ def compare(a: str, b: str) -> int | None:
     if None in signs or len(signs) > 1:
         return None
     return signs.pop() if signs else 0
+
+
+def _pruned_from(
+    other: Mapping[str, str], mine: str | None, theirs: str | None, ends: int, ends_other: int
+) -> bool:
+    """Whether a shard ended in one position (``mine``) and absent from ``other`` was pruned there: ``other``
+    has pruned shards and has ended at least as many (one that has not read the shard yet has ended fewer)."""
+    return mine == ENDED and theirs is None and pruned(other) > 0 and ends_other >= ends
 
 
 def _rank(state: str | None) -> tuple[int, str]:

@@ -95,50 +95,41 @@ class ShardMap:
     def pruned_shards(self, position: Mapping[str, str], task: int, virtual_tasks: int) -> set[str]:
         """The shards feeding the task that ``position`` has pruned (`prune`): absent while a child holding keys
         of the task's slice has started or is done itself. A child is read only once its parents are done, so a
-        shard never read has no such child. One pass, children before parents."""
-        low, high = slice_range(task, virtual_tasks)
-        done: set[str] = set()
-        pruned: set[str] = set()
-        for shard in reversed(self.ordered):
-            if not shard.overlaps(low, high):
-                continue
-            state = position.get(shard.id)
-            if state is not None:
-                if state == positions.ENDED:
-                    done.add(shard.id)
-                continue
-            children = [c for c in self.children.get(shard.id, ()) if c.overlaps(low, high)]
-            if any(positions.started(position.get(c.id)) or c.id in done for c in children):
-                done.add(shard.id)
-                pruned.add(shard.id)
-        return pruned
+        shard never read has no such child."""
+        return self._followed(position, task, virtual_tasks)[1]
 
     def prune(self, position: Mapping[str, str], task: int, virtual_tasks: int) -> dict[str, str]:
         """``position`` without the ended shards that no read needs any more (`positions`, "pruned"): those
         expired from the stream, and those a child of which, holding keys of the task's slice, has started or
-        is done (which `done` and `readable` then read from the child). One pass, children before parents."""
-        low, high = slice_range(task, virtual_tasks)
-        kept = dict(position)
-        count = positions.pruned(position)
-        for shard_id, ended in positions.shard_states(position).items():
-            if ended == positions.ENDED and shard_id not in self.by_id:
-                del kept[shard_id]
-                count += 1
-        done: set[str] = set()  # shards done at the position as pruned so far
-        for shard in reversed(self.ordered):
-            if not shard.overlaps(low, high):
-                continue
-            state = kept.get(shard.id)
-            children = [c for c in self.children.get(shard.id, ()) if c.overlaps(low, high)]
-            follows = any(positions.started(kept.get(c.id)) or c.id in done for c in children)
-            if state == positions.ENDED and follows:
-                del kept[shard.id]
-                count += 1
-            if state == positions.ENDED or state is None and follows:
-                done.add(shard.id)
-        if count:
-            kept[positions.PRUNED] = str(count)
+        is done (which `done` and `readable` then read from the child)."""
+        states = positions.shard_states(position)
+        expired = {s for s, state in states.items() if state == positions.ENDED and s not in self.by_id}
+        drop = expired | self._followed(position, task, virtual_tasks)[0]
+        if not drop:
+            return dict(position)
+        kept = {shard: state for shard, state in position.items() if shard not in drop}
+        kept[positions.PRUNED] = str(positions.pruned(position) + len(drop))
         return kept
+
+    def _followed(self, position: Mapping[str, str], task: int, virtual_tasks: int) -> tuple[set[str], set[str]]:
+        """(the shards ``"E"`` at ``position`` that a child holding keys of the task's slice follows: one that
+        has started or is done; the shards absent from it that such a child follows: pruned). One pass,
+        children before parents, so that a child pruned itself still counts as done for its parents."""
+        low, high = slice_range(task, virtual_tasks)
+        done: set[str] = set()
+        ended: set[str] = set()
+        pruned: set[str] = set()
+        for shard in reversed(self.ordered):
+            state = position.get(shard.id)
+            if not shard.overlaps(low, high) or state not in (None, positions.ENDED):
+                continue
+            children = (c for c in self.children.get(shard.id, ()) if c.overlaps(low, high))
+            if any(positions.started(position.get(c.id)) or c.id in done for c in children):
+                (ended if state == positions.ENDED else pruned).add(shard.id)
+                done.add(shard.id)
+            elif state == positions.ENDED:
+                done.add(shard.id)
+        return ended, pruned
 
     def open_shards(self) -> list[Shard]:
         return [s for s in self.ordered if not s.closed]

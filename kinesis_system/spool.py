@@ -390,6 +390,7 @@ class Spool:
             StreamName=self.stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON"
         )["ShardIterator"]
         for _ in range(_OLDEST_PROBES):  # a service may answer a few empty reads before the first record
+            # a whole page a call: a service that filters expired records per read (kinesalite) steps over a page
             if not iterator:
                 return None
             response = dict(self.client.get_records(ShardIterator=iterator, Limit=1000))

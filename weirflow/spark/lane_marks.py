@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from weirflow.grouper import partition_task
-from weirflow.spark.replay import LANE_SHIFT, PARTITION_MASK, Marks
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.spark.replay import Marks, input_partition, parts_of
 
 log = logging.getLogger("weirflow.spark.marks")
 
 CHECK_EVERY_MS = 60_000
-_CODE_MASK = (1 << 16) - 1
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,8 @@ def lane_of(name: str) -> tuple[str, int, int] | None:
     producer, _, value = name.rpartition("|")
     if not value.lstrip("-").isdigit():
         return None
-    pss = int(value)
-    lane = pss >> LANE_SHIFT
-    return (producer, pss & PARTITION_MASK, lane - 1) if lane > 0 else None
+    lane = parts_of(int(value))[2]
+    return (producer, input_partition(int(value)), lane) if lane is not None else None
 
 
 def prune(
@@ -132,22 +131,15 @@ class LaneCheck:
         self.admin_of = admin_of
 
     def live_lanes(self, producer: str, pss: int) -> set[int] | None:
-        source = self.sources.get((producer, (pss >> 16) & _CODE_MASK))
+        code, partition, _ = parts_of(pss)
+        source = self.sources.get((producer, code))
         if source is None:
             return None
-        partition = pss & _CODE_MASK
         checkpoint = self.checkpoint_of(partition_task(producer, partition, source.task_prefix))
         if checkpoint is None:
             return None
-        offset = next(
-            (
-                str(o)
-                for ssp, o in checkpoint.offsets.items()
-                if (ssp.system, ssp.stream, ssp.partition) == (source.system, source.stream, partition)
-            ),
-            None,
-        )
+        offset = checkpoint.offsets.get(SystemStreamPartition(source.system, source.stream, partition))
         if offset is None:
             return None
-        lanes: set[int] | None = self.admin_of(source.system).lanes_live(source.stream, partition, offset)
+        lanes: set[int] | None = self.admin_of(source.system).lanes_live(source.stream, partition, str(offset))
         return lanes

@@ -99,6 +99,16 @@ def input_partition(pss_value: int) -> int:
     return pss_value & PARTITION_MASK
 
 
+def parts_of(pss_value: int) -> tuple[int, int, int | None]:
+    """A ``__pss`` taken apart: (the input's code, its partition, the lane: None for a partition of one)."""
+    lane = pss_value >> LANE_SHIFT
+    return (
+        (pss_value & PARTITION_MASK) >> CODE_BITS,
+        pss_value & ((1 << CODE_BITS) - 1),
+        lane - 1 if lane else None,
+    )
+
+
 @dataclass
 class Marks:
     """The marks of one intermediate partition: (producer stage, ``__pss``) -> the largest (``__pos``,
