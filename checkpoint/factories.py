@@ -10,7 +10,7 @@ from weirflow_azure.checkpoint.eventhubs_layout import layouts_of
 from weirflow_azure.checkpoint.table import TABLE_SUFFIX, TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 from weirflow_azure.eventhubs.checkpoint_blobs import open_blob_checkpoints
-from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
+from weirflow_azure.eventhubs.configured import eventhubs_systems
 
 
 class TableCheckpointManagerFactory(CheckpointManagerFactory):

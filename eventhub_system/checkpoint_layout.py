@@ -16,12 +16,10 @@ them (``streams.<id>.start: sdk-checkpoint``).
 Either way a consumer written with the SDK, in any language, resumes exactly where the job stopped, and the
 job's progress shows in tools that read the layout.
 
-Which SSPs are Event Hubs: those of a system whose factory (``systems.<name>.factory``, resolved like every
-factory) is this plugin's `EventHubSystemFactory` or a subclass of it, whichever alias or
-``package.module:Class`` path names it: the class is asked, not the spelling in config. Its namespace and
-consumer group come from its settings (`EventHubsSettings`, the one reading of ``systems.<name>.*``): the
-``fully.qualified.namespace``, else the ``Endpoint`` of the ``connection.string``; the event hub is the
-stream's physical name.
+Which SSPs are Event Hubs: those of a system whose factory is this plugin's
+(`weirflow_azure.eventhubs.configured`). A system's namespace and consumer group come from its settings
+(`EventHubsSettings`, the one reading of ``systems.<name>.*``): the ``fully.qualified.namespace``, else the
+``Endpoint`` of the ``connection.string``; the event hub is the stream's physical name.
 The row needs the last event's ``offset``, which only the reader knows: it comes from the checkpoint's
 ``positions``. An SSP whose offset is unknown gets no row (a row without it would send SDK readers back to
 the start of the partition).
@@ -83,37 +81,17 @@ def namespace_of_connection_string(connection_string: str) -> str:
     raise ValueError("the connection string has no 'Endpoint=sb://<namespace>/' part")
 
 
-def _event_hubs_factory_class() -> type | None:
-    """This plugin's system factory class, or None when the Event Hubs SDK is not installed (then no system can
-    be Event Hubs: one naming that factory fails at start, naming the missing extra)."""
-    try:
-        from weirflow_azure.eventhubs.factory import EventHubSystemFactory
-    except ImportError:
-        return None
-    return EventHubSystemFactory
-
-
-def eventhubs_systems(config: ConfigView) -> dict[str, EventHubsSystem]:
-    """Every configured system backed by Event Hubs, by system name: a system whose factory, resolved as the
-    runtime resolves it, is an `EventHubSystemFactory` (an alias, a path to the class or a subclass)."""
-    from weirflow.factories import system_factory
-
-    factory_class = _event_hubs_factory_class()
-    if factory_class is None:
-        return {}
-    found: dict[str, EventHubsSystem] = {}
-    for name in config.names("systems"):
-        if not isinstance(system_factory(config, name), factory_class):
-            continue
-        settings = EventHubsSettings.from_config(name, config)
-        namespace = settings.fully_qualified_namespace
-        if not namespace:
-            try:
-                namespace = namespace_of_connection_string(settings.connection_string or "")
-            except ValueError as exc:
-                raise config.error(f"systems.{name}.connection.string", str(exc)) from None
-        found[name] = EventHubsSystem(namespace, settings.consumer_group)
-    return found
+def eventhubs_system(name: str, config: ConfigView) -> EventHubsSystem:
+    """Where system ``name``'s event hubs live, as the SDKs name them: its namespace (the
+    ``fully.qualified.namespace``, else the ``Endpoint`` of its ``connection.string``) and consumer group."""
+    settings = EventHubsSettings.from_config(name, config)
+    namespace = settings.fully_qualified_namespace
+    if not namespace:
+        try:
+            namespace = namespace_of_connection_string(settings.connection_string or "")
+        except ValueError as exc:
+            raise config.error(f"systems.{name}.connection.string", str(exc)) from None
+    return EventHubsSystem(namespace, settings.consumer_group)
 
 
 def sdk_checkpoints(checkpoint: Checkpoint, systems: Mapping[str, EventHubsSystem]) -> list[SdkCheckpoint]:

@@ -30,9 +30,9 @@ def _sdk_checkpoints(system: str, config: ConfigView) -> Callable[[], tuple[Any,
 
     def open_() -> tuple[Any, Any]:
         from weirflow_azure.eventhubs.checkpoint_blobs import open_blob_checkpoints
-        from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
+        from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_system
 
-        return open_blob_checkpoints(config), eventhubs_systems(config)[system]
+        return open_blob_checkpoints(config), eventhubs_system(system, config)
 
     return open_
 

@@ -342,7 +342,7 @@ class _NotEventHubs(SystemFactory):
 
 
 def test_event_hubs_systems_are_the_ones_whose_factory_is_the_plugin_s_class() -> None:
-    from weirflow_azure.eventhubs.checkpoint_layout import eventhubs_systems
+    from weirflow_azure.eventhubs.configured import eventhubs_systems
     from weirflow_azure.eventhubs.factory import EventHubSystemFactory
 
     connection = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=a2V5"
