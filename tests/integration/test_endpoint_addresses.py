@@ -16,8 +16,10 @@ set, it is enforced all the same).
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -44,12 +46,21 @@ STAGE, TASKS = "views_by_user", 4  # the served table's tasks: key -> crc32 % 4
 TOKEN = "t0ken-for-the-address-test"
 
 
-def refuses_connections(host: str, port: int) -> bool:
+def no_processor_answers(host: str, port: int) -> bool:
+    """Whether no processor answers on ``host``:``port``: the connection is refused, or what listens there does
+    not answer a processor's ``GET /healthz`` (``{"state": ...}``). The port is a processor's on another address;
+    on this one another process may hold the same number (Spark binds random ports on 127.0.0.1), which a bare
+    connection would take for the processor."""
     try:
         socket.create_connection((host, port), timeout=2).close()
     except ConnectionRefusedError:
         return True
-    return False
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as response:
+            body = json.loads(response.read())
+    except Exception:  # not HTTP, or not JSON: not a processor
+        return True
+    return not (isinstance(body, dict) and "state" in body)
 
 
 def every_key_answered(url: str, expected: dict[str, Any]) -> list[tuple[str, str, Any]]:
@@ -120,11 +131,11 @@ def test_processors_reachable_only_at_their_advertised_addresses_answer_lookups_
             answered_through_all, 300, "three processors answering lookups through each", interval_s=1
         )
 
-        # each registered the one address it is bound to, and nothing answers on 127.0.0.1 at its port
+        # each registered the one address it is bound to, and no processor answers on 127.0.0.1 at its port
         hosts = {name: urlsplit(url) for name, url in urls.items()}
         assert {name: parts.hostname for name, parts in hosts.items()} == ADDRESSES
         for parts in hosts.values():
-            assert parts.port and refuses_connections("127.0.0.1", parts.port)
+            assert parts.port and no_processor_answers("127.0.0.1", parts.port)
 
         # every user's row through each processor: its own keys, and the others' forwarded to their addresses. A
         # rebalance (a heartbeat late on this loaded machine) may answer 503 meanwhile, never anything else
