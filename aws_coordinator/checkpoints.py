@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from weirflow_aws.clients import CHECKPOINTS, Aws
 from weirflow_aws.errors import CheckpointTooLargeError, is_condition_failure
 
-from weirflow.errors import FencedOffError, MalformedDocumentError
+from weirflow.base.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 

@@ -19,7 +19,7 @@ failures (connection errors, timeouts, throttling, 5xx: the table of `weirflow_a
 exponential backoff and jitter, ``aws.retry.attempts`` times at most and never past ``aws.retry.deadline.ms`` in
 all, so that a lease renewal answers, or fails, while the processor can still fence itself (docs/coordination.md,
 "The self-fence"); then `ServiceUnavailableError` names the endpoint and the resource. Each retry and each
-failing call is counted for ``GET /metrics`` (`weirflow.telemetry`).
+failing call is counted for ``GET /metrics`` (`weirflow.base.telemetry`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any, TypeVar
 
 from weirflow_aws.errors import AwsError, aws_errors, error_code, is_transient, short
 
+from weirflow.base.service_calls import ServiceCalls
 from weirflow.interfaces.config import ConfigView
-from weirflow.service_calls import ServiceCalls
 
 log = logging.getLogger("weirflow.aws")
 
@@ -303,7 +303,8 @@ class Aws:
         )
 
     def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` under the retry policy (`weirflow.service_calls`). ``fn`` handles the errors it expects (a
+        """Run ``fn`` under the retry policy (`weirflow.base.service_calls`). ``fn`` handles the errors it
+        expects (a
         failed condition) and returns; transient ones are retried; the rest are raised naming ``resource``
         (`weirflow_aws.errors`)."""
         return self._calls.call(operation, resource, endpoint, fn)

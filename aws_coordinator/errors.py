@@ -32,7 +32,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError, raising_mapped, table_entry
+from weirflow.base.errors import ServiceUnavailableError, WeirflowError, raising_mapped, table_entry
 
 
 class AwsError(WeirflowError):

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from weirflow_aws.clients import Aws
 from weirflow_aws.errors import error_code, is_condition_failure
 
-from weirflow import malformed
-from weirflow.errors import EtagMismatchError, MalformedDocumentError
+from weirflow.base import malformed
+from weirflow.base.errors import EtagMismatchError, MalformedDocumentError
 from weirflow.interfaces.metadata import Document, MetadataStore, decode_value
 
 T = TypeVar("T")

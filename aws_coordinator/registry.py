@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from weirflow_aws.clients import COORDINATION, Aws
 
-from weirflow import clock, malformed
-from weirflow.errors import MalformedDocumentError
+from weirflow.base import clock, malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 
 T = TypeVar("T")

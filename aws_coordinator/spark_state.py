@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from weirflow_aws.clients import Aws, require_bucket
 from weirflow_aws.errors import error_code, is_condition_failure
 
-from weirflow.errors import FencedOffError
+from weirflow.base.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.spark_checkpoint import (
     committed_files,

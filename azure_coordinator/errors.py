@@ -27,7 +27,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError, raising_mapped
+from weirflow.base.errors import ServiceUnavailableError, WeirflowError, raising_mapped
 
 
 class AzureStorageError(WeirflowError):

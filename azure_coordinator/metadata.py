@@ -21,8 +21,8 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import ContentSettings
 
-from weirflow import malformed
-from weirflow.errors import EtagMismatchError, MalformedDocumentError
+from weirflow.base import malformed
+from weirflow.base.errors import EtagMismatchError, MalformedDocumentError
 from weirflow.interfaces.metadata import Document, MetadataStore, decode_value
 from weirflow_azure.coordinator.storage import Storage
 

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import UpdateMode
 
-from weirflow import clock, malformed
-from weirflow.errors import MalformedDocumentError
+from weirflow.base import clock, malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 from weirflow_azure.coordinator.storage import Storage, escape_key
 
@@ -90,7 +90,7 @@ def _from_entity(entity: Any) -> ProcessorInfo:
 
 def _readable(entities: list[Any]) -> list[tuple[Any, ProcessorInfo]]:
     """(entity, row) of every entity that is a processor row; a malformed one is reported once
-    (`weirflow.malformed`) and left out, so one bad row neither stops the leader nor fails ``/status``."""
+    (`weirflow.base.malformed`) and left out, so one bad row neither stops the leader nor fails ``/status``."""
     found = []
     for entity in entities:
         try:

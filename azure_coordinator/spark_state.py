@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 
-from weirflow.errors import FencedOffError
+from weirflow.base.errors import FencedOffError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.spark_checkpoint import (
     committed_files,

@@ -23,7 +23,7 @@ processor can still fence itself (docs/coordination.md, "The self-fence"); when 
 `ServiceUnavailableError` names the endpoint and the resource. Any other error surfaces at once as
 `AzureStorageError` naming the resource (the one table of `weirflow_azure.coordinator.errors`, `STORAGE_ERRORS`).
 Each retry and each call failing with one of those errors is counted, by operation, for ``GET /metrics``
-(`weirflow.telemetry`: ``weirflow_storage_retries_total``, ``weirflow_storage_errors_total``).
+(`weirflow.base.telemetry`: ``weirflow_storage_retries_total``, ``weirflow_storage_errors_total``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from urllib.parse import urlparse
 
 from azure.core.exceptions import ResourceExistsError
 
+from weirflow.base.service_calls import ServiceCalls
 from weirflow.interfaces.config import ConfigView
-from weirflow.service_calls import ServiceCalls
 from weirflow_azure.coordinator.errors import AzureStorageError, is_transient, short, storage_errors
 
 log = logging.getLogger("weirflow.azure")
@@ -270,7 +270,8 @@ class Storage:
         )
 
     def call(self, operation: str, resource: str, endpoint: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` under the retry policy (`weirflow.service_calls`). ``fn`` handles the errors it expects (a
+        """Run ``fn`` under the retry policy (`weirflow.base.service_calls`). ``fn`` handles the errors it
+        expects (a
         409 on a taken lease, say) and returns; transient ones are retried; the rest are raised naming
         ``resource``, as the one table of `weirflow_azure.coordinator.errors` (`STORAGE_ERRORS`) maps them."""
         return self._calls.call(operation, resource, endpoint, fn)

@@ -90,9 +90,9 @@ from weirflow.interfaces.system import (  # noqa: E402
     StreamSpec,
     SystemStreamPartition,
 )
+from weirflow.job.systems import Systems  # noqa: E402
 from weirflow.local.launcher import ProcessorProcess, start_processor  # noqa: E402
 from weirflow.spark import writer_log  # noqa: E402
-from weirflow.systems import Systems  # noqa: E402
 
 PARTITIONS = 4
 CLOSING_PAGE = "/closing"

@@ -42,8 +42,8 @@ import generate  # noqa: E402 - the example's event generator
 import results  # noqa: E402 - the example's pandas reference
 
 from weirflow.config import load_config  # noqa: E402
+from weirflow.job.systems import Systems  # noqa: E402
 from weirflow.local.launcher import start_processor  # noqa: E402
-from weirflow.systems import Systems  # noqa: E402
 
 COMMIT = re.compile(r"batch \d+ committed (?P<rows>\d+) rows to table page-counts in (?P<ms>[\d.]+) ms")
 CONTAINER = "lake"

@@ -26,8 +26,8 @@ from azure.eventhub import EventHubConsumerClient
 
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import OutgoingRecord
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
 PARTITIONS = 4

@@ -49,8 +49,8 @@ from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
 from weirflow.coordination.timings import CoordinationTimings  # noqa: E402
 from weirflow.interfaces.system import StreamSpec  # noqa: E402
+from weirflow.job.systems import Systems  # noqa: E402
 from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
-from weirflow.systems import Systems  # noqa: E402
 
 
 def all_running(config, processors: set[str]) -> bool:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
 
 
 @dataclass

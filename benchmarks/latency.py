@@ -40,8 +40,8 @@ from pathlib import Path
 
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.systems import Systems
 
 PARTITIONS = 4
 LATENESS_MS = 1000
@@ -152,7 +152,7 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
         admin.create_stream(StreamSpec(stream, PARTITIONS))
     log(f"{pipeline}: starting the processor")
     proc = start_processor(work / "job.yaml", "latency-0", overrides, log_dir=work / "logs")
-    from weirflow.job_context import JobContext
+    from weirflow.job.context import JobContext
 
     ctx = JobContext.open(config, owner="latency-watch")
     try:

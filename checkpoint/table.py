@@ -34,7 +34,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import EntityProperty, TableTransactionError, UpdateMode
 
-from weirflow.errors import FencedOffError, MalformedDocumentError
+from weirflow.base.errors import FencedOffError, MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow_azure.coordinator.storage import Storage, escape_key, unescape_key

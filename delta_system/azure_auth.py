@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from weirflow.errors import ConfigError
+from weirflow.base.errors import ConfigError
 from weirflow.interfaces.config import ConfigView
 from weirflow_delta.errors import DeltaAccessError
 from weirflow_delta.keys import CONNECTION_STRING_ENV

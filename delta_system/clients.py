@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from weirflow.errors import (
+from weirflow.base.errors import (
     DecodeError,
     InvalidArgumentError,
     PartitionNotFoundError,

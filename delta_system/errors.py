@@ -2,7 +2,7 @@
 operation by `weirflow_delta.tables.DeltaTables.call`.
 
 Callers see weirflow's errors, never delta-rs's: storage that stays unreachable, slow or busy is a
-`ServiceUnavailableError` once the retry policy gave up (`weirflow.service_calls`), credentials the account
+`ServiceUnavailableError` once the retry policy gave up (`weirflow.base.service_calls`), credentials the account
 refuses are a `DeltaAccessError`, rows the table cannot take a `DeltaSchemaError`, a missing table a
 `StreamNotFoundError`, and the rest a `DeltaTableError`; every message names the table's location.
 
@@ -31,7 +31,7 @@ from deltalake.exceptions import (
     TableNotFoundError,
 )
 
-from weirflow.errors import (
+from weirflow.base.errors import (
     ServiceUnavailableError,
     StreamNotFoundError,
     WeirflowError,
@@ -112,7 +112,7 @@ def _storage_key(exc: BaseException) -> tuple[type[BaseException], int | None] |
 
 def classify(exc: BaseException, table: ErrorTable = DELTA_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: for a storage failure its status entry first,
-    then the entry of its most derived type (`weirflow.errors.table_entry`)."""
+    then the entry of its most derived type (`weirflow.base.errors.table_entry`)."""
     return table_entry(table, exc, _storage_key(exc))
 
 

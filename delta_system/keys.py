@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from weirflow.interfaces.config import ConfigKey
 
-# The plugin's alias in the `weirflow.systems` entry-point group.
+# The plugin's alias in the `weirflow.job.systems` entry-point group.
 SYSTEM = "delta"
 # The environment variable the Azure suite falls back to, read the same way here (docs/azure.md).
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"

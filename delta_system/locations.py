@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 from weirflow.interfaces.config import ConfigView
 
 AZURE_SCHEMES = ("abfss", "abfs", "az")

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from weirflow.errors import MalformedDocumentError
+from weirflow.base.errors import MalformedDocumentError
 
 # The commitInfo field naming a weirflow commit (a random token per commit).
 COMMIT_TOKEN_FIELD = "weirflow.commit"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from weirflow.errors import InvalidOffsetError
+from weirflow.base.errors import InvalidOffsetError
 
 _POSITION = re.compile(r"^(\d+):(\d+)$")
 

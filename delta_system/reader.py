@@ -19,7 +19,7 @@ from itertools import accumulate
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from weirflow.errors import StreamNotFoundError
+from weirflow.base.errors import StreamNotFoundError
 from weirflow_delta.log import LogEntry
 from weirflow_delta.positions import Position
 from weirflow_delta.rows import concat, partition_label

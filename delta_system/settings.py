@@ -4,7 +4,7 @@
 different columns, so one system-wide column list would fit some tables and not others. `StreamSpec.properties`
 cannot carry it, since nothing in the runtime fills them from config and the table is not made when its stream
 is "created" anyway (its columns come from the first commit's rows, docs/delta.md); the writer therefore looks
-the stream up by its physical name (`weirflow.stream_names`) when the first commit creates the table.
+the stream up by its physical name (`weirflow.interfaces.stream_names`) when the first commit creates the table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from weirflow.interfaces.config import ConfigView
-from weirflow.stream_names import declared_streams
+from weirflow.interfaces.stream_names import declared_streams
 from weirflow_delta.azure_auth import StorageAccess, storage_access
 from weirflow_delta.keys import DEFAULT_ID_COLUMN
 from weirflow_delta.locations import TableRoot, table_root
@@ -23,7 +23,7 @@ PARTITION_KEY = "streams.{stream_id}.table.partition.by"
 
 @dataclass(frozen=True)
 class RetrySettings:
-    """The retry policy of a system's table operations (`weirflow.service_calls.RetrySettings`)."""
+    """The retry policy of a system's table operations (`weirflow.base.service_calls.RetrySettings`)."""
 
     request_timeout_s: float = 30.0
     retry_deadline_s: float = 120.0

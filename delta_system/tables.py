@@ -2,7 +2,7 @@
 options, the retry policy and the log entries read so far (`DeltaTables`).
 
 Every operation runs as one call of `DeltaTables.call`: the retry policy every storage backend of weirflow
-uses (`weirflow.service_calls`: bounded attempts and deadline, backoff with jitter, each retry logged and
+uses (`weirflow.base.service_calls`: bounded attempts and deadline, backoff with jitter, each retry logged and
 counted as store ``delta`` for ``GET /metrics``), with delta-rs's errors mapped by `weirflow_delta.errors`. The
 methods below it (`load`, `entry`, `rows`) are single attempts, meant to run inside a call.
 """
@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
-from weirflow.service_calls import ServiceCalls
+from weirflow.base.service_calls import ServiceCalls
 from weirflow_delta.errors import DeltaTableError, delta_errors, is_transient, short
 from weirflow_delta.log import DataFile, EntryCache, LogEntry, entry_path, parse_entry
 from weirflow_delta.rows import files_rows

@@ -55,7 +55,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 from weirflow.interfaces.table import TableConflictError, TableSnapshot, TableWriter
 from weirflow_delta.errors import DeltaSchemaError, DeltaTableError
 from weirflow_delta.log import COMMIT_TOKEN_FIELD

@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from weirflow.errors import (
+from weirflow.base.errors import (
     StreamExistsError,
     StreamNotFoundError,
 )

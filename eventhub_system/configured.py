@@ -22,7 +22,7 @@ def _event_hubs_factory_class() -> type | None:
 def eventhubs_systems(config: ConfigView) -> dict[str, EventHubsSystem]:
     """Every configured system backed by Event Hubs, by system name: a system whose factory, resolved as the
     runtime resolves it, is an `EventHubSystemFactory` (an alias, a path to the class or a subclass)."""
-    from weirflow.factories import system_factory
+    from weirflow.interfaces.plugins import system_factory
 
     factory_class = _event_hubs_factory_class()
     if factory_class is None:

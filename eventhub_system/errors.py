@@ -31,7 +31,7 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
+from weirflow.base.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
 
 
 class EventHubsError(WeirflowError):

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from weirflow.interfaces.config import ConfigView
+from weirflow.interfaces.stream_names import declared_streams
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
-from weirflow.stream_names import declared_streams
 from weirflow_azure.eventhubs.clients import EventHubSystemAdmin, EventHubSystemConsumer
 from weirflow_azure.eventhubs.producer import EventHubSystemProducer
 from weirflow_azure.eventhubs.settings import EventHubsSettings

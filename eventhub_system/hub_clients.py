@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any
 
-from weirflow.errors import StreamNotFoundError
+from weirflow.base.errors import StreamNotFoundError
 from weirflow_azure.eventhubs.errors import hub_errors
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from weirflow.interfaces.config import ConfigKey
 
-# The plugin's alias in the `weirflow.systems` entry-point group.
+# The plugin's alias in the `weirflow.job.systems` entry-point group.
 SYSTEM = "eventhub"
 # The consumer group every Event Hub has; the default of `systems.<name>.consumer.group`.
 DEFAULT_CONSUMER_GROUP = "$Default"

@@ -16,7 +16,7 @@ from typing import Any
 from azure.eventhub import EventData
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from weirflow.errors import InvalidArgumentError, PartitionNotFoundError, RecordTooLargeError
+from weirflow.base.errors import InvalidArgumentError, PartitionNotFoundError, RecordTooLargeError
 from weirflow.interfaces.system import FENCED_ATTEMPT_S, RECORD_ID_PROPERTY, OutgoingRecord, SystemProducer
 from weirflow_azure.eventhubs.errors import EventTooLargeError, hub_errors, is_transient
 from weirflow_azure.eventhubs.hub_clients import HubClients

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from weirflow.clock import now_ms
-from weirflow.errors import (
+from weirflow.base.clock import now_ms
+from weirflow.base.errors import (
     StreamExistsError,
     StreamNotFoundError,
 )

@@ -34,7 +34,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.errors import (
+from weirflow.base.errors import (
     ServiceUnavailableError,
     StreamNotFoundError,
     WeirflowError,

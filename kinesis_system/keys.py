@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from weirflow.interfaces.config import ConfigKey
 
-# The plugin's alias in the `weirflow.systems` entry-point group.
+# The plugin's alias in the `weirflow.job.systems` entry-point group.
 SYSTEM = "kinesis"
 # Most virtual tasks a stream may have: slices stay wide enough that a 1,024-task job's partition keys spread.
 MAX_VIRTUAL_TASKS = 1024

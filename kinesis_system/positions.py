@@ -33,7 +33,7 @@ import json
 import zlib
 from collections.abc import Mapping
 
-from weirflow.errors import InvalidOffsetError
+from weirflow.base.errors import InvalidOffsetError
 
 ENDED = "E"
 PRUNED = "~E"  # the key counting the ended shards pruned from a position

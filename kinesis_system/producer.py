@@ -17,7 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from weirflow.errors import PartitionNotFoundError, RecordTooLargeError, ServiceUnavailableError, WeirflowError
+from weirflow.base.errors import (
+    PartitionNotFoundError,
+    RecordTooLargeError,
+    ServiceUnavailableError,
+    WeirflowError,
+)
 from weirflow.interfaces.system import OutgoingRecord, SystemProducer
 from weirflow_kinesis.clients import KinesisClients
 from weirflow_kinesis.errors import KinesisThrottledError, error_code

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from weirflow.errors import UnreadableRangeError, WeirflowError
+from weirflow.base.errors import UnreadableRangeError, WeirflowError
 from weirflow_kinesis import positions
 from weirflow_kinesis.shards import ShardMap
 from weirflow_kinesis.spool import Spool

@@ -35,9 +35,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from weirflow import telemetry
-from weirflow.clock import now_ms
-from weirflow.local.database import Database
+from weirflow.base import telemetry
+from weirflow.base.clock import now_ms
+from weirflow.base.sqlite import Database
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 from weirflow_kinesis.spool_rows import (

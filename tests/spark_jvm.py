@@ -35,7 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
-from weirflow.errors import JavaMissingError
+from weirflow.base.errors import JavaMissingError
 from weirflow.spark import class_archive
 
 BASE_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]

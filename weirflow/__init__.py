@@ -1,8 +1,8 @@
 """weirflow: Samza-grade coordination and operations for PySpark streaming jobs.
 
 The pipeline API (`App`, `Stream`, `PipelineError`) is loaded on first use: a plugin that imports one of the
-public helpers (`weirflow.clock`, `weirflow.errors`, ...) loads the package, and with this it loads no core code
-(and no PySpark) with it.
+public helpers (`weirflow.base.clock`, `weirflow.base.errors`, ...) loads the package, and with this it loads
+no core code (and no PySpark) with it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["App", "PipelineError", "Stream", "__version__"]
 
-__version__ = "0.1.0"
+from weirflow.base.version import __version__
 
 _API = frozenset({"App", "PipelineError", "Stream"})
 

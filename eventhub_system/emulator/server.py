@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from proton import Collector, Condition, Connection, Delivery, Event, Message, Transport, symbol, timestamp
 
-from weirflow.errors import WeirflowError
+from weirflow.base.errors import WeirflowError
 from weirflow_azure.eventhubs.emulator.frames import FramePadder
 from weirflow_azure.eventhubs.emulator.messages import reply, split_batch
 from weirflow_azure.eventhubs.emulator.store import EventStore, Hub

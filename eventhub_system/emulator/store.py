@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from weirflow import clock
+from weirflow.base import clock
 from weirflow_azure.eventhubs.emulator.messages import stamped
 
 _RECORD = struct.Struct(">qqqII")

@@ -27,7 +27,7 @@ def view(i: int, users: int) -> dict[str, Any]:
 def send(config: Any, first: int, count: int, users: int) -> None:
     """Append views ``first`` .. ``first + count - 1``, keyed by user."""
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec
-    from weirflow.systems import Systems
+    from weirflow.job.systems import Systems
 
     systems = Systems(config)
     try:

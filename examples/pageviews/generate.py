@@ -36,7 +36,7 @@ def write(
 ) -> list[dict[str, Any]]:
     """Create `page-views` if needed and append ``n`` events; returns them (for checking the results)."""
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec
-    from weirflow.systems import Systems
+    from weirflow.job.systems import Systems
 
     systems = Systems(config)
     try:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.systems import Systems
+from weirflow.job.systems import Systems
 
 Window = tuple[str, str]  # (page, window start "YYYY-MM-DDTHH:MM")
 
@@ -47,7 +47,7 @@ def expected_counts(events: Iterable[dict[str, Any]]) -> dict[Window, int]:
 def consumed(config: Any, stream_id: str = "page-views") -> int:
     """Events of ``stream_id`` the job has checkpointed as processed (sum of next offsets: systems whose offsets
     are dense sequence numbers, `SystemAdmin.dense_offsets`)."""
-    from weirflow.factories import checkpoint_factory
+    from weirflow.interfaces.plugins import checkpoint_factory
 
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     manager.start()

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from weirflow.errors import EtagMismatchError, FencedOffError, StreamExistsError, StreamNotFoundError
+from weirflow.base.errors import EtagMismatchError, FencedOffError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces import (
     Checkpoint,
     CheckpointManager,

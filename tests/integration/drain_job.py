@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.example_job import generate, results
-from weirflow.drain_notice import DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_context import JobContext
-from weirflow.systems import Systems, dead_letter_stream
+from weirflow.job.context import JobContext
+from weirflow.job.drain_notice import DrainUtils
+from weirflow.job.systems import Systems, dead_letter_stream
 
 
 class Feeder:
@@ -128,7 +128,7 @@ def drain_notices(config: Any) -> list[Any]:
 
 
 def checkpoints(config: Any) -> dict[str, Any]:
-    from weirflow.factories import checkpoint_factory
+    from weirflow.interfaces.plugins import checkpoint_factory
 
     manager = checkpoint_factory(config).get_checkpoint_manager(config)
     manager.start()
@@ -244,7 +244,7 @@ def intermediate_dead_letters(config: Any, name: str = "views-by-page") -> list[
 
 def drain_messages(config: Any, name: str = "views-by-page") -> Counter[tuple[str, int]]:
     """How many DRAIN messages each producer task wrote to each partition of the intermediate stream ``name``."""
-    from weirflow.control import ControlMessage, MessageType, decode, is_control
+    from weirflow.runtime.control import ControlMessage, MessageType, decode, is_control
 
     physical = f"{config.get('job.name')}-{config.get('job.id')}-{name}"
     systems = Systems(config)

@@ -12,12 +12,12 @@ from typing import Any
 
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_context import JobContext
-from weirflow.job_status import job_status
+from weirflow.job.context import JobContext
+from weirflow.job.systems import Systems
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path
 from weirflow.local.launcher import ProcessorProcess, start_processor
-from weirflow.systems import Systems
+from weirflow.ops.status import job_status
 
 PARTITIONS = 12
 LEASE_MS = 6000

@@ -16,7 +16,7 @@ from typing import Any
 from weirflow.config import load_config
 from weirflow.endpoints.processor_server import serving_processor
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
 from weirflow.tasks.record_task import RecordTaskRunner, current_task
 from weirflow.tasks.runner import TaskRunner
 

@@ -33,7 +33,7 @@ import pytest
 from tests.aws_calls import Call, authorisations, recording
 from tests.contract.backends import AWS_LEASE_MS, aws_backend, kinesis_backend
 from tests.iam_policy import Request, allows, decide
-from weirflow.errors import EtagMismatchError, FencedOffError
+from weirflow.base.errors import EtagMismatchError, FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition

@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import unique_job_name
 from tests.faketime import libfaketime
 from tests.integration.relay_job import PARTITIONS, Job, finish
-from weirflow import clock
+from weirflow.base import clock
 from weirflow.config.loader import Config
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.local.launcher import start_processor, wait_until

@@ -23,8 +23,8 @@ from azure.storage.blob import BlobServiceClient
 from deltalake import DeltaTable, QueryBuilder
 
 from tests.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from weirflow.base.errors import ServiceUnavailableError
 from weirflow.config.loader import Config
-from weirflow.errors import ServiceUnavailableError
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.interfaces.table import TableConflictError
 from weirflow_delta.azure_auth import EntraIdAccess

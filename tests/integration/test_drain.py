@@ -24,11 +24,11 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from weirflow.config import load_config
-from weirflow.drain_notice import DEFAULT_RUN_ID
-from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord
+from weirflow.job.drain_notice import DEFAULT_RUN_ID
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
-from weirflow.systems import Systems
+from weirflow.runtime.fault_points import ENV as FAULT_POINT
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -78,7 +78,7 @@ def pipeline(app):
 
 class DrainJob(ExampleJob):
     def __init__(self, tmp_path: Path, run_id: str | None = "r1") -> None:
-        """``run_id`` None: no `app.run.id`, as a user who forgets it runs the job (`weirflow.runs`)."""
+        """``run_id`` None: no `app.run.id`, as a user who forgets it runs the job (`weirflow.job.runs`)."""
         run = [f"app.run.id={run_id}"] if run_id else []
         overrides = [f"job.state.dir={tmp_path / 'state'}", *run, *SHORT]
         self.run_id = run_id

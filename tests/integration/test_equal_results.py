@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from weirflow.config import load_config
-from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor
 from weirflow.results.ids import ResultId, parse
-from weirflow.systems import Systems
+from weirflow.runtime.fault_points import ENV as FAULT_POINT
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

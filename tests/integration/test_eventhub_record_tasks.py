@@ -19,10 +19,10 @@ import pytest
 from azure.eventhub import EventData, EventHubProducerClient
 
 from weirflow.config import load_config
-from weirflow.factories import checkpoint_factory
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

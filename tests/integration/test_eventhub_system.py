@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from weirflow.base.errors import ConfigError, RecordTooLargeError, StreamExistsError, StreamNotFoundError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, RecordTooLargeError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.spark.fence import Fence
 from weirflow.spark.sink import WeirflowStreamWriter
-from weirflow.systems import Systems
 from weirflow_azure.eventhubs.clients import EventHubSystemConsumer, _PartitionReader
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 

@@ -34,12 +34,12 @@ from tests.integration import reading_results
 from tests.integration.drain_job import window_counts_once
 from tests.integration.example_job import DROPPED, EXAMPLE, generate, replayed_rows_dropped, results
 from weirflow.config import Config, load_config
-from weirflow.fault_points import ARMED_BY
-from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.runtime.fault_points import ARMED_BY
+from weirflow.runtime.fault_points import ENV as FAULT_POINT
 from weirflow.spark.writer_log import WROTE
-from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -89,7 +89,7 @@ def _overrides(root: Path) -> list[str]:
 
 def _intermediate_rows(config: Config) -> int:
     """Rows in the intermediate stream views-by-page, replays included (each packed record's row count)."""
-    from weirflow.control import is_control
+    from weirflow.runtime.control import is_control
     from weirflow.spark.packing import unpack
 
     systems = Systems(config)

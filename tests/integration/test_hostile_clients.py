@@ -23,8 +23,8 @@ from websockets.typing import Origin
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

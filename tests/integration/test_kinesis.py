@@ -25,11 +25,11 @@ import pytest
 from tests.integration import drain_job
 from tests.integration.example_job import ExampleJob, generate, replayed_rows_dropped, results
 from weirflow.config import load_config
-from weirflow.factories import checkpoint_factory
-from weirflow.fault_points import ARMED_BY
-from weirflow.fault_points import ENV as FAULT_POINT
 from weirflow.interfaces.checkpoint import CheckpointManager
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.local.launcher import wait_until
+from weirflow.runtime.fault_points import ARMED_BY
+from weirflow.runtime.fault_points import ENV as FAULT_POINT
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 from weirflow_kinesis.shards import Shard, ShardMap
@@ -336,8 +336,8 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
     import boto3
 
     from tests.kinesis_faults import KinesisFaults
+    from weirflow.base.errors import LockLostError, RecordTooLargeError
     from weirflow.config.loader import Config
-    from weirflow.errors import LockLostError, RecordTooLargeError
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory
 

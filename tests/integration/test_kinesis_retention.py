@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from tests.unit.test_processor_faults import Running
+from weirflow.base.errors import ConfigError
 from weirflow.config import load_config
 from weirflow.coordination.processor import StreamProcessor
-from weirflow.errors import ConfigError
 from weirflow.interfaces.system import StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_a_record_job_with_its_changelog_on_kinesis_starts_only_with_the_loss_al
     allowed = load_config(
         tmp_path / "job.yaml", [f"job.state.dir={tmp_path / 'state2'}", "systems.kin.retention.loss.allowed=true"]
     )
-    with caplog.at_level(logging.WARNING, logger="weirflow.retention"):
+    with caplog.at_level(logging.WARNING, logger="weirflow.job.retention"):
         running = Running(StreamProcessor(allowed, processor_id="p2"))
         try:
             wait_until(
@@ -100,6 +100,6 @@ def test_a_record_job_with_its_changelog_on_kinesis_starts_only_with_the_loss_al
             assert running.stop() == 0
     summary = client.describe_stream_summary(StreamName=changelog)["StreamDescriptionSummary"]
     assert summary["RetentionPeriodHours"] == 48
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "weirflow.retention"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "weirflow.job.retention"]
     assert f"the changelog of table 'last_view' ('{changelog}') is on system 'kin'" in warning
     assert "drops records after 2 days" in warning and "allowed by systems.kin.retention.loss.allowed" in warning

@@ -34,10 +34,10 @@ from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.config.loader import Config
 from weirflow.endpoints.otel_export import CONNECTION_VARIABLE
+from weirflow.interfaces.stream_names import stream_ref
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.stream_names import stream_ref
-from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

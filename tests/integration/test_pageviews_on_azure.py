@@ -29,13 +29,13 @@ from tests.integration import drain_job
 from tests.integration.example_job import EXAMPLE, ExampleJob, results
 from tests.integration.test_drain import PIPELINE_V2, _expected_v2
 from weirflow.config import load_config
-from weirflow.control import ControlMessage, MessageType, decode, is_control
-from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
+from weirflow.job.drain_notice import DEFAULT_RUN_ID, DrainUtils
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
+from weirflow.runtime.control import ControlMessage, MessageType, decode, is_control
 from weirflow.spark import writer_log
-from weirflow.systems import Systems
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 

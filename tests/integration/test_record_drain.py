@@ -19,10 +19,10 @@ import pytest
 
 from tests.integration import drain_job
 from weirflow.config import load_config
-from weirflow.drain_notice import DEFAULT_RUN_ID
 from weirflow.interfaces.system import StreamSpec
+from weirflow.job.drain_notice import DEFAULT_RUN_ID
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ import pytest
 
 from tests.integration.relay_job import SHORT_TIMINGS
 from weirflow.config import load_config
-from weirflow.factories import checkpoint_factory
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

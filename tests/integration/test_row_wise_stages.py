@@ -21,8 +21,8 @@ import pytest
 
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor
-from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -25,8 +25,8 @@ from azure.storage.blob import BlobServiceClient
 from tests.conftest import unique_job_name
 from weirflow.config import load_config
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

@@ -36,10 +36,10 @@ import pytest
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path, stream_database_path
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -34,12 +34,12 @@ import pytest
 from tests.conftest import unique_job_name
 from weirflow.cli import status_document
 from weirflow.config import load_config
-from weirflow.drain_notice import DrainUtils
-from weirflow.factories import checkpoint_factory
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
+from weirflow.job.drain_notice import DrainUtils
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
-from weirflow.systems import Systems
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

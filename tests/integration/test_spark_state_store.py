@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unique_job_name
+from weirflow.base.errors import FencedOffError
 from weirflow.config.loader import Config
-from weirflow.errors import FencedOffError
 from weirflow.interfaces.spark_checkpoint import committed_files
 from weirflow_azure.coordinator.spark_state import BlobSparkStateStore
 from weirflow_azure.coordinator.storage import Storage

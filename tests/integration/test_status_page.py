@@ -24,8 +24,8 @@ from tests.unit.test_processor_faults import TASKS, FakeRunner, job_config, star
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess, wait_until
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ from tests.integration import reading_results
 from weirflow.cli import app
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.factories import stream_database_path
 from weirflow.results import ReplayFilter
 from weirflow.results.ids import dead_letter_id, result_id, row_id
-from weirflow.systems import Systems
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from azure.storage.blob import BlobServiceClient
 
 from tests.conftest import unique_job_name
 from weirflow.config.loader import Config
-from weirflow.factories import checkpoint_factory
 from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow_azure.checkpoint.table import MAX_BATCH, TableCheckpointManager, batches
 

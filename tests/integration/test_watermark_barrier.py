@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from weirflow.config import load_config
-from weirflow.control import MAX_TIMESTAMP_MS, ControlMessage, MessageType, encode_user
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
 from weirflow.local.launcher import wait_until
+from weirflow.runtime.control import MAX_TIMESTAMP_MS, ControlMessage, MessageType, encode_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weirflow.assignment import assign
+from weirflow.coordination.assignment import assign
 
 task_ids = st.sets(st.integers(0, 60), max_size=40).map(lambda s: [f"t-{i}" for i in sorted(s)])
 processor_ids = st.sets(st.integers(0, 9), max_size=8).map(lambda s: [f"p{i}" for i in sorted(s)])

@@ -21,7 +21,7 @@ from weirflow_aws.errors import (
 from weirflow_aws.leases import Observations
 from weirflow_aws.registry import DynamoProcessorRegistry
 
-from weirflow.errors import ServiceUnavailableError, WeirflowError
+from weirflow.base.errors import ServiceUnavailableError, WeirflowError
 from weirflow.interfaces.coordination import ProcessorInfo
 
 
@@ -130,7 +130,7 @@ def test_a_heartbeat_ages_on_the_reader_s_clock_whatever_the_writer_s_clock_says
 
 
 def test_a_checkpoint_body_round_trips_and_a_corrupt_one_is_named() -> None:
-    from weirflow.errors import MalformedDocumentError
+    from weirflow.base.errors import MalformedDocumentError
     from weirflow.interfaces.system import SystemStreamPartition
 
     offsets = {SystemStreamPartition("kin", "views", p): f"o{p}" for p in range(3)}

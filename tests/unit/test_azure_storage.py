@@ -7,9 +7,9 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ServiceRequestError
 
 from tests.azurite import free_port
+from weirflow.base.errors import ConfigError, ServiceUnavailableError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, ServiceUnavailableError
-from weirflow.factories import metadata_store_factory
+from weirflow.interfaces.plugins import metadata_store_factory
 from weirflow_azure.coordinator.errors import AzureStorageError
 from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory
 from weirflow_azure.coordinator.metadata import BlobMetadataStore

@@ -259,7 +259,7 @@ def test_the_config_is_the_typed_view_factories_receive() -> None:
 def test_task_class_still_works_as_a_deprecated_alias_of_task_function(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from weirflow.user_code import load_callable
+    from weirflow.job.user_code import load_callable
 
     (tmp_path / "tasks.py").write_text("def process(record):\n    return [record]\n")
     path = write(tmp_path, "job.yaml", "job: {name: x}\ntask: {class: 'tasks:process'}\n")

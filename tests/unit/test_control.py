@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from weirflow.control import (
+from weirflow.runtime.control import (
     MAX_TIMESTAMP_MS,
     ControlMessage,
     MalformedMessageError,

@@ -33,8 +33,8 @@ from weirflow.config.loader import Config
 from weirflow.endpoints.conversations import Conversations, TooManyConversationsError, add_conversation_routes
 from weirflow.endpoints.http_system import connection_partition
 from weirflow.interfaces.system import StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 
 
 @pytest.fixture

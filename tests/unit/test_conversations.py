@@ -22,7 +22,7 @@ from weirflow.config.loader import Config
 from weirflow.endpoints.conversations import Conversations, add_conversation_routes
 from weirflow.endpoints.http_system import HttpSystemFactory, connection_partition, responses_stream
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.systems import Systems
+from weirflow.job.systems import Systems
 
 PARTITIONS = 4
 

@@ -2,7 +2,8 @@
 decodes or raises its module's documented error, never anything else (a KeyError or TypeError escaping would
 fail a processor loop or answer 500), and encode -> decode gives the value back where an encoder exists.
 
-Decoders covered: control messages (`weirflow.control.decode`), packed rows (`weirflow.spark.packing.unpack`),
+Decoders covered: control messages (`weirflow.runtime.control.decode`), packed rows
+(`weirflow.spark.packing.unpack`),
 drain notices, job models, checkpoints (their control state, the SQLite rows and the Azure Table rows),
 processor registry rows (JSON and Azure Table entities), stored metadata values, typed config values, Kinesis
 positions and the keys of served tables' URLs.
@@ -23,17 +24,17 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from weirflow.base.errors import ConfigError, InvalidOffsetError, MalformedDocumentError, MalformedMessageError
 from weirflow.config.loader import Config
-from weirflow.control import ControlMessage, MessageType, TaskControl, decode
-from weirflow.drain_notice import DrainMode, DrainNotification
 from weirflow.endpoints.tables import Answer, table_request
-from weirflow.errors import ConfigError, InvalidOffsetError, MalformedDocumentError, MalformedMessageError
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.interfaces.metadata import decode_value
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_model import JobModel, TaskModel
+from weirflow.job.drain_notice import DrainMode, DrainNotification
+from weirflow.job.model import JobModel, TaskModel
 from weirflow.local.checkpoint import SqliteCheckpointManager
+from weirflow.runtime.control import ControlMessage, MessageType, TaskControl, decode
 from weirflow.spark.packing import pack, unpack
 from weirflow_azure.checkpoint.table import (
     CONTROL_ROW,

@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import SchemaMismatchError, TableNotFoundError
 
 from tests.azurite import free_port
+from weirflow.base.errors import ConfigError, InvalidArgumentError, ServiceUnavailableError, StreamNotFoundError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, InvalidArgumentError, ServiceUnavailableError, StreamNotFoundError
 from weirflow_delta.azure_auth import STORAGE_SCOPE, EntraIdAccess, LocalAccess, SharedKeyAccess
 from weirflow_delta.errors import (
     DeltaAccessError,

@@ -19,14 +19,14 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import CommitProperties, Transaction
 
-from weirflow.config.loader import Config
-from weirflow.errors import (
+from weirflow.base.errors import (
     InvalidArgumentError,
     LockLostError,
     StreamExistsError,
     StreamNotFoundError,
 )
-from weirflow.factories import system_factory
+from weirflow.config.loader import Config
+from weirflow.interfaces.plugins import system_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.interfaces.table import TableConflictError
 from weirflow.results import ReplayFilter

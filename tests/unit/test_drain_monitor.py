@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from weirflow.config.loader import Config
-from weirflow.control import TaskControl
 from weirflow.coordination.drain_monitor import DrainMonitor
 from weirflow.coordination.job_finished import JOB_FINISHED_KEY, FinishedWatch, read_job_finished
-from weirflow.drain_notice import DrainUtils
 from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.job_model import JobModel, TaskModel
+from weirflow.job.drain_notice import DrainUtils
+from weirflow.job.model import JobModel, TaskModel
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.metadata import SqliteMetadataStore
+from weirflow.runtime.control import TaskControl
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Drain notifications (`weirflow.drain_notice`): serde, write / read / cleanup in the job's metadata store on
+"""Drain notifications (`weirflow.job.drain_notice`): serde, write / read / cleanup in the job's metadata store on
 both backends (SQLite, and Blob Storage on Azurite), and the run-id check a processor applies."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unique_job_name
+from weirflow.base.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.config.loader import Config
-from weirflow.drain_notice import DEFAULT_RUN_ID, DrainMode, DrainNotification, DrainUtils, run_id_of
-from weirflow.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.metadata import MetadataStore
+from weirflow.job.drain_notice import DEFAULT_RUN_ID, DrainMode, DrainNotification, DrainUtils, run_id_of
 from weirflow.local.metadata import SqliteMetadataStore
 
 

@@ -1,9 +1,9 @@
-"""How `weirflow drain --wait` words a processor's error (`weirflow.drain_progress.brief_error`) and the
+"""How `weirflow drain --wait` words a processor's error (`weirflow.ops.drain_progress.brief_error`) and the
 progress summary that names what holds a drain up."""
 
 from __future__ import annotations
 
-from weirflow.drain_progress import DRAINED, DRAINING, DrainProgress, brief_error
+from weirflow.ops.drain_progress import DRAINED, DRAINING, DrainProgress, brief_error
 
 SPARK_FAILURE = (
     "task page_views-1: query stopped: [STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "

@@ -23,7 +23,7 @@ from weirflow.endpoints.server import EndpointServer, _front, create_app
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.taps import TapService
 from weirflow.interfaces.system import StreamSpec
-from weirflow.systems import Systems
+from weirflow.job.systems import Systems
 
 LIMIT = 1024
 LOCAL = "http://127.0.0.1:8000"

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.unit.test_processor_faults import FakeRunner, job_config, start
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
 from weirflow.endpoints.server import create_app
 from weirflow.endpoints.settings import EndpointSettings
-from weirflow.errors import ConfigError
 from weirflow.local.launcher import wait_until
 
 

@@ -34,9 +34,9 @@ from azure.eventhub.exceptions import (
 from botocore import exceptions as botocore_exceptions
 from botocore.exceptions import ClientError
 
-from weirflow import errors
+from weirflow.base import errors
+from weirflow.base.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError
 from weirflow.config.loader import Config
-from weirflow.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError
 from weirflow_azure.coordinator import errors as storage_errors
 from weirflow_azure.eventhubs.errors import (
     EVENTHUB_ERRORS,
@@ -60,7 +60,7 @@ PACKAGES = [
 ]
 # The modules that hold every error class that crosses an interface: core's and each plugin's own.
 ERROR_MODULES = [
-    "weirflow.errors",
+    "weirflow.base.errors",
     "weirflow_azure.eventhubs.errors",
     "weirflow_azure.coordinator.errors",
     "weirflow_kinesis.errors",
@@ -99,12 +99,14 @@ def test_every_exception_defined_by_weirflow_or_its_plugins_is_a_weirflow_error(
 
 
 def test_errors_that_were_value_errors_still_are() -> None:
-    from weirflow.control import MalformedMessageError
     from weirflow.pipeline.api import PipelineError
+    from weirflow.runtime.control import MalformedMessageError
     from weirflow.spark.serde import DecodeError
 
     moved = (PipelineError, DecodeError, MalformedMessageError, errors.TapError)
-    assert all(cls.__module__ == "weirflow.errors" for cls in moved), "their one home, still importable as before"
+    assert all(cls.__module__ == "weirflow.base.errors" for cls in moved), (
+        "their one home, still importable as before"
+    )
     for cls in (
         *moved,
         errors.InvalidArgumentError,
@@ -268,7 +270,7 @@ def test_a_fenced_off_error_is_a_lock_lost_error_built_by_its_parent() -> None:
 def test_the_tree_in_the_module_docstring_names_every_class() -> None:
     tree = errors.__doc__ or ""
     missing = sorted(c.__name__ for c in _error_classes() if not re.search(rf"\b{c.__name__}\b", tree))
-    assert missing == [], "draw them in weirflow/errors.py's docstring"
+    assert missing == [], "draw them in weirflow/base/errors.py's docstring"
 
 
 # --- the Kinesis table -----------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from azure.identity import DefaultAzureCredential
 
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
 from weirflow_azure.eventhubs.settings import EventHubsSettings
 
 

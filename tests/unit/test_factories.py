@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from weirflow.base.errors import ConfigError, FactoryError
 from weirflow.config import Config, load_config
-from weirflow.errors import ConfigError, FactoryError
-from weirflow.factories import (
+from weirflow.interfaces.coordination import JobCoordinatorFactory
+from weirflow.interfaces.plugins import (
     CHECKPOINTS,
     COORDINATORS,
     METADATA,
@@ -21,7 +22,6 @@ from weirflow.factories import (
     system_factory,
     validate_factories,
 )
-from weirflow.interfaces.coordination import JobCoordinatorFactory
 from weirflow.local.factories import LocalCheckpointManagerFactory, LocalJobCoordinatorFactory, LocalSystemFactory
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from weirflow.base.errors import LockLostError
 from weirflow.config.keys import KEYS
 from weirflow.config.loader import Config
-from weirflow.errors import LockLostError
 from weirflow.interfaces.system import FENCED_ATTEMPT_S, OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.systems import Systems
+from weirflow.job.systems import Systems
 
 
 def test_a_send_that_waited_for_the_log_s_lock_checks_the_fence_after_the_wait(tmp_path: Path) -> None:

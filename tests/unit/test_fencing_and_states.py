@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from weirflow.base.errors import LockLostError, StateError
 from weirflow.coordination.state import ProcessorState, check_transition
-from weirflow.errors import LockLostError, StateError
-from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.launcher import wait_until
+from weirflow.runtime.fencing import FencedCheckpointWriter
 
 SSP = SystemStreamPartition("local", "events", 0)
 
@@ -42,8 +42,8 @@ def test_the_embedded_store_checks_the_lock_inside_the_checkpoint_write(
 ) -> None:
     """A write that passed the writer's lock check, then waited (a pause) until the lease ran out, is refused by
     the store's own transaction, before any next holder claimed the task (the epoch token would let it in)."""
-    from weirflow import fencing
-    from weirflow.errors import FencedOffError
+    from weirflow.base.errors import FencedOffError
+    from weirflow.runtime import fencing
 
     db = tmp_path / "job.db"
     lock = SqliteCoordinationUtils(db, "paused", lease_ms=300).lock("task-main-0")

@@ -19,7 +19,7 @@ from weirflow.endpoints.http_system import (
     responses_stream,
 )
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.systems import Systems
+from weirflow.job.systems import Systems
 
 
 def job_config(tmp_path: Path, **extra: object) -> Config:

@@ -30,14 +30,14 @@ from types import ModuleType
 import pytest
 from fastapi.testclient import TestClient
 
+from weirflow.base.errors import ConfigError
 from weirflow.config import load_config
 from weirflow.config.loader import known_key
-from weirflow.deploy import hubs_to_create
 from weirflow.endpoints.advertise import advertised_url
 from weirflow.endpoints.otel_export import export_setting
 from weirflow.endpoints.server import HEALTH_PATH, create_app
 from weirflow.endpoints.settings import EndpointSettings
-from weirflow.errors import ConfigError
+from weirflow.ops.deploy import hubs_to_create
 from weirflow.spark.session import build_spark_session
 
 ROOT = Path(__file__).resolve().parents[2]

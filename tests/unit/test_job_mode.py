@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weirflow.job_mode import JobMode
+from weirflow.job.mode import JobMode
 
 
 def test_a_job_is_a_pipeline_exactly_when_it_names_its_pipeline_function() -> None:

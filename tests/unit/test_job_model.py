@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from weirflow.errors import InvalidArgumentError, MalformedDocumentError
-from weirflow.grouper import group_by_partition
+from weirflow.base.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_model import JobModel
+from weirflow.job.grouper import group_by_partition
+from weirflow.job.model import JobModel
 
 
 def ssps_of(system: str, stream: str, partitions: int) -> list[SystemStreamPartition]:

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from weirflow.assignment import assign
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
-from weirflow.grouper import group_by_partition
+from weirflow.coordination.assignment import assign
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job.grouper import group_by_partition
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import HASH_SPACE, key_hash, partition_key, pinning_key, slice_of, slice_range
 from weirflow_kinesis.producer import MAX_BYTES_PER_CALL, MAX_RECORDS_PER_CALL, _calls, _rounds, _with_id

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weirflow.clock import now_ms
+from weirflow.base.clock import now_ms
 from weirflow.local.launcher import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import HASH_SPACE

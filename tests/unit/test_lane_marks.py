@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from weirflow.control import TaskControl
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.runtime.control import TaskControl
 from weirflow.spark import lane_marks
 from weirflow.spark.lane_marks import CHECK_EVERY_MS, LaneCheck, LaneSource, decode_sources, encode_sources
 from weirflow.spark.replay import Marks, lane_pss, pss

@@ -10,9 +10,9 @@ from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.model_history import read_history_or_report
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.grouper import group_by_partition
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo, latch_name
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job.grouper import group_by_partition
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.metadata import SqliteMetadataStore
 

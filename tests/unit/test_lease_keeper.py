@@ -163,8 +163,8 @@ def test_a_renewal_refused_by_the_store_reports_the_lease_lost() -> None:
 def test_a_margin_that_cannot_work_is_a_config_error_naming_the_key(
     tmp_path, values: dict, key: str, message: str
 ) -> None:
+    from weirflow.base.errors import ConfigError
     from weirflow.config import load_config
-    from weirflow.errors import ConfigError
 
     path = tmp_path / "job.yaml"
     path.write_text("job.name: t\n" + "".join(f"{k}: {v}\n" for k, v in values.items()))
@@ -182,8 +182,8 @@ def test_the_default_margin_is_a_third_of_the_lease(tmp_path) -> None:
 
 
 def test_a_leader_past_its_deadline_minus_margin_writes_nothing_as_leader(tmp_path) -> None:
+    from weirflow.base.errors import LockLostError
     from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
-    from weirflow.errors import LockLostError
     from weirflow.local.coordination import SqliteCoordinationUtils
     from weirflow.local.metadata import SqliteMetadataStore
 
@@ -207,10 +207,10 @@ def test_a_leader_past_its_deadline_minus_margin_writes_nothing_as_leader(tmp_pa
 def test_a_deposed_leader_cannot_publish_even_when_its_own_deadline_says_it_may(tmp_path) -> None:
     """The embedded store checks the leader lease inside the model write's transaction: a leader whose lease
     expired and was taken is refused even if its self-fence is blind (a clock running slow, say)."""
+    from weirflow.base.errors import LockLostError
     from weirflow.coordination.job_model_store import publish_job_model, read_job_model
     from weirflow.coordination.leader_fence import FencedMetadataStore, LeaderFence
-    from weirflow.errors import LockLostError
-    from weirflow.job_model import JobModel
+    from weirflow.job.model import JobModel
     from weirflow.local.coordination import SqliteCoordinationUtils
     from weirflow.local.metadata import SqliteMetadataStore
 

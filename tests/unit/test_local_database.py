@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from weirflow.local.database import Database
+from weirflow.base.sqlite import Database
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (a INTEGER);"
 
@@ -50,7 +50,7 @@ _CLOSE_DURING_A_QUERY = textwrap.dedent(
     """
     import sys, threading
     from pathlib import Path
-    from weirflow.local.database import Database
+    from weirflow.base.sqlite import Database
 
     db = Database(Path(sys.argv[1]), "CREATE TABLE IF NOT EXISTS t (a INTEGER);")
     counted, started = [], threading.Event()

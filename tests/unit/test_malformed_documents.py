@@ -1,4 +1,4 @@
-"""A malformed document in the job's stores is reported once and skipped (`weirflow.malformed`,
+"""A malformed document in the job's stores is reported once and skipped (`weirflow.base.malformed`,
 docs/architecture.md "Malformed documents"): on the embedded default (SQLite), a processor keeps running, its
 status lists the document, and a WARNING names it once however many rounds read it.
 
@@ -17,21 +17,21 @@ from typing import Any
 
 import pytest
 
-from weirflow import malformed
+from weirflow.base import malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.config import load_config
-from weirflow.control import TaskControl
 from weirflow.coordination.job_model_store import JOB_MODEL_KEY, read_job_model, read_job_model_or_report
 from weirflow.coordination.processor import StreamProcessor
-from weirflow.drain_notice import DrainUtils
-from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock, ProcessorInfo
 from weirflow.interfaces.metadata import Document, MetadataStore
-from weirflow.job_context import JobContext
-from weirflow.job_model import TaskModel
-from weirflow.job_status import job_status
+from weirflow.job.context import JobContext
+from weirflow.job.drain_notice import DrainUtils
+from weirflow.job.model import TaskModel
 from weirflow.local.factories import job_database_path
 from weirflow.local.launcher import wait_until
+from weirflow.ops.status import job_status
+from weirflow.runtime.control import TaskControl
 from weirflow.tasks.runner import TaskRunner
 
 TASKS = [f"main-{n}" for n in range(3)]
@@ -171,7 +171,7 @@ def warnings_about(caplog: pytest.LogCaptureFixture, document: str) -> list[str]
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "weirflow.malformed" and r.levelno == logging.WARNING and document in r.getMessage()
+        if r.name == "weirflow.base.malformed" and r.levelno == logging.WARNING and document in r.getMessage()
     ]
 
 
@@ -182,7 +182,7 @@ def running_everything(p: Running) -> bool:
 def test_a_malformed_drain_notice_is_reported_once_and_skipped_never_failing_the_processor(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     config = job_config(tmp_path)
     p1 = Running(config, "p1")
     try:
@@ -205,7 +205,7 @@ def test_a_malformed_drain_notice_is_reported_once_and_skipped_never_failing_the
 def test_a_malformed_job_model_is_not_used_and_the_processor_keeps_its_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     config = job_config(tmp_path)
     p1 = Running(config, "p1")
     try:
@@ -233,7 +233,7 @@ def test_a_malformed_job_model_is_not_used_and_the_processor_keeps_its_model(
 def test_a_malformed_checkpoint_keeps_its_task_from_starting_while_the_others_run(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     config = job_config(tmp_path)
     with store_context(config) as ctx:
         ctx.checkpoints.write_checkpoint("main-0", Checkpoint({}, control={"streams": 5}))
@@ -269,7 +269,7 @@ def test_a_checkpoint_whose_control_state_is_not_json_is_an_error_naming_the_tas
 def test_a_malformed_processor_row_is_skipped_by_the_registry_and_listed_by_the_status(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     config = job_config(tmp_path)
     with store_context(config) as ctx:
         registry = ctx.coordination.processor_registry()
@@ -289,7 +289,7 @@ def test_a_malformed_processor_row_is_skipped_by_the_registry_and_listed_by_the_
 def test_a_malformed_azure_registry_entity_is_skipped_and_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     from weirflow_azure.coordinator.registry import _readable, _to_entity
 
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     good = _to_entity(ProcessorInfo("p1", "h", 1, "RUNNING", heartbeat_ms=1_763_820_000_000))
     ghost = {"PartitionKey": "processors", "RowKey": "ghost", "pid": "not a number"}
     for _ in range(3):  # three registry reads: one warning
@@ -300,7 +300,7 @@ def test_a_malformed_azure_registry_entity_is_skipped_and_reported_once(caplog: 
 def test_a_metadata_document_that_is_not_json_is_left_out_of_listings_and_not_used_as_the_job_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="weirflow.malformed")
+    caplog.set_level(logging.WARNING, logger="weirflow.base.malformed")
     config = job_config(tmp_path)
     with store_context(config) as ctx:
         notice = DrainUtils(ctx.metadata).write("default")

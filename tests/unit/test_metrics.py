@@ -16,18 +16,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_source_replays import KEY, TASK, _read, config  # noqa: F401 (config: a fixture)
+from weirflow.base.telemetry import Telemetry
 from weirflow.config.loader import Config
-from weirflow.control import TaskControl
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
+from weirflow.runtime.control import TaskControl
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import observation_name
 from weirflow.spark.replay import POS, PSS, pss
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.spark.stage_query import StageQuery
 from weirflow.spark.task_progress import TaskProgress, TaskStats
-from weirflow.systems import Systems
-from weirflow.telemetry import Telemetry
 
 STAGE, TASKS = "views", 3
 OUT = {"stream": "out", "system": "local", "physical": "out", "positions": True, "stage": STAGE}

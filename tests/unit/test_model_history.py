@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from weirflow import malformed
+from weirflow.base import malformed
 from weirflow.coordination.model_history import (
     HISTORY_KEY,
     KEEP,
@@ -16,7 +16,7 @@ from weirflow.coordination.model_history import (
     record_change,
 )
 from weirflow.interfaces.coordination import ProcessorInfo
-from weirflow.job_model import JobModel, TaskModel
+from weirflow.job.model import JobModel, TaskModel
 from weirflow.local.metadata import SqliteMetadataStore
 
 TIMEOUT_MS = 2000

@@ -12,15 +12,14 @@ import pytest
 
 import weirflow
 from tests.unit.test_packaging import PACKAGE_FOLDERS
-from weirflow import clock
+from weirflow.base import clock
+from weirflow.base.errors import RecordTooLargeError
 from weirflow.cli import status_document
 from weirflow.config.loader import Config
 from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.state import DEPARTED, ProcessorState, has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.errors import RecordTooLargeError
-from weirflow.grouper import group_by_partition
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.interfaces.system import (
     OutgoingRecord,
@@ -29,11 +28,12 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow.job_context import JobContext
-from weirflow.job_model import TaskModel
+from weirflow.job.context import JobContext
+from weirflow.job.grouper import group_by_partition
+from weirflow.job.model import TaskModel
+from weirflow.job.systems import Systems, dead_letter_stream, declared_streams, stream_id_of, stream_ref
 from weirflow.pipeline.api import App
 from weirflow.pipeline.plan import PipelinePlan
-from weirflow.systems import Systems, dead_letter_stream, declared_streams, stream_id_of, stream_ref
 
 REPOSITORY = Path(weirflow.__file__).resolve().parent.parent
 
@@ -169,7 +169,7 @@ def test_now_ms_reads_time_time_when_called(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_every_clock_reader_follows_a_patched_now_ms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The leader's default clock, the embedded leases, the embedded log's timestamps and `weirflow status`
-    all read `weirflow.clock.now_ms` when they run."""
+    all read `weirflow.base.clock.now_ms` when they run."""
     config = _config(tmp_path)
     t = 1_800_000_000_000
     monkeypatch.setattr(clock, "now_ms", lambda: t)
@@ -205,10 +205,10 @@ def _is_time_time(node: ast.AST) -> bool:
 
 
 def test_no_module_computes_epoch_ms_itself() -> None:
-    """``time.time() * 1000`` (either way round) anywhere but `weirflow.clock` is a second clock."""
+    """``time.time() * 1000`` (either way round) anywhere but `weirflow.base.clock` is a second clock."""
     found = []
     for path, tree in _sources():
-        if path.relative_to(REPOSITORY).as_posix() == "weirflow/clock.py":
+        if path.relative_to(REPOSITORY).as_posix() == "weirflow/base/clock.py":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
@@ -216,7 +216,7 @@ def test_no_module_computes_epoch_ms_itself() -> None:
                 thousand = any(isinstance(side, ast.Constant) and side.value == 1000 for side in sides)
                 if thousand and any(map(_is_time_time, sides)):
                     found.append(f"{path.relative_to(REPOSITORY)}:{node.lineno}")
-    assert found == [], "use weirflow.clock.now_ms"
+    assert found == [], "use weirflow.base.clock.now_ms"
 
 
 # --- stream id -> system and physical name ------------------------------------------------------------
@@ -276,8 +276,8 @@ def test_no_module_builds_a_physical_name_from_config_itself() -> None:
     def rebuilds(node: ast.AST, text: str) -> bool:  # f"streams.{id}.physical.name", f"streams.{id}.system"
         return isinstance(node, ast.JoinedStr) and (".physical.name" in text or text.endswith(".system"))
 
-    offenders = _offenders(rebuilds, {"weirflow/stream_names.py"})
-    assert offenders == [], "resolve stream ids with weirflow.stream_names.stream_ref"
+    offenders = _offenders(rebuilds, {"weirflow/interfaces/stream_names.py"})
+    assert offenders == [], "resolve stream ids with weirflow.interfaces.stream_names.stream_ref"
 
 
 # --- the dead-letter stream ----------------------------------------------------------------------------
@@ -317,9 +317,9 @@ def test_the_dead_letter_stream_is_created_and_written_under_one_name(tmp_path: 
 def test_no_module_spells_the_dead_letter_suffix_itself() -> None:
     offenders = _offenders(
         lambda node, text: (isinstance(node, ast.JoinedStr) and ".dlq" in text) or text == ".dlq",
-        {"weirflow/stream_names.py"},
+        {"weirflow/interfaces/stream_names.py"},
     )
-    assert offenders == [], "name dead-letter streams with weirflow.stream_names.dead_letter_stream"
+    assert offenders == [], "name dead-letter streams with weirflow.interfaces.stream_names.dead_letter_stream"
 
 
 # --- a task's stage comes from the job model -----------------------------------------------------------
@@ -400,7 +400,10 @@ INTERNAL_RAISES = {
     ("ValueError", "undecodable AMQP section at byte "),  # the emulator's decoder, caught by its server
     ("ValueError", "hub '"),  # the emulator's store, refused to its admin client
     ("TimeoutError", "timed out after "),  # `wait_until`, the helper of tests and contracts
-    ("ValueError", "metric "),  # `weirflow.telemetry`: counted under labels it does not declare (a bug of ours)
+    (
+        "ValueError",
+        "metric ",
+    ),  # `weirflow.base.telemetry`: counted under labels it does not declare (a bug of ours)
 }
 
 
@@ -428,9 +431,9 @@ def _builtin_raises() -> list[tuple[str, str, str]]:
 
 def test_errors_that_cross_an_interface_are_weirflow_errors_not_builtins() -> None:
     """A ``raise ValueError`` (or RuntimeError, KeyError, TypeError) a caller of an interface or a user can meet
-    must be a class of `weirflow.errors` or of the plugin's errors module (several are a `ValueError` too)."""
+    must be a class of `weirflow.base.errors` or of the plugin's errors module (several are a `ValueError` too)."""
     found = _builtin_raises()
     unexpected = sorted(where for cls, key, where in found if (cls, key) not in INTERNAL_RAISES)
-    assert unexpected == [], "raise a WeirflowError subclass (weirflow/errors.py draws the tree)"
+    assert unexpected == [], "raise a WeirflowError subclass (weirflow/base/errors.py draws the tree)"
     stale = sorted(INTERNAL_RAISES - {(cls, key) for cls, key, _ in found})
     assert stale == [], "these are gone: take them off INTERNAL_RAISES"

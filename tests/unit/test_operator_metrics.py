@@ -1,5 +1,5 @@
 """What the operator of the coordinator watches on ``GET /metrics`` (docs/endpoints.md, "Status page and
-metrics"), counted where it happens (`weirflow.telemetry`): storage retries and errors, latch time-outs,
+metrics"), counted where it happens (`weirflow.base.telemetry`): storage retries and errors, latch time-outs,
 checkpoint write and lease renewal latencies, the Kinesis spool's size. Each is driven through the code that
 counts it, and read as a change of the process's registry (other tests of the process count there too)."""
 
@@ -16,17 +16,17 @@ from tests.unit.test_azure_storage import unreachable
 from tests.unit.test_kinesis_spool import FakeShards, _fill, _spool
 from tests.unit.test_leader_duties import TIMINGS, World
 from tests.unit.test_lease_keeper import FakeClock, FakeLock
-from weirflow import telemetry
+from weirflow.base import telemetry
+from weirflow.base.errors import ServiceUnavailableError
+from weirflow.base.sqlite import Database
+from weirflow.base.telemetry import Histogram, HistogramData, Telemetry
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
-from weirflow.errors import ServiceUnavailableError
-from weirflow.fencing import FencedCheckpointWriter
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import LatchState, latch_name
 from weirflow.local.checkpoint import SqliteCheckpointManager
-from weirflow.local.database import Database
 from weirflow.local.launcher import wait_until
-from weirflow.telemetry import Histogram, HistogramData, Telemetry
+from weirflow.runtime.fencing import FencedCheckpointWriter
 
 
 def counted(metric: telemetry.Metric, **labels: str) -> float:

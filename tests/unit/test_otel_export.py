@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from weirflow.base.errors import ConfigError
+from weirflow.base.telemetry import Telemetry
 from weirflow.config.loader import Config
 from weirflow.coordination.leader import JobView
 from weirflow.endpoints.metrics import ProcessorCollector, ProcessorSnapshot
 from weirflow.endpoints.otel_export import CONNECTION_VARIABLE, MetricsBridge, export_setting, instrument_names
-from weirflow.errors import ConfigError
-from weirflow.telemetry import Telemetry
 
 
 def _config(**values: str) -> Config:

@@ -10,12 +10,12 @@ import pyarrow as pa
 
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.results import ReplayFilter
 from weirflow.results.ids import RowId, parse
 from weirflow.spark.replay import POS, PSS, pss
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.spark.source_spec import release
-from weirflow.systems import Systems
 
 OUT = {"stream": "out", "system": "local", "physical": "out", "positions": True, "stage": "copy"}
 

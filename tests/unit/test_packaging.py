@@ -83,8 +83,8 @@ def test_a_jobs_own_checkpoint_module_neither_hides_nor_is_hidden_by_the_plugin(
         f"""\
         import json, sys
         from weirflow.config import load_config
-        from weirflow.factories import checkpoint_factory, coordinator_factory
-        from weirflow.user_code import load_callable
+        from weirflow.interfaces.plugins import checkpoint_factory, coordinator_factory
+        from weirflow.job.user_code import load_callable
         config = load_config({str(tmp_path / "job.yaml")!r})
         load_callable(config, "task.function")
         factory = checkpoint_factory(config)

@@ -8,7 +8,7 @@ import os
 import pyarrow as pa
 import pytest
 
-from weirflow.control import MessageType, is_control
+from weirflow.runtime.control import MessageType, is_control
 from weirflow.spark import packing
 
 

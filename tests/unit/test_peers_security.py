@@ -23,12 +23,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from weirflow.base.errors import PeerError, StartupError
 from weirflow.endpoints.advertise import advertised_url, machine_addresses
 from weirflow.endpoints.peers import PeerClient, peer_target
 from weirflow.endpoints.server import EndpointServer
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.task_report import gather
-from weirflow.errors import PeerError, StartupError
 
 TOKEN = "s3cret-token"
 

@@ -8,9 +8,9 @@ import pytest
 
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.pipeline.api import App, PipelineError
 from weirflow.pipeline.plan import PipelinePlan, stage_name
-from weirflow.systems import Systems
 
 
 def _plan(tmp_path: Path, build, partitions: dict[str, int]) -> PipelinePlan:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.pipeline.api import App
 from weirflow.pipeline.plan import PipelinePlan
-from weirflow.systems import Systems
 
 
 def test_a_two_stage_job_s_streams_are_made_and_each_one_s_partitions_asked_once(tmp_path: Path) -> None:

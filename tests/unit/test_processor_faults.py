@@ -23,18 +23,18 @@ from typing import Any
 
 import pytest
 
+from weirflow.base.errors import ServiceUnavailableError, StartupError
 from weirflow.config import load_config
 from weirflow.coordination.job_finished import JOB_FINISHED_KEY
 from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.model_history import read_history_or_report
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.endpoints.processor_server import serving_processor
-from weirflow.errors import ServiceUnavailableError, StartupError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import CoordinationUtils, Latch, LatchState, Lock
 from weirflow.interfaces.metadata import Document, MetadataStore
-from weirflow.job_context import JobContext
-from weirflow.job_model import TaskModel
+from weirflow.job.context import JobContext
+from weirflow.job.model import TaskModel
 from weirflow.local.launcher import wait_until
 from weirflow.tasks.runner import TaskRunner
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.unit.test_processor_faults import TASKS, FakeRunner, Running, plan
-from weirflow import clock
+from weirflow.base import clock
 from weirflow.config import load_config
 from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.processor import StreamProcessor
-from weirflow.job_context import JobContext
+from weirflow.job.context import JobContext
 from weirflow.local.launcher import wait_until
 from weirflow.tasks.runner import TaskRunner
 

@@ -15,8 +15,8 @@ from tests.unit.test_processor_faults import Running
 from weirflow.config import load_config
 from weirflow.endpoints.processor_server import serving_processor
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 
 CONFIG = """
 job.name: tables

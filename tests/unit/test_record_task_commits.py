@@ -19,10 +19,10 @@ from tests.unit.test_record_task_fence import HeldLock  # a lock the test holds 
 from weirflow.config import load_config
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.job.model import TaskModel
+from weirflow.job.systems import Systems
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 from weirflow.tasks.record_task import RecordTaskRunner
 
 BACKLOG = 100

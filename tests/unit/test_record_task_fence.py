@@ -12,10 +12,10 @@ import pytest
 from weirflow.config import load_config
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.job.model import TaskModel
+from weirflow.job.systems import Systems
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 from weirflow.tasks.record_task import RecordTaskRunner, current_task
 
 PARTITIONS = 2

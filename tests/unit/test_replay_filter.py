@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weirflow.base.errors import ConfigError, InvalidArgumentError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, InvalidArgumentError
 from weirflow.results import ReplayFilter
 from weirflow.results.ids import dead_letter_id, result_id, row_id
 from weirflow.results.replay_filter import (

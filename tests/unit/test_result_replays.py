@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit import table_fakes
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.config.loader import Config
-from weirflow.control import ControlMessage, MessageType
-from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.results.ids import ResultId, parse
+from weirflow.runtime.control import ControlMessage, MessageType
 from weirflow.spark import sink as sink_module
 from weirflow.spark.packing import unpack
 from weirflow.spark.result_replays import (
@@ -43,7 +44,6 @@ from weirflow.spark.result_replays import (
 )
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.spark.source_spec import release
-from weirflow.systems import Systems
 
 TASK = "counts-0"
 PARTITIONS = 2  # of each stream, and Spark partitions of the task's query
@@ -281,7 +281,7 @@ def test_a_checkpoint_of_many_replays_stays_within_every_store_s_limits(tmp_path
     and stays small; a restart reads them from that ledger, and fails naming it when it is missing."""
     from weirflow_aws.checkpoints import MAX_BODY_BYTES, encode
 
-    from weirflow.control import TaskControl
+    from weirflow.runtime.control import TaskControl
     from weirflow_azure.checkpoint.table import _control_row
 
     replays = Replays()

@@ -1,5 +1,5 @@
 """The streams a job reads back whole (table changelogs, intermediate streams) against their systems' retention
-(`weirflow.retention`): refused at start with a config error naming `systems.<name>.retention.loss.allowed`,
+(`weirflow.job.retention`): refused at start with a config error naming `systems.<name>.retention.loss.allowed`,
 started with a warning when that key is set. The systems are fakes of `weirflow.interfaces.system`, named by
 ``module:Class`` as a third-party system is."""
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from weirflow.base.errors import ConfigError
 from weirflow.config import load_config
 from weirflow.config.loader import Config
 from weirflow.endpoints.http_system import HttpSystemAdmin
-from weirflow.errors import ConfigError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import (
     PartitionMetadata,
@@ -26,10 +26,10 @@ from weirflow.interfaces.system import (
     SystemFactory,
     SystemProducer,
 )
+from weirflow.job.retention import check_retention
+from weirflow.job.systems import Systems
 from weirflow.pipeline.api import App
 from weirflow.pipeline.plan import PipelinePlan
-from weirflow.retention import check_retention
-from weirflow.systems import Systems
 from weirflow.tasks.record_task import RecordTaskRunner
 
 DAY_MS = 86_400_000
@@ -137,12 +137,12 @@ def test_with_the_key_set_the_job_starts_and_warns_naming_the_stream_its_system_
     config, systems = record_job(tmp_path, "systems.exp.retention.loss.allowed=true")
     RETENTION["lastview-1-table-last_view"] = Retention(7 * DAY_MS, "its setting")
     try:
-        with caplog.at_level(logging.WARNING, logger="weirflow.retention"):
+        with caplog.at_level(logging.WARNING, logger="weirflow.job.retention"):
             runner = RecordTaskRunner.from_config(config, systems, checkpoints=None)  # type: ignore[arg-type]
     finally:
         systems.close()
     assert runner.tables is not None and CREATED == ["lastview-1-table-last_view"]
-    [warning] = [r for r in caplog.records if r.name == "weirflow.retention"]
+    [warning] = [r for r in caplog.records if r.name == "weirflow.job.retention"]
     assert warning.levelno == logging.WARNING
     text = warning.getMessage()
     assert "the changelog of table 'last_view' ('lastview-1-table-last_view') is on system 'exp'" in text
@@ -156,13 +156,13 @@ def test_a_system_that_never_drops_records_needs_nothing_and_logs_nothing(
     config, systems = record_job(tmp_path)
     RETENTION["lastview-1-table-last_view"] = None
     try:
-        with caplog.at_level(logging.WARNING, logger="weirflow.retention"):
+        with caplog.at_level(logging.WARNING, logger="weirflow.job.retention"):
             RecordTaskRunner.from_config(config, systems, checkpoints=None)  # type: ignore[arg-type]
         assert systems.admin("local").retention("views") is None, "the embedded log keeps every record"
     finally:
         systems.close()
     assert CREATED == ["lastview-1-table-last_view"]
-    assert not [r for r in caplog.records if r.name == "weirflow.retention"]
+    assert not [r for r in caplog.records if r.name == "weirflow.job.retention"]
 
 
 def test_a_system_that_does_not_say_is_taken_to_drop_records(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Run ids per deployment (`weirflow.runs`): which run a processor joins when the config sets no `app.run.id`,
+"""Run ids per deployment (`weirflow.job.runs`): which run a processor joins when the config sets no `app.run.id`,
 the deployment fingerprint, and the record the leader marks when a run ends (SQLite metadata store; the
 record is one etag-guarded document, the same on every backend's store)."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from weirflow.config.loader import Config, load_config
-from weirflow.drain_notice import DEFAULT_RUN_ID
+from weirflow.job.drain_notice import DEFAULT_RUN_ID
+from weirflow.job.runs import RUN_KEY, RunBook, current_run_id, deployment_of
 from weirflow.local.metadata import SqliteMetadataStore
-from weirflow.runs import RUN_KEY, RunBook, current_run_id, deployment_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

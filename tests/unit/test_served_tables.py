@@ -17,7 +17,7 @@ from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService
 from weirflow.pipeline.api import App, PipelineError
 from weirflow.pipeline.plan import PipelinePlan
-from weirflow.served_tables import COMPACT_EVERY, TableReader, write_batch
+from weirflow.runtime.served_tables import COMPACT_EVERY, TableReader, write_batch
 
 
 def commit(location: Path, batch: int) -> None:

@@ -13,13 +13,13 @@ import pytest
 from pyspark.sql import types as T
 
 from weirflow.config.loader import Config
-from weirflow.control import MAX_TIMESTAMP_MS, ControlMessage, MessageType, TaskControl
-from weirflow.factories import checkpoint_factory
 from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
+from weirflow.runtime.control import MAX_TIMESTAMP_MS, ControlMessage, MessageType, TaskControl
 from weirflow.spark import source
 from weirflow.spark.batch_reader import BatchReader
-from weirflow.systems import Systems
 
 KEYS = ["local.mid.0", "local.mid.1"]
 TASK = "counts-0"

@@ -14,9 +14,9 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.spark import source
 from weirflow.spark.batch_reader import BatchReader
-from weirflow.systems import Systems
 
 SSPS = [f"local.views.{p}" for p in range(3)]
 
@@ -163,8 +163,8 @@ def test_a_drain_cuts_where_the_query_has_read_to_and_takes_no_new_input(
 
 
 def test_a_drain_message_of_another_run_is_not_an_end(tmp_path: Path) -> None:
-    from weirflow.control import ControlMessage, MessageType
     from weirflow.interfaces.system import RecordColumns
+    from weirflow.runtime.control import ControlMessage, MessageType
 
     options = {
         "config": Config.from_dict({"job.name": "x", "job.state.dir": str(tmp_path)}).snapshot(),

@@ -13,14 +13,14 @@ import pytest
 from pyspark.sql import types as T
 
 from weirflow.config.loader import Config
-from weirflow.control import encode_rows
-from weirflow.factories import checkpoint_factory
 from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
+from weirflow.runtime.control import encode_rows
 from weirflow.spark import source
 from weirflow.spark.batch_reader import BatchReader
 from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K
-from weirflow.systems import Systems
 
 KEY = "local.mid.0"
 TASK = "counts-0"
@@ -169,7 +169,7 @@ def test_packed_rows_of_another_pipeline_version_become_dead_letters(config: Con
 def test_a_reader_whose_processor_lost_the_task_sends_no_dead_letter(config: Config, tmp_path: Path) -> None:
     """Dead letters are sent fenced, as the sink's records are: a reader of a query whose processor no longer
     holds the task's lock (here: its keeper published no deadline for it) sends none and fails the read."""
-    from weirflow.errors import LockLostError
+    from weirflow.base.errors import LockLostError
     from weirflow.spark import fence
 
     systems = Systems(config)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from weirflow.base.errors import ConfigError, JavaMissingError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError, JavaMissingError
 from weirflow.spark import class_archive
 from weirflow.spark.java import check_java
 from weirflow.spark.session import prepare_environment, spark_settings, worker_python

@@ -10,14 +10,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from weirflow.base.errors import LockLostError
 from weirflow.config.loader import Config
-from weirflow.errors import LockLostError
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
+from weirflow.job.systems import Systems
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path
 from weirflow.spark import fence
 from weirflow.spark.sink import WeirflowStreamWriter
-from weirflow.systems import Systems
 
 LEASE_MS = 1500  # not renewed here: long enough for a first write (which opens the output stream)
 

@@ -27,7 +27,7 @@ def spark_checkpoint(root: Path, batch: int, end: int, committed: bool = True, h
 
 
 def task(offset: int, history: str = "") -> SimpleNamespace:
-    from weirflow.control import TaskControl
+    from weirflow.runtime.control import TaskControl
 
     return SimpleNamespace(
         name="views-by-page-1", offsets={SSP: str(offset)}, control=TaskControl(spark_history=history)
@@ -68,7 +68,7 @@ def test_catching_up_mirrors_the_state_before_the_checkpoint_names_the_batch(tmp
     """A processor killed between Spark's commit and its own checkpoint: the next start catches the store up
     with Spark's batch, and sends the state as of that batch to the state store first (a copy behind the
     store's offsets would restore state older than them elsewhere)."""
-    from weirflow.control import TaskControl
+    from weirflow.runtime.control import TaskControl
 
     location = spark_checkpoint(tmp_path / "spark", batch=4, end=50)
     (location / "state").mkdir()

@@ -6,11 +6,11 @@ import datetime as dt
 
 import pytest
 
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
 from weirflow.interfaces.system import RecordField
+from weirflow.job.start_position import parse_start
 from weirflow.spark.query import system_fields
-from weirflow.start_position import parse_start
 
 
 class _Admin:
@@ -86,7 +86,7 @@ class _NoTimeAdmin(_Admin):
 
 def test_a_start_time_on_a_system_that_cannot_seek_by_time_is_a_config_error() -> None:
     from weirflow.interfaces.system import SystemStreamPartition
-    from weirflow.start_position import start_offset
+    from weirflow.job.start_position import start_offset
 
     ssp = SystemStreamPartition("k", "views", 0)
     with pytest.raises(ConfigError, match=r"streams.views.start.*system 'k' cannot start a stream at a time"):
@@ -95,8 +95,8 @@ def test_a_start_time_on_a_system_that_cannot_seek_by_time_is_a_config_error() -
 
 def test_start_offset_on_the_embedded_log(tmp_path) -> None:
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
-    from weirflow.start_position import start_offset
-    from weirflow.systems import Systems
+    from weirflow.job.start_position import start_offset
+    from weirflow.job.systems import Systems
 
     config = Config.from_dict({"job": {"name": "j", "state": {"dir": str(tmp_path)}}}, base_dir=tmp_path)
     systems = Systems(config)
@@ -115,8 +115,8 @@ def test_start_offset_on_the_embedded_log(tmp_path) -> None:
 
 def test_sdk_checkpoint_is_a_start_keyword_and_a_system_without_them_is_a_config_error(tmp_path) -> None:
     from weirflow.interfaces.system import SystemStreamPartition
-    from weirflow.start_position import start_offset
-    from weirflow.systems import Systems
+    from weirflow.job.start_position import start_offset
+    from weirflow.job.systems import Systems
 
     assert parse_start(_config(start="SDK-checkpoint"), "views") == "sdk-checkpoint"
     config = Config.from_dict({"job": {"name": "j", "state": {"dir": str(tmp_path)}}}, base_dir=tmp_path)

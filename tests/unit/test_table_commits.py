@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.table_fakes import MemoryTableWriter, tables
-from weirflow.errors import LockLostError
+from weirflow.base.errors import LockLostError
 from weirflow.spark.replay import POS, PSS
 from weirflow.spark.table_commits import commit_rows, mark_name, ship, unship
 

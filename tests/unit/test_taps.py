@@ -15,13 +15,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from weirflow.config.loader import Config
-from weirflow.control import ControlMessage, MessageType, encode_rows, encode_user
 from weirflow.endpoints.server import EndpointServer, create_app
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.taps import TapService
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
+from weirflow.runtime.control import ControlMessage, MessageType, encode_rows, encode_user
 from weirflow.spark.packing import pack
-from weirflow.systems import Systems
 
 
 @pytest.fixture

@@ -14,15 +14,15 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.testclient import WebSocketDenialResponse
 
+from weirflow.base.errors import TapError
 from weirflow.config.loader import Config
 from weirflow.endpoints.read_pool import ReadPool
 from weirflow.endpoints.server import create_app
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.taps import TapService
-from weirflow.errors import TapError
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.job.systems import Systems
 from weirflow.local.launcher import wait_until
-from weirflow.systems import Systems
 
 CATASTROPHIC = "(a+)+$"  # Python's re backtracks exponentially on 'aaa...ab': 36 a's froze a processor
 DETECTOR_S = 10  # only a failure detector: RE2 answers in well under a millisecond

@@ -1,13 +1,13 @@
-"""`weirflow upgrade`'s checks before it drains anything (`weirflow.upgrade`): the new config must be the same
+"""`weirflow upgrade`'s checks before it drains anything (`weirflow.ops.upgrade`): the new config must be the same
 job in the same stores, and must not run under the run being drained."""
 
 from __future__ import annotations
 
 import pytest
 
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
-from weirflow.upgrade import check_next_run, check_same_job
+from weirflow.ops.upgrade import check_next_run, check_same_job
 
 
 def _config(**values: str) -> Config:

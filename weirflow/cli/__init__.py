@@ -20,9 +20,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from weirflow.base.errors import WeirflowError
 from weirflow.cli.common import ConfigArg, JsonOpt, SetOpt, console, err_console, load, user_errors
 from weirflow.cli.streams import streams_app
-from weirflow.errors import WeirflowError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 app.add_typer(streams_app, name="streams")
@@ -84,8 +84,8 @@ def _stop_on_signals(stop: Callable[[], None]) -> None:
 
 
 def status_document(cfg: Any) -> dict[str, Any]:
-    """The job's live picture (what `status --json` prints): `weirflow.job_status.job_status`."""
-    from weirflow.job_status import job_status
+    """The job's live picture (what `status --json` prints): `weirflow.ops.status.job_status`."""
+    from weirflow.ops.status import job_status
 
     return job_status(cfg)
 
@@ -151,8 +151,8 @@ def drain(
     """Drain the running deployment: sources stop at a cut, every window is flushed, intermediate streams are
     read to the end, every task checkpoints `drained` and the processors exit 0 (docs/drain.md)."""
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.job_context import JobContext
-    from weirflow.runs import current_run_id
+    from weirflow.job.context import JobContext
+    from weirflow.job.runs import current_run_id
 
     with user_errors():
         cfg = load(config, set_)
@@ -195,9 +195,9 @@ def upgrade(
     (docs/drain.md, "Upgrading"). Every window is emitted once: the old version's up to the drain's cut, the
     new version's from there."""
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.job_context import JobContext
-    from weirflow.runs import RunBook, current_run_id, deployment_of
-    from weirflow.upgrade import check_next_run, check_same_job
+    from weirflow.job.context import JobContext
+    from weirflow.job.runs import RunBook, current_run_id, deployment_of
+    from weirflow.ops.upgrade import check_next_run, check_same_job
 
     with user_errors():
         current = load(config, set_)
@@ -232,8 +232,8 @@ def upgrade(
 
 def _ask_drain(ctx: Any, run: str, liveness_timeout_ms: int) -> None:
     """Write a drain notification for ``run`` and say so; warn at once when no processor runs to act on it."""
-    from weirflow.drain_notice import DrainUtils
-    from weirflow.drain_progress import read_progress
+    from weirflow.job.drain_notice import DrainUtils
+    from weirflow.ops.drain_progress import read_progress
 
     notice = DrainUtils(ctx.metadata).write(run)
     console.print(f"drain requested for run [bold]{run}[/] (notification {notice.uuid})")
@@ -254,7 +254,7 @@ def _wait_drained(ctx: Any, run: str, liveness_timeout_ms: int, timeout_s: float
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from weirflow.drain_progress import read_progress
+    from weirflow.ops.drain_progress import read_progress
 
     deadline = time.monotonic() + timeout_s
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -342,8 +342,8 @@ def deploy_hubs(
 ) -> None:
     """Print every hub the job needs on SYSTEM (inputs, their dead-letter hubs, intermediate streams, outputs)
     with its partition count, as the `hubs` parameter of infra/main.bicep."""
-    from weirflow.deploy import hubs_to_create
-    from weirflow.job_mode import JobMode
+    from weirflow.job.mode import JobMode
+    from weirflow.ops.deploy import hubs_to_create
 
     with user_errors():
         cfg = load(config, set_)

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from weirflow.base.errors import ConfigError, WeirflowError
 from weirflow.config import load_config
-from weirflow.errors import ConfigError, WeirflowError
 
 console = Console()
 err_console = Console(stderr=True)

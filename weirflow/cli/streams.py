@@ -14,15 +14,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from weirflow.base.errors import WeirflowError
 from weirflow.cli.common import ConfigArg, JsonOpt, SetOpt, console, err_console, load, user_errors
-from weirflow.errors import WeirflowError
 
 streams_app = typer.Typer(no_args_is_help=True, help="Create, list, write and read streams of the job's systems.")
 
 
 @contextmanager
 def _systems(config: Path, overrides: list[str] | None) -> Iterator[Any]:
-    from weirflow.systems import Systems
+    from weirflow.job.systems import Systems
 
     cfg = load(config, overrides)
     systems = Systems(cfg)
@@ -171,8 +171,8 @@ def streams_consume(
     A record the job sent again after a crash (its id was printed already; docs/guarantees.md, "Reading results
     once") is left out, and how many were is printed last on stderr. `--json`: one JSON object per record, with
     its "id". `STREAM.dlq` reads the dead letters of a declared STREAM."""
+    from weirflow.interfaces.stream_names import dead_letter_ref
     from weirflow.results import ReplayFilter
-    from weirflow.stream_names import dead_letter_ref
 
     with user_errors(), _systems(config, set_) as (cfg, systems):
         ref = dead_letter_ref(cfg, stream) or systems.resolve(stream)

@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
+from weirflow.base.errors import ConfigError
 from weirflow.config.keys import FREE_PREFIXES, ConfigKey
 from weirflow.config.registry import registered_keys
-from weirflow.errors import ConfigError
-from weirflow.factories import SYSTEMS, is_plugin_factory, system_factory_value
+from weirflow.interfaces.plugins import SYSTEMS, is_plugin_factory, system_factory_value
 
 log = logging.getLogger("weirflow.config")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from weirflow.job_context import JobContext
-from weirflow.job_mode import JobMode
-from weirflow.job_model import TaskModel
+from weirflow.job.context import JobContext
+from weirflow.job.mode import JobMode
+from weirflow.job.model import TaskModel
 from weirflow.tasks.runner import TaskRunner
 
 if TYPE_CHECKING:

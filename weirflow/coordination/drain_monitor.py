@@ -2,7 +2,7 @@
 
 The follower polls the job's metadata store for a `DrainNotification` of its run id (one listing of the small
 ``drain/`` prefix per `job.drain.poll.interval.ms`). On the first one it creates the host-local drain flag
-(`weirflow.drain_notice.drain_flag_path`) that the Spark sources of its input streams look for when they plan
+(`weirflow.job.drain_notice.drain_flag_path`) that the Spark sources of its input streams look for when they plan
 their next batch: from then on they read up to a cut and no further, and the tasks drain as they end (the
 data plane's part: `weirflow.spark.source`, `weirflow.spark.task_progress`). Notifications for other run ids are
 logged once and ignored, so a drained job restarted under a new run id is not drained again by the old one.
@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from weirflow.drain_notice import DrainNotification, DrainUtils, drain_flag_path, run_id_of
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
+from weirflow.job.drain_notice import DrainNotification, DrainUtils, drain_flag_path, run_id_of
 
 log = logging.getLogger("weirflow.processor")
 

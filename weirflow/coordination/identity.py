@@ -21,10 +21,10 @@ import threading
 import time
 import uuid
 
-from weirflow import clock
+from weirflow.base import clock
+from weirflow.base.errors import DuplicateProcessorError
 from weirflow.coordination.state import ProcessorState, has_departed
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.errors import DuplicateProcessorError
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 
 log = logging.getLogger("weirflow.processor")

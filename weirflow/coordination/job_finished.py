@@ -29,15 +29,15 @@ import logging
 import time
 from collections.abc import Callable
 
-from weirflow import clock as wall_clock
-from weirflow import malformed
-from weirflow.control import TaskControl
-from weirflow.drain_notice import DEFAULT_RUN_ID, DrainUtils
-from weirflow.errors import MalformedDocumentError
+from weirflow.base import clock as wall_clock
+from weirflow.base import malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.metadata import MetadataStore
-from weirflow.job_model import JobModel
-from weirflow.runs import RunBook
+from weirflow.job.drain_notice import DEFAULT_RUN_ID, DrainUtils
+from weirflow.job.model import JobModel
+from weirflow.job.runs import RunBook
+from weirflow.runtime.control import TaskControl
 
 log = logging.getLogger("weirflow.processor")
 

@@ -6,10 +6,10 @@ leader writes it, always conditionally on the etag it read, so a deposed leader'
 
 from __future__ import annotations
 
-from weirflow import malformed
-from weirflow.errors import MalformedDocumentError
+from weirflow.base import malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.metadata import MetadataStore
-from weirflow.job_model import JobModel
+from weirflow.job.model import JobModel
 
 JOB_MODEL_KEY = "job-model"
 
@@ -30,7 +30,7 @@ MALFORMED_MODEL_ACTION = (
 
 
 def read_job_model_or_report(store: MetadataStore) -> tuple[JobModel | None, str | None]:
-    """Like `read_job_model`, but a malformed document is reported (`weirflow.malformed.report`, logged once)
+    """Like `read_job_model`, but a malformed document is reported (`weirflow.base.malformed.report`, logged once)
     and the model returned is None: a reader never acts on a model it cannot read, and never fails for it
     either (`MALFORMED_MODEL_ACTION` says what the readers do instead)."""
     try:

@@ -37,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow import telemetry
+from weirflow.base import telemetry
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.interfaces.coordination import Lock
 
@@ -194,7 +194,8 @@ class LeaseKeeper:
 
     def _renew(self, lock: Lock) -> tuple[float, bool]:
         """One renewal; its duration, when the store answered, goes to ``GET /metrics``
-        (`weirflow.telemetry.LEASE_RENEWAL_SECONDS`, by the monotonic clock whatever clock drives deadlines)."""
+        (`weirflow.base.telemetry.LEASE_RENEWAL_SECONDS`, by the monotonic clock whatever clock drives
+        deadlines)."""
         sent_at = self._clock()
         began = time.monotonic()
         renewed = bool(lock.renew())

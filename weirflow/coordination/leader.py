@@ -22,17 +22,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from weirflow import clock as wall_clock
-from weirflow import telemetry
-from weirflow.assignment import assign
+from weirflow.base import clock as wall_clock
+from weirflow.base import telemetry
+from weirflow.base.errors import EtagMismatchError, LockLostError
+from weirflow.coordination.assignment import assign
 from weirflow.coordination.job_model_store import publish_job_model, read_job_model_or_report
 from weirflow.coordination.model_history import ModelChange, describe_change, read_history_or_report, record_change
 from weirflow.coordination.state import has_departed, is_live
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.errors import EtagMismatchError, LockLostError
 from weirflow.interfaces.coordination import CoordinationUtils, LatchState, ProcessorInfo, latch_name
 from weirflow.interfaces.metadata import MetadataStore
-from weirflow.job_model import JobModel, TaskModel
+from weirflow.job.model import JobModel, TaskModel
 
 log = logging.getLogger("weirflow.leader")
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from weirflow.errors import LockLostError
+from weirflow.base.errors import LockLostError
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     Latch,

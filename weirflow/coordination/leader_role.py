@@ -9,15 +9,15 @@ import logging
 import time
 from collections.abc import Callable
 
+from weirflow.base.errors import LockLostError
 from weirflow.coordination.job_finished import FinishedWatch
 from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.loops import Leadership, LoopErrors
 from weirflow.coordination.processor_core import ProcessorCore
-from weirflow.drain_notice import run_id_of
-from weirflow.errors import LockLostError
 from weirflow.interfaces.coordination import LeaderElector
-from weirflow.job_model import TaskModel
+from weirflow.job.drain_notice import run_id_of
+from weirflow.job.model import TaskModel
 
 log = logging.getLogger("weirflow.processor")
 

@@ -30,12 +30,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow import malformed
+from weirflow.base import malformed
+from weirflow.base.errors import EtagMismatchError, MalformedDocumentError
 from weirflow.coordination.state import went_silent
-from weirflow.errors import EtagMismatchError, MalformedDocumentError
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.interfaces.metadata import MetadataStore
-from weirflow.job_model import JobModel
+from weirflow.job.model import JobModel
 
 log = logging.getLogger("weirflow.leader")
 
@@ -165,7 +165,7 @@ def describe_change(
 
 def read_history_or_report(store: MetadataStore) -> tuple[ModelHistory, str | None]:
     """The stored history and its etag; an empty one before the first record. A malformed document is reported
-    (`weirflow.malformed`) and read as empty: the next publication's record replaces it."""
+    (`weirflow.base.malformed`) and read as empty: the next publication's record replaces it."""
     try:
         document = store.get(HISTORY_KEY)
     except MalformedDocumentError as exc:  # not JSON

@@ -22,7 +22,8 @@ An exception in any loop is logged with its traceback, stored as the processor's
 (`weirflow.coordination.processor_core`) the processor moves to FAILED and `run` returns non-zero. Nothing is
 swallowed. A task stop that takes longer than `task.stop.timeout.ms` is abandoned and reported.
 
-**Malformed documents** (`weirflow.malformed`: reported once, never a loop error, since no retry repairs them):
+**Malformed documents** (`weirflow.base.malformed`: reported once, never a loop error, since no retry repairs
+them):
 a job model that cannot be read is not used (the processor keeps the model it works on and waits for a readable
 one); a task whose checkpoint cannot be read is not started (neither from the start nor from a guess) and is
 retried every `_TASK_RETRY_MS` while the other tasks run; drain notices and registry rows that cannot be read
@@ -46,7 +47,8 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from weirflow import clock, malformed
+from weirflow.base import clock, malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.config.loader import Config
 from weirflow.coordination.data_plane import JobDataPlane
 from weirflow.coordination.drain_monitor import DrainMonitor
@@ -61,12 +63,11 @@ from weirflow.coordination.loops import Leadership, LoopErrors, run_bounded
 from weirflow.coordination.server_hook import ProcessorServer
 from weirflow.coordination.state import ProcessorState
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.drain_notice import run_id_of
-from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo, latch_name, task_lock_name
-from weirflow.job_context import JobContext
-from weirflow.job_model import JobModel, TaskModel
-from weirflow.runs import RUN_RECORD_SOURCE, RunBook, RunDecision, deployment_of
+from weirflow.job.context import JobContext
+from weirflow.job.drain_notice import run_id_of
+from weirflow.job.model import JobModel, TaskModel
+from weirflow.job.runs import RUN_RECORD_SOURCE, RunBook, RunDecision, deployment_of
 from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.processor")
@@ -221,7 +222,7 @@ class StreamProcessor(LeaderRole, KeeperRole):
         return 1 if self._fatal else 0
 
     def _choose_run(self) -> RunDecision:
-        """Resolve the run this processor belongs to (`weirflow.runs`) and run under it: the config (and the
+        """Resolve the run this processor belongs to (`weirflow.job.runs`) and run under it: the config (and the
         context every part of the processor reads it from) gets it as `app.run.id`."""
         assert self.ctx is not None
         explicit = self.config.get("app.run.id") or None
@@ -352,7 +353,8 @@ class StreamProcessor(LeaderRole, KeeperRole):
 
     def _read_model(self) -> JobModel | None:
         """The published job model, or None when the stored document is malformed: it is reported once
-        (`weirflow.malformed`) and not used; the processor keeps the model it works on and waits for the leader
+        (`weirflow.base.malformed`) and not used; the processor keeps the model it works on and waits for the
+        leader
         (or an operator) to publish a readable one, instead of failing over a document no retry can repair."""
         assert self.ctx is not None
         model, _ = read_job_model_or_report(self.ctx.metadata)
@@ -478,7 +480,7 @@ class StreamProcessor(LeaderRole, KeeperRole):
         """The task's checkpoint is malformed: the task is not started (starting it as if it had none would
         replay its inputs from the start, and guessing its positions could skip records), its lock is released
         and it is tried again every `_TASK_RETRY_MS`, so a repaired checkpoint is picked up; the processor's
-        other tasks run on. Reported once per checkpoint content (`weirflow.malformed`)."""
+        other tasks run on. Reported once per checkpoint content (`weirflow.base.malformed`)."""
         self._release(task)
         self._pending[task] = clock.now_ms() + _TASK_RETRY_MS
         first = self._unreadable.get(task) != str(exc)

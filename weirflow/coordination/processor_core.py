@@ -10,15 +10,15 @@ import logging
 import threading
 from concurrent.futures import Future
 
-from weirflow import clock
+from weirflow.base import clock
 from weirflow.config.loader import Config
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.loops import Leadership, LoopErrors
 from weirflow.coordination.silence import SilentHolders
 from weirflow.coordination.state import ProcessorState, check_transition
 from weirflow.coordination.timings import CoordinationTimings
-from weirflow.job_context import JobContext
-from weirflow.job_model import JobModel
+from weirflow.job.context import JobContext
+from weirflow.job.model import JobModel
 from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.processor")

@@ -13,7 +13,7 @@ So a processor that is refused a lease looks at the holder: if the holder's regi
 *and* the same run, ``instance``) is silent past the liveness timeout, it breaks the lease
 (`Lock.break_if_held_by`, `LeaderElector.break_if_held_by`) and takes it at once. The epoch fence stays the
 last word: the new tenure's epoch is greater, so a write the silent holder sent before it fenced itself and
-that lands late is refused by the checkpoint store all the same (`weirflow.fencing`).
+that lands late is refused by the checkpoint store all the same (`weirflow.runtime.fencing`).
 
 A row judged here is read *after* the "now" it is compared with, so a row's measured age never exceeds its
 true age: a reader errs on the side of waiting.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from weirflow import clock as wall_clock
+from weirflow.base import clock as wall_clock
 from weirflow.coordination.state import is_silent
 from weirflow.interfaces.coordination import ProcessorInfo, ProcessorRegistry
 

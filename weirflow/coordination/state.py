@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from weirflow.errors import StateError
+from weirflow.base.errors import StateError
 
 if TYPE_CHECKING:
     from weirflow.interfaces.coordination import ProcessorInfo

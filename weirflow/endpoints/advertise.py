@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
-from weirflow.errors import StartupError
+from weirflow.base.errors import StartupError
 
 log = logging.getLogger("weirflow.endpoints")
 

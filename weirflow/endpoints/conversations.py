@@ -44,9 +44,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
+from weirflow.base.errors import WeirflowError
 from weirflow.endpoints.http_system import backing_system, connection_partition, request_record, responses_stream
 from weirflow.endpoints.read_pool import ReadPool
-from weirflow.errors import WeirflowError
 from weirflow.interfaces.system import SystemStreamPartition
 
 log = logging.getLogger("weirflow.endpoints")

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from weirflow.base.errors import WeirflowError
 from weirflow.endpoints.settings import EndpointSettings, is_loopback
-from weirflow.errors import WeirflowError
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from weirflow import clock
+from weirflow.base import clock
 
 log = logging.getLogger("weirflow.endpoints")
 

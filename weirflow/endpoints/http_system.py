@@ -41,7 +41,7 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow.systems import DEAD_LETTER_SUFFIX, HTTP_REQUEST_SCHEMA, dead_letter_stream
+from weirflow.job.systems import DEAD_LETTER_SUFFIX, HTTP_REQUEST_SCHEMA, dead_letter_stream
 
 REQUEST_SCHEMA = HTTP_REQUEST_SCHEMA  # defined with `is_http_stream`: the data plane reads it from there
 RESPONSES_SUFFIX = ".responses"
@@ -100,7 +100,7 @@ def request_record(
 
 class _Backed:
     def __init__(self, system_name: str, config: ConfigView) -> None:
-        from weirflow.factories import system_factory
+        from weirflow.interfaces.plugins import system_factory
 
         self.backing = backing_system(config, system_name)
         self.factory = system_factory(config, self.backing)

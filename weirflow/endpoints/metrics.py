@@ -1,6 +1,6 @@
 """``GET /metrics``: the processor's metrics in Prometheus text format (prometheus-client), read from the
 running processor at scrape time by a custom collector: nothing is updated on the hot path beyond the runner's
-own counts and the bucket increments of `weirflow.telemetry`.
+own counts and the bucket increments of `weirflow.base.telemetry`.
 
 Three sources, each a family of series (docs/endpoints.md, "Status page and metrics", lists every metric):
 
@@ -9,7 +9,7 @@ Three sources, each a family of series (docs/endpoints.md, "Status page and metr
   named by its stage, a stateful task's by the task), from the runner (`TaskRunner.task_stats`,
   `TaskRunner.query_stats`). Every task count is the task's own, so a sum over tasks counts nothing twice;
   what a shared query wrote but could not attribute to a task is in the query's own count only;
-* the process-wide registry (`weirflow.telemetry`): storage retries and errors, latch time-outs, checkpoint
+* the process-wide registry (`weirflow.base.telemetry`): storage retries and errors, latch time-outs, checkpoint
   write and lease renewal latencies, the Kinesis spool's size.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from weirflow.base.telemetry import METRICS, TELEMETRY, HistogramData, Telemetry
 from weirflow.coordination.leader import JobView
-from weirflow.telemetry import METRICS, TELEMETRY, HistogramData, Telemetry
 
 
 @dataclass(frozen=True)

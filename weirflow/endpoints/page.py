@@ -2,7 +2,7 @@
 ``GET /status`` and `weirflow status`. No scripts and no external assets; it refreshes itself every 5 s.
 
 What each part shows and where it comes from is in docs/endpoints.md ("Status page and metrics"): the
-processors (a silent one as ``SILENT``, with where its tasks went: `weirflow.job_status`), the last job model
+processors (a silent one as ``SILENT``, with where its tasks went: `weirflow.ops.status`), the last job model
 changes and the count of failovers (the leader's record, `weirflow.coordination.model_history`), the tasks
 (each live processor's ``GET /tasks``) and charts of throughput and lag over the last minutes (each live
 processor's ``GET /status/history``, summed: `weirflow.endpoints.history`, drawn by `weirflow.endpoints.charts`).

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from weirflow.errors import PeerError
+from weirflow.base.errors import PeerError
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 

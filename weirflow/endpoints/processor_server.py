@@ -4,8 +4,9 @@ Coordination serves nothing itself (docs/architecture.md): `StreamProcessor` tak
 (`weirflow.coordination.server_hook`) and `start_processor_server` is the one `weirflow run` passes, through
 `serving_processor`. It reads the processor's plain state (its state, leadership, job model version, lease
 renewals, the owner of each task), its runner (task and query stats, served tables and their routes,
-intermediate streams), the process's telemetry (`weirflow.telemetry`, read by the metrics collector), the job's
-picture (`weirflow.job_status`) and the history of its tasks' throughput and lag, sampled here and summed over
+intermediate streams), the process's telemetry (`weirflow.base.telemetry`, read by the metrics collector), the
+job's
+picture (`weirflow.ops.status`) and the history of its tasks' throughput and lag, sampled here and summed over
 the live processors for the status page (`weirflow.endpoints.history`).
 """
 
@@ -28,8 +29,8 @@ from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService
 from weirflow.endpoints.taps import TapService
 from weirflow.endpoints.task_report import TaskReport, gather
-from weirflow.job_status import job_status
-from weirflow.systems import is_http_stream
+from weirflow.job.systems import is_http_stream
+from weirflow.ops.status import job_status
 
 
 def serving_processor(config: Config, **kwargs: Any) -> StreamProcessor:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 
 T = TypeVar("T")
 

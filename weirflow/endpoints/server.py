@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from weirflow.base.errors import StartupError
 from weirflow.endpoints.advertise import advertised_url, unspecified
 from weirflow.endpoints.conversations import Conversations, add_conversation_routes
 from weirflow.endpoints.guards import BodyLimit, Refusal, RequestGuard, too_large
@@ -40,7 +41,6 @@ from weirflow.endpoints.openapi import describe_api
 from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.tables import TableService, add_table_routes, send_json, table_request
 from weirflow.endpoints.taps import TapService, add_tap_routes
-from weirflow.errors import StartupError
 
 log = logging.getLogger("weirflow.endpoints")
 

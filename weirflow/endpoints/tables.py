@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from weirflow.endpoints.peers import PeerClient, PeerError
-from weirflow.served_tables import ServedTable
+from weirflow.runtime.served_tables import ServedTable
 
 log = logging.getLogger("weirflow.endpoints")
 

@@ -37,12 +37,12 @@ from typing import Any
 import re2  # type: ignore[import-untyped]
 from starlette.websockets import WebSocket
 
-from weirflow.control import MalformedMessageError, MessageType, decode
+from weirflow.base.errors import TapError
 from weirflow.endpoints.read_pool import ReadPool
-from weirflow.errors import TapError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import IncomingRecord, SystemStreamPartition
-from weirflow.systems import DEAD_LETTER_SUFFIX, StreamRef, dead_letter_stream, stream_ref
+from weirflow.job.systems import DEAD_LETTER_SUFFIX, StreamRef, dead_letter_stream, stream_ref
+from weirflow.runtime.control import MalformedMessageError, MessageType, decode
 
 log = logging.getLogger("weirflow.endpoints")
 
@@ -55,7 +55,7 @@ DEFAULT_READ_THREADS = 2  # a TapService built without the server's pool (tests,
 @dataclass(frozen=True)
 class TapTarget:
     ref: StreamRef
-    intermediate: bool  # records carry control framing and packed rows (`weirflow.control`)
+    intermediate: bool  # records carry control framing and packed rows (`weirflow.runtime.control`)
 
 
 class TapService:

@@ -47,7 +47,8 @@ class CheckpointManager(ABC):
       greatest ``epoch`` written per task, and a write with a smaller one raises `FencedOffError` and changes
       nothing, decided in the same transaction or conditional write that stores it — so a late write of a
       task's former lock holder can neither move offsets backwards nor revert ``finished``. Reads return the
-      stored epoch. Callers write through `weirflow.fencing.FencedCheckpointWriter`, which stamps the lock's
+      stored epoch. Callers write through `weirflow.runtime.fencing.FencedCheckpointWriter`, which stamps the
+      lock's
       epoch and *claims* the task when it starts.
     * Raise on failure: a write that returns normally is durable.
     """

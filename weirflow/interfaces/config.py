@@ -9,7 +9,7 @@ group::
 
 Every installed plugin's keys are then validated at load (type, unknown-key suggestions) and rendered in the
 one reference (``weirflow config-reference``, docs/configuration.md). A key under ``systems.<name>.`` that
-belongs to a system plugin sets ``system`` to that plugin's alias in ``weirflow.systems``: it then applies
+belongs to a system plugin sets ``system`` to that plugin's alias in ``weirflow.job.systems``: it then applies
 only to systems whose factory (``systems.<name>.factory``) is that plugin (the alias, a path to its class, or
 a subclass); set on any other system it is a config error.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from weirflow.errors import ConfigError
+    from weirflow.base.errors import ConfigError
 
 KeyType = Literal["str", "int", "bool", "list", "duration_ms"]
 
@@ -36,7 +36,7 @@ class ConfigKey:
     """One key. ``default`` None with ``required`` False means "unset unless given".
 
     A name part written ``<name>`` or ``<id>`` is a placeholder for one dotted segment. ``system`` (only for
-    ``systems.<name>.*`` keys) is the alias, in ``weirflow.systems``, of the system plugin owning the key.
+    ``systems.<name>.*`` keys) is the alias, in ``weirflow.job.systems``, of the system plugin owning the key.
     ``aliases`` are deprecated names still accepted for this key (each warns, naming this key)."""
 
     name: str

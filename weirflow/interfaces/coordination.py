@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from weirflow.errors import MalformedDocumentError
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.timings import CoordinationTimings
 
@@ -198,7 +198,7 @@ class ProcessorInfo:
     def from_json(cls, data: Any) -> ProcessorInfo:
         """The row of a stored JSON object (unknown fields ignored); `MalformedDocumentError` when it is not one
         of a processor: ``processor_id``, ``host``, ``pid`` and ``state`` missing, or a field of the wrong type
-        (a registry reader skips such a row and reports it, `weirflow.malformed`)."""
+        (a registry reader skips such a row and reports it, `weirflow.base.malformed`)."""
         if not isinstance(data, dict):
             raise MalformedDocumentError(f"processor row is not a JSON object: {data!r:.200}")
         row = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
@@ -239,7 +239,7 @@ class ProcessorRegistry(ABC):
     """Who is alive. Contract:
     * ``heartbeat(info)`` upserts the row (``info.heartbeat_ms`` is set by the caller, on its clock).
     * ``processors()`` returns every row, live or not, sorted by processor id, with ``heartbeat_ms`` and
-      ``started_ms`` on the reader's clock (`weirflow.clock.now_ms`). A backend whose store stamps writes
+      ``started_ms`` on the reader's clock (`weirflow.base.clock.now_ms`). A backend whose store stamps writes
       measures ages on that clock and converts (see `ProcessorInfo`); one that cannot returns the writer's
       values, and then its processors' clocks must agree to well under the liveness timeout (the embedded
       backend: one host, one clock).

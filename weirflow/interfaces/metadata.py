@@ -11,13 +11,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from weirflow.errors import MalformedDocumentError
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 
 
 def decode_value(key: str, raw: str | bytes) -> Any:
     """A stored document's JSON; `MalformedDocumentError` naming ``key`` when it is not JSON. A store's ``get``
-    raises it; its ``list`` leaves the document out and reports it (`weirflow.malformed`), so one unreadable
+    raises it; its ``list`` leaves the document out and reports it (`weirflow.base.malformed`), so one unreadable
     document does not hide the others."""
     try:
         return json.loads(raw)

@@ -9,7 +9,8 @@ Spark writes, per micro-batch ``b`` of a query, into its checkpoint directory (`
   plus ``.zip`` / ``.changelog`` for RocksDB) while it runs;
 * ``commits/<b>`` once it is done.
 
-The served tables (`weirflow.served_tables`) keep one file per batch under ``served/``, and a stateful task's sink
+The served tables (`weirflow.runtime.served_tables`) keep one file per batch under ``served/``, and a stateful
+task's sink
 one per batch under ``results/`` (``results/<b>.json``: where the task's outputs ended when the batch committed
 and the replays still to come, `weirflow.spark.result_replays.ResultsLedger`). Every file is written
 once and never changed (a temporary file renamed), so a copy can be kept up to date by sending new files only
@@ -168,7 +169,8 @@ def has_offsets(location: Path) -> bool:
 # Files of a batch after ``b`` may already exist while batch ``b``'s copy is being made (the next batch has
 # started); they are left out, so a restored copy is exactly Spark's directory as of batch ``b``.
 _LOG = re.compile(rf"^({OFFSETS_DIR}|{COMMITS_DIR})/(\d+)$")
-_SERVED = re.compile(rf"^{SERVED_DIR}/[^/]+/(\d+)\.(?:delta|snapshot)$")  # weirflow.served_tables: one per batch
+# weirflow.runtime.served_tables: one per batch
+_SERVED = re.compile(rf"^{SERVED_DIR}/[^/]+/(\d+)\.(?:delta|snapshot)$")
 _RESULTS = re.compile(rf"^{RESULTS_DIR}/(\d+)\.json$")  # weirflow.spark.result_replays: one per batch
 _STATE_VERSION = re.compile(rf"^{STATE_DIR}/.+/(\d+)(?:_[^/]*)?\.(?:delta|snapshot|zip|changelog)$")
 
@@ -176,7 +178,8 @@ _STATE_VERSION = re.compile(rf"^{STATE_DIR}/.+/(\d+)(?:_[^/]*)?\.(?:delta|snapsh
 def committed_files(local: Path, batch: int) -> dict[str, int]:
     """Relative path -> size of every file of ``local`` that belongs to its state as of committed ``batch``:
     metadata and source files, the offset and commit logs up to ``batch``, state files up to version
-    ``batch + 1``, served-table files (`weirflow.served_tables`) and results ledgers up to ``batch``. Spark's
+    ``batch + 1``, served-table files (`weirflow.runtime.served_tables`) and results ledgers up to ``batch``.
+    Spark's
     hidden checksum and temporary files (``.*.crc``, ``.*.tmp``) are left out."""
     found: dict[str, int] = {}
     for path in local.rglob("*"):

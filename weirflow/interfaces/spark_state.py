@@ -41,7 +41,7 @@ class SparkStateStore(ABC):
     def mirror(self, task: str, local: Path, batch: int, epoch: int) -> MirrorReport:
         """Make the stored copy of ``task`` equal ``local`` as of committed batch ``batch`` (files of later,
         uncommitted batches are left out), sending only files not stored yet. ``epoch`` is the holder's lock
-        epoch: a copy stored by a later holder refuses the write (`weirflow.errors.FencedOffError`)."""
+        epoch: a copy stored by a later holder refuses the write (`weirflow.base.errors.FencedOffError`)."""
 
     @abstractmethod
     def restore(self, task: str, local: Path) -> int | None:

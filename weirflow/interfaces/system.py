@@ -250,7 +250,7 @@ class SystemAdmin(ABC):
     # (`RecordColumns`), which make a replay recognisable downstream. Without them, between stages is at least
     # once on this system (docs/guarantees.md).
     record_ordinals: ClassVar[bool] = False
-    # Put before a task's partition number in its name (`weirflow.grouper`): Kinesis's virtual tasks are "v".
+    # Put before a task's partition number in its name (`weirflow.job.grouper`): Kinesis's virtual tasks are "v".
     task_prefix: ClassVar[str] = ""
     # Whether a reader gets the records of each partition (of each `read_sequence`) in the order they were sent.
     # True (the embedded log, Event Hubs): a reader of a job's outputs keeps one mark per lane to leave replays
@@ -276,7 +276,7 @@ class SystemAdmin(ABC):
     @abstractmethod
     def create_stream(self, spec: StreamSpec) -> bool:
         """Create the stream if missing. Return True if created, False if it already existed with the same
-        partition count; raise `weirflow.errors.StreamExistsError` (a `ValueError`) if it exists with a
+        partition count; raise `weirflow.base.errors.StreamExistsError` (a `ValueError`) if it exists with a
         different count."""
 
     @abstractmethod

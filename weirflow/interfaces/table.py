@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.errors import WeirflowError
+from weirflow.base.errors import WeirflowError
 
 
 class TableConflictError(WeirflowError):
@@ -73,13 +73,13 @@ class TableWriter(ABC):
         checked before it.
 
         The first commit creates the table from ``rows``' schema (partitioned as the system's config says);
-        rows whose schema the table cannot take raise `weirflow.errors.ConfigError`-like errors naming the
+        rows whose schema the table cannot take raise `weirflow.base.errors.ConfigError`-like errors naming the
         table and the column. Raise `TableConflictError` (nothing committed) when a commit after
         ``read_version`` set any of ``marks``; other concurrent commits (appends of other tasks) do not
         conflict. ``before_attempt`` runs right before every attempt to write the commit, the first and each
         retry, and what it raises ends the commit (the fence, as in `SystemProducer.send_fenced`). Transient
         failures of the storage are retried (bounded); the last raises
-        `weirflow.errors.ServiceUnavailableError` naming the table's location."""
+        `weirflow.base.errors.ServiceUnavailableError` naming the table's location."""
 
     @abstractmethod
     def rows_since(self, table: str, version: int) -> Iterator[Any]:

@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock
-from weirflow.errors import FencedOffError, MalformedDocumentError
+from weirflow.base import clock
+from weirflow.base.errors import FencedOffError, MalformedDocumentError
+from weirflow.base.sqlite import Database
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import task_lock_name
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.local.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (task TEXT NOT NULL, ssp TEXT NOT NULL, next_offset TEXT NOT NULL,

@@ -22,7 +22,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock, malformed
+from weirflow.base import clock, malformed
+from weirflow.base.sqlite import Database
 from weirflow.interfaces.coordination import (
     CoordinationUtils,
     Latch,
@@ -33,7 +34,6 @@ from weirflow.interfaces.coordination import (
     ProcessorRegistry,
 )
 from weirflow.interfaces.leases import LeaseLeaderElector, LeaseLock
-from weirflow.local.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_ms INTEGER NOT NULL,
@@ -221,7 +221,7 @@ class SqliteProcessorRegistry(ProcessorRegistry):
         )
 
     def processors(self) -> list[ProcessorInfo]:
-        """Every readable row; a malformed one is reported once (`weirflow.malformed`) and left out."""
+        """Every readable row; a malformed one is reported once (`weirflow.base.malformed`) and left out."""
         rows = self._db.connection().execute("SELECT processor_id, info FROM processors ORDER BY processor_id")
         found = []
         for processor_id, info in rows.fetchall():

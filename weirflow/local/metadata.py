@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock, malformed
-from weirflow.errors import EtagMismatchError, LockLostError, MalformedDocumentError
+from weirflow.base import clock, malformed
+from weirflow.base.errors import EtagMismatchError, LockLostError, MalformedDocumentError
+from weirflow.base.sqlite import Database
 from weirflow.interfaces.metadata import Document, LeaseHolder, MetadataStore, decode_value
-from weirflow.local.database import Database
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS metadata (key TEXT PRIMARY KEY, value TEXT NOT NULL, etag TEXT NOT NULL);"
 

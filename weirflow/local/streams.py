@@ -19,8 +19,14 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock
-from weirflow.errors import InvalidArgumentError, PartitionNotFoundError, StreamExistsError, StreamNotFoundError
+from weirflow.base import clock
+from weirflow.base.errors import (
+    InvalidArgumentError,
+    PartitionNotFoundError,
+    StreamExistsError,
+    StreamNotFoundError,
+)
+from weirflow.base.sqlite import Database
 from weirflow.interfaces.system import (
     IncomingRecord,
     OutgoingRecord,
@@ -32,7 +38,6 @@ from weirflow.interfaces.system import (
     SystemProducer,
     SystemStreamPartition,
 )
-from weirflow.local.database import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS streams (

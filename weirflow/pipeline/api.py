@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.errors import PipelineError
+from weirflow.base.errors import PipelineError
 from weirflow.interfaces.config import ConfigView
-from weirflow.systems import is_http_stream
+from weirflow.job.systems import is_http_stream
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 ColumnLike = Any  # a column name or a pyspark Column
@@ -103,7 +103,7 @@ class Stream:
 
         ``key`` is a column name, and the stage must hold its keys whole: read from ``partition_by(key)``, so
         that the task owning a key is known from the key alone. The table is kept with the task's Spark
-        checkpoint (`weirflow.served_tables`) and moves with it.
+        checkpoint (`weirflow.runtime.served_tables`) and moves with it.
         """
         if not isinstance(key, str) or not key:
             raise PipelineError(f"serve('{name}') needs key= a column name, got {key!r}")

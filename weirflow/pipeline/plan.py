@@ -11,11 +11,11 @@ after its first input in declaration order, with characters outside [A-Za-z0-9_]
 ``<job.name>-<job.id>-<name>`` on system `job.intermediate.system` (default `job.default.system`) with
 `job.intermediate.partitions` partitions (default: the most partitions of any input of the pipeline).
 They are created through the system's `SystemAdmin` when missing, once a processor has checked that their
-system keeps every record, or that the job accepts it may not (`weirflow.retention`). Their messages carry the
-in-band control framing of `weirflow.control`.
+system keeps every record, or that the job accepts it may not (`weirflow.job.retention`). Their messages carry the
+in-band control framing of `weirflow.runtime.control`.
 
 **Dead letters.** Each input stream ``<id>`` has a dead-letter stream ``<physical>.dlq`` on the same system,
-with as many partitions, created when missing. Both names come from `weirflow.systems` (`stream_ref`,
+with as many partitions, created when missing. Both names come from `weirflow.job.systems` (`stream_ref`,
 `dead_letter_stream`), the one home of stream naming.
 """
 
@@ -26,15 +26,15 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from weirflow.errors import StreamNotFoundError
-from weirflow.grouper import group_by_partition, partition_task
+from weirflow.base.errors import StreamNotFoundError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.job.grouper import group_by_partition, partition_task
+from weirflow.job.model import TaskModel
+from weirflow.job.retention import ReadBackStream
+from weirflow.job.systems import StreamRef, Systems, dead_letter_stream, stream_id_of, stream_ref
+from weirflow.job.user_code import load_callable
 from weirflow.pipeline.api import App, Node, PipelineError, Sink
-from weirflow.retention import ReadBackStream
-from weirflow.systems import StreamRef, Systems, dead_letter_stream, stream_id_of, stream_ref
-from weirflow.user_code import load_callable
 
 
 def load_pipeline(config: ConfigView) -> App:
@@ -180,7 +180,7 @@ class PipelinePlan:
         return self.systems.resolve(stream_id)
 
     def read_back(self) -> list[ReadBackStream]:
-        """The intermediate streams, which the job must read back whole (`weirflow.retention`)."""
+        """The intermediate streams, which the job must read back whole (`weirflow.job.retention`)."""
         placed_by = (
             "job.intermediate.system" if self.config.get("job.intermediate.system") else "job.default.system"
         )

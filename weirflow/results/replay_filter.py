@@ -62,7 +62,7 @@ import threading
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.results.ids import DeadLetterId, RowId, parse
 

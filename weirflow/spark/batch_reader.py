@@ -15,8 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from weirflow.clock import now_ms
-from weirflow.control import (
+from weirflow.base.clock import now_ms
+from weirflow.base.errors import MalformedDocumentError, UnreadableRangeError
+from weirflow.interfaces.system import RecordColumns
+from weirflow.runtime.control import (
     CONTROL_KIND_NAMES,
     ControlMessage,
     MalformedMessageError,
@@ -25,8 +27,6 @@ from weirflow.control import (
     TaskControl,
     decode,
 )
-from weirflow.errors import MalformedDocumentError, UnreadableRangeError
-from weirflow.interfaces.system import RecordColumns
 from weirflow.spark import lane_marks
 from weirflow.spark.lane_marks import LaneCheck
 from weirflow.spark.packing import unpack
@@ -169,7 +169,7 @@ class BatchReader:
     # --- the watermark a read moves Spark to -----------------------------------------------------------
     def _early_watermark(self) -> int | None:
         """The reconciled watermark of the stream over the task's partitions once this read's control messages
-        are added to the task's checkpointed control state (`weirflow.control.StreamControl`); None while a
+        are added to the task's checkpointed control state (`weirflow.runtime.control.StreamControl`); None while a
         producer has not reported.
 
         A stateful task's query otherwise moves Spark's watermark only in the batch after the processor
@@ -436,7 +436,7 @@ class BatchReader:
         if not self._dead:
             return
         from weirflow.interfaces.system import OutgoingRecord
-        from weirflow.systems import dead_letter_stream
+        from weirflow.job.systems import dead_letter_stream
 
         stream = dead_letter_stream(self.spec.physical)
         records = [  # named by the record's place, so a replayed read's dead letter is recognised (its id)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from weirflow.errors import StartupError
+from weirflow.base.errors import StartupError
 from weirflow.spark.java import check_java, java_version_text
 
 log = logging.getLogger("weirflow.spark")

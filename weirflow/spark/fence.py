@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weirflow.errors import LockLostError
+from weirflow.base.errors import LockLostError
 
 _lock = threading.Lock()
 _coordination: dict[tuple[str, str, str], Any] = {}
@@ -134,7 +134,7 @@ def _coordination_for(snapshot: str, owner: str, instance: str) -> Any:
         utils = _coordination.get(key)
         if utils is None:
             from weirflow.config.loader import Config
-            from weirflow.factories import coordinator_factory
+            from weirflow.interfaces.plugins import coordinator_factory
 
             config = Config.from_snapshot(snapshot)
             utils = _coordination[key] = coordinator_factory(config).get_coordination_utils(

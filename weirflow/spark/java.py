@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from weirflow.errors import JavaMissingError
+from weirflow.base.errors import JavaMissingError
 
 
 @functools.lru_cache(maxsize=4)

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from weirflow.grouper import partition_task
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job.grouper import partition_task
 from weirflow.spark.replay import Marks, input_partition, parts_of
 
 log = logging.getLogger("weirflow.spark.marks")
@@ -39,7 +39,7 @@ CHECK_EVERY_MS = 60_000
 @dataclass(frozen=True)
 class LaneSource:
     """Where the rows of one producer stage's input with lanes come from: the stream, and how the producer's
-    tasks are named (`weirflow.grouper.partition_task`)."""
+    tasks are named (`weirflow.job.grouper.partition_task`)."""
 
     system: str
     stream: str

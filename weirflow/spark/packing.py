@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from weirflow.control import encode_rows
-from weirflow.errors import MalformedMessageError
+from weirflow.base.errors import MalformedMessageError
+from weirflow.runtime.control import encode_rows
 
 MAX_ROWS = 4096
 # Arrow's IPC framing: schema message, batch header and padding, counted generously.

@@ -10,12 +10,12 @@ import logging
 import os
 from collections.abc import Callable
 
-from weirflow.factories import spark_state_factory
-from weirflow.job_context import JobContext
-from weirflow.job_model import TaskModel
+from weirflow.interfaces.plugins import spark_state_factory
+from weirflow.job.context import JobContext
+from weirflow.job.model import TaskModel
+from weirflow.job.retention import check_retention
 from weirflow.pipeline.api import PipelineError
 from weirflow.pipeline.plan import PipelinePlan, load_pipeline
-from weirflow.retention import check_retention
 from weirflow.spark.query import StageBuilder
 from weirflow.spark.runner import SparkTaskRunner
 from weirflow.spark.session import build_spark_session

@@ -19,8 +19,8 @@ import logging
 import queue
 from typing import Any
 
-from weirflow.control import MAX_TIMESTAMP_MS
 from weirflow.interfaces.spark_checkpoint import SourceOffset
+from weirflow.runtime.control import MAX_TIMESTAMP_MS
 
 log = logging.getLogger("weirflow.spark")
 

@@ -26,18 +26,18 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from weirflow.drain_notice import drain_flag_path, run_id_of
-from weirflow.errors import PipelineError
+from weirflow.base.errors import PipelineError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
+from weirflow.job.drain_notice import drain_flag_path, run_id_of
+from weirflow.job.start_position import parse_start
+from weirflow.job.systems import HTTP_REQUEST_SCHEMA, is_http_stream
 from weirflow.pipeline.api import Node
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.lane_marks import LaneSource, encode_sources
 from weirflow.spark.replay import POSITION_COLUMNS, input_codes
 from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
-from weirflow.start_position import parse_start
-from weirflow.systems import HTTP_REQUEST_SCHEMA, is_http_stream
 
 log = logging.getLogger("weirflow.spark")
 

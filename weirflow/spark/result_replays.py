@@ -55,11 +55,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from weirflow.control import MessageType
-from weirflow.errors import MalformedDocumentError
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.spark_checkpoint import planned_batch
 from weirflow.interfaces.system import SystemStream, SystemStreamPartition
 from weirflow.results.ids import ResultId, parse
+from weirflow.runtime.control import MessageType
 from weirflow.spark.packing import unpack
 from weirflow.spark.replay import compare_offsets
 

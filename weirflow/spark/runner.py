@@ -33,16 +33,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from weirflow.control import TaskControl
-from weirflow.drain_notice import run_id_of
-from weirflow.errors import StartupError
+from weirflow.base.errors import StartupError
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.spark_state import SparkStateStore
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.job.drain_notice import run_id_of
+from weirflow.job.model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
-from weirflow.served_tables import TableReader
+from weirflow.runtime.control import TaskControl
+from weirflow.runtime.served_tables import TableReader
 from weirflow.spark.fence import LeaseBoard
 from weirflow.spark.progress import ProgressFeed, ProgressView
 from weirflow.spark.query import StageBuilder

@@ -30,7 +30,7 @@ import pyarrow.json as pa_json
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from weirflow.errors import DecodeError
+from weirflow.base.errors import DecodeError
 
 SERDES = ("json", "string", "bytes")
 

@@ -30,7 +30,7 @@ from weirflow.interfaces.config import ConfigView
 
 if TYPE_CHECKING:
     from weirflow.config.loader import Config  # `spark_settings` reads a whole prefix (`Config.subset`)
-from weirflow.fault_points import PROCESSOR_PID
+from weirflow.runtime.fault_points import PROCESSOR_PID
 from weirflow.spark import forkserver
 from weirflow.spark.class_archive import java_options
 from weirflow.spark.java import check_java

@@ -12,7 +12,7 @@ belongs to when there are several:
 
 A served table (``Stream.serve``) is not sent anywhere: each partition returns its latest row per key in its
 commit message, and ``commit`` writes them into the task's Spark checkpoint directory (``served_dir``,
-`weirflow.served_tables`).
+`weirflow.runtime.served_tables`).
 
 Executors send with `SystemProducer.send_fenced`, which is durable when it returns and checks the fence
 (`weirflow.spark.fence`) right before every attempt: a micro-batch commits only after every output record
@@ -39,11 +39,12 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from weirflow import fault_points
-from weirflow.errors import RecordTooLargeError
+from weirflow.base.errors import RecordTooLargeError
 from weirflow.interfaces.system import OutgoingRecord
+from weirflow.job.systems import dead_letter_stream
 from weirflow.results.ids import result_digest, result_id, result_origin, row_id
-from weirflow.served_tables import write_batch
+from weirflow.runtime import fault_points
+from weirflow.runtime.served_tables import write_batch
 from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
@@ -61,7 +62,6 @@ from weirflow.spark.result_replays import (
 )
 from weirflow.spark.source import systems_for
 from weirflow.spark.table_commits import commit_rows, ship, unship
-from weirflow.systems import dead_letter_stream
 
 log = logging.getLogger("weirflow.spark")
 
@@ -80,7 +80,7 @@ class WrittenCount(WriterCommitMessage):
     """What one partition wrote: rows per output, and of them those of each task (task -> output -> rows) when
     the query runs several tasks and the rows say whose they are (`WeirflowStreamWriter._by_task`); per served
     table its latest row per key (key -> JSON), which ``commit`` records on the driver's machine
-    (`weirflow.served_tables`); the replayed results it did not write again (replay key -> copies,
+    (`weirflow.runtime.served_tables`); the replayed results it did not write again (replay key -> copies,
     `weirflow.spark.result_replays`); per output that is a table its rows, which ``commit`` commits
     (`weirflow.spark.table_commits`)."""
 

@@ -23,10 +23,11 @@ file named by the ``drain_flag`` option, and the next ``latestOffset`` that find
 open partition where the query has read to: it takes no new input (as Flink's ``stop --drain``: a backlog is
 left to the next deployment, so a drain takes a few micro-batches however far behind the job is). That batch
 reads nothing more and carries one ``drain`` control row per SSP instead of ``eos``. Intermediate streams
-need no cut: they end when every producer task's drain message arrived (`weirflow.control`), and drain
+need no cut: they end when every producer task's drain message arrived (`weirflow.runtime.control`), and drain
 messages of another deployment (another ``run-id``) are ignored.
 
-``w`` is the watermark the task's reconciliation asked for (see `weirflow.control`): the processor stores it
+``w`` is the watermark the task's reconciliation asked for (see `weirflow.runtime.control`): the processor stores
+it
 in the task's checkpoint, ``latestOffset`` picks it up and the batch carries one ``inject`` row whose
 ``__wm_time`` moves Spark's watermark to exactly that point. A batch that reads a bounded input stream to its
 end (or to its drain cut) injects +infinity at once. Queries of stateless stages inject nothing: they
@@ -61,10 +62,10 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-from weirflow.control import (
+from weirflow.interfaces.spark_checkpoint import PartitionOffset, SourceOffset
+from weirflow.runtime.control import (
     MAX_TIMESTAMP_MS,
 )
-from weirflow.interfaces.spark_checkpoint import PartitionOffset, SourceOffset
 from weirflow.spark import workergc
 from weirflow.spark.batch_reader import BatchReader
 from weirflow.spark.source_spec import (
@@ -130,7 +131,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
     def _injected(self) -> int | None:
         if self._checkpoints is None:
             from weirflow.config.loader import Config
-            from weirflow.factories import checkpoint_factory
+            from weirflow.interfaces.plugins import checkpoint_factory
 
             config = Config.from_snapshot(self.spec.snapshot)
             self._checkpoints = checkpoint_factory(config).get_checkpoint_manager(config)

@@ -48,7 +48,7 @@ def systems_for(snapshot: str) -> Any:
         systems = _clients.get(snapshot)
         if systems is None:
             from weirflow.config.loader import Config
-            from weirflow.systems import Systems
+            from weirflow.job.systems import Systems
 
             systems = _clients[snapshot] = Systems(Config.from_snapshot(snapshot))
         return systems
@@ -60,7 +60,7 @@ def checkpoints_for(snapshot: str) -> Any:
         manager = _checkpoint_managers.get(snapshot)
         if manager is None:
             from weirflow.config.loader import Config
-            from weirflow.factories import checkpoint_factory
+            from weirflow.interfaces.plugins import checkpoint_factory
 
             config = Config.from_snapshot(snapshot)
             manager = checkpoint_factory(config).get_checkpoint_manager(config)

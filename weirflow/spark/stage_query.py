@@ -29,6 +29,7 @@ from weirflow.interfaces.spark_checkpoint import (
     last_committed,
 )
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.job.start_position import start_offset
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
@@ -36,7 +37,6 @@ from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import pss
 from weirflow.spark.result_replays import from_checkpoint, tails_of, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
-from weirflow.start_position import start_offset
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage

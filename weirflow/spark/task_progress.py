@@ -29,8 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weirflow import clock, fault_points
-from weirflow.control import (
+from weirflow.base import clock
+from weirflow.base.errors import FencedOffError, LockLostError
+from weirflow.base.telemetry import BATCH_BUCKETS, Histogram
+from weirflow.interfaces.checkpoint import Checkpoint
+from weirflow.interfaces.coordination import Lock
+from weirflow.interfaces.spark_checkpoint import RESULTS_DIR, has_state, history_of, last_committed
+from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
+from weirflow.job.model import TaskModel
+from weirflow.job.systems import Systems
+from weirflow.runtime import fault_points
+from weirflow.runtime.control import (
     CONTROL_KIND_TYPES,
     FLUSHED_WATERMARK_MS,
     MAX_TIMESTAMP_MS,
@@ -41,21 +50,13 @@ from weirflow.control import (
     decode,
     is_control,
 )
-from weirflow.errors import FencedOffError, LockLostError
-from weirflow.fencing import FencedCheckpointWriter
-from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.interfaces.coordination import Lock
-from weirflow.interfaces.spark_checkpoint import RESULTS_DIR, has_state, history_of, last_committed
-from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.runtime.fencing import FencedCheckpointWriter
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import compare_offsets
 from weirflow.spark.result_replays import ResultsLedger, in_checkpoint
 from weirflow.spark.writer_log import WROTE_FORMAT
-from weirflow.systems import Systems
-from weirflow.telemetry import BATCH_BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage

@@ -6,11 +6,11 @@ A record-task job reads the streams in `task.inputs`; they form one stage, ``mai
 
 from __future__ import annotations
 
-from weirflow.grouper import group_by_partition
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_model import TaskModel
-from weirflow.systems import Systems
+from weirflow.job.grouper import group_by_partition
+from weirflow.job.model import TaskModel
+from weirflow.job.systems import Systems
 
 RECORD_STAGE = "main"
 

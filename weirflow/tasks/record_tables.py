@@ -3,10 +3,11 @@
 A record function serves a table by returning ``{"table": <name>, "key": <key>, "value": <row>}`` among its
 outgoing dicts. The row goes to the table's **changelog stream** (Samza's changelog: the table's history as a
 log), ``<job.name>-<job.id>-table-<name>`` on `job.default.system`, in the partition of the task that wrote it;
-the task keeps the table in memory (`weirflow.served_tables.MemoryTable`) and, wherever it starts, rebuilds it
+the task keeps the table in memory (`weirflow.runtime.served_tables.MemoryTable`) and, wherever it starts,
+rebuilds it
 from its changelog partition before it reads any input. The changelog is written with the task's other
 outputs, before its offsets advance, so the table is never behind the checkpoint. A changelog is the table's only
-copy: a processor refuses to start with one on a system that may drop records (`weirflow.retention`).
+copy: a processor refuses to start with one on a system that may drop records (`weirflow.job.retention`).
 
 Lookups are routed like a pipeline's: the key's partition in the job's first input stream (its system's
 `SystemAdmin.partition_for_key`) is the task holding it, so a table's keys must be the keys the input records
@@ -15,10 +16,10 @@ are sent with.
 
 from __future__ import annotations
 
-from weirflow.grouper import partition_task
 from weirflow.interfaces.config import ConfigView
-from weirflow.retention import ReadBackStream
-from weirflow.systems import StreamRef, Systems
+from weirflow.job.grouper import partition_task
+from weirflow.job.retention import ReadBackStream
+from weirflow.job.systems import StreamRef, Systems
 from weirflow.tasks.planning import RECORD_STAGE
 
 
@@ -59,7 +60,7 @@ class RecordTables:
         return StreamRef(f"{table}.changelog", system, physical)
 
     def read_back(self) -> list[ReadBackStream]:
-        """The changelogs, which the job must read back whole (`weirflow.retention`): they are the tables."""
+        """The changelogs, which the job must read back whole (`weirflow.job.retention`): they are the tables."""
         return [
             ReadBackStream(
                 self.changelog(name),

@@ -53,22 +53,22 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.control import TaskControl
-from weirflow.drain_notice import DEFAULT_RUN_ID, run_id_of
-from weirflow.errors import ConfigError, LockLostError, WeirflowError
-from weirflow.fencing import FencedCheckpointWriter
+from weirflow.base.errors import ConfigError, LockLostError, WeirflowError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import IncomingRecord, OutgoingRecord, StreamSpec, SystemStreamPartition
-from weirflow.job_model import TaskModel
-from weirflow.retention import check_retention
-from weirflow.served_tables import MemoryTable
-from weirflow.start_position import parse_start, start_offset
-from weirflow.systems import Systems
+from weirflow.job.drain_notice import DEFAULT_RUN_ID, run_id_of
+from weirflow.job.model import TaskModel
+from weirflow.job.retention import check_retention
+from weirflow.job.start_position import parse_start, start_offset
+from weirflow.job.systems import Systems
+from weirflow.job.user_code import load_callable
+from weirflow.runtime.control import TaskControl
+from weirflow.runtime.fencing import FencedCheckpointWriter
+from weirflow.runtime.served_tables import MemoryTable
 from weirflow.tasks.record_tables import RecordTables
 from weirflow.tasks.runner import TaskRunner
-from weirflow.user_code import load_callable
 
 log = logging.getLogger("weirflow.tasks")
 

@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from weirflow.interfaces.coordination import Lock
-from weirflow.job_model import TaskModel
-from weirflow.served_tables import ServedTable
+from weirflow.job.model import TaskModel
+from weirflow.runtime.served_tables import ServedTable
 
 
 class TableRoutes(Protocol):
@@ -99,7 +99,8 @@ class TaskRunner(ABC):
         """The processor saw a drain notification for run ``run_id`` (docs/drain.md); called on every poll from
         then on, so it must be idempotent. A runner whose tasks read in this process stops each at a cut,
         flushes its outputs and checkpoints it drained in ``run_id``. The default does nothing: the Spark data
-        plane's sources learn of the drain from the host's drain flag (`weirflow.drain_notice.drain_flag_path`)."""
+        plane's sources learn of the drain from the host's drain flag
+        (`weirflow.job.drain_notice.drain_flag_path`)."""
 
     @abstractmethod
     def running(self) -> set[str]: ...
@@ -110,7 +111,8 @@ class TaskRunner(ABC):
 
     def task_stats(self) -> dict[str, dict[str, Any]]:
         """Per running task: ``batches``, ``records_in``, ``records_out`` (output stream -> records written for
-        this task), ``last_batch_ms``, ``batch_seconds`` (a histogram, `weirflow.telemetry.Histogram.to_json`),
+        this task), ``last_batch_ms``, ``batch_seconds`` (a histogram,
+        `weirflow.base.telemetry.Histogram.to_json`),
         ``last_checkpoint_ms``, ``dead_letters``, ``offsets`` (SSP key -> next offset) and ``query`` (the name of
         the query running it), for ``GET /metrics`` and the status page; a runner that keeps none returns {}.
         Each count is the task's own: summed over tasks, nothing is counted twice."""
@@ -122,7 +124,8 @@ class TaskRunner(ABC):
         return {}
 
     def table(self, task_name: str, table: str) -> ServedTable | None:
-        """The task's copy of served table ``table`` (`weirflow.served_tables`), once the task runs here and
+        """The task's copy of served table ``table`` (`weirflow.runtime.served_tables`), once the task runs here
+        and
         the copy is current (restored, its query started); None otherwise."""
         return None
 

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from weirflow import fencing
-from weirflow.errors import FencedOffError, LockLostError
-from weirflow.fencing import FencedCheckpointWriter
+from weirflow.base.errors import FencedOffError, LockLostError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.runtime import fencing
+from weirflow.runtime.fencing import FencedCheckpointWriter
 from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import Contract, new_job_name
 
@@ -99,7 +99,8 @@ class CheckpointManagerContract(Contract):
         self, checkpoint_manager, monkeypatch
     ) -> None:
         """The race the token closes: the former holder's lock check passed, then (in the delay before its
-        write, `weirflow.fencing.before_write`) the task's next holder claimed it; the former write is refused."""
+        write, `weirflow.runtime.fencing.before_write`) the task's next holder claimed it; the former write is
+        refused."""
         former = FencedCheckpointWriter("main-0", checkpoint_manager, _HeldLock("task-main-0", epoch=1))
         former.claim(None)
         later = FencedCheckpointWriter("main-0", checkpoint_manager, _HeldLock("task-main-0", epoch=2))

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from weirflow.errors import EtagMismatchError
+from weirflow.base.errors import EtagMismatchError
 from weirflow.interfaces.metadata import MetadataStore
 from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import Contract, new_job_name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from weirflow import clock
+from weirflow.base import clock
 from weirflow.coordination.state import is_live
 from weirflow.interfaces.coordination import ProcessorInfo
 from weirflow.testing.contracts._base import CoordinationContract

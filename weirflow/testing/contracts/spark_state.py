@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from weirflow.errors import FencedOffError
+from weirflow.base.errors import FencedOffError
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore
 from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import Contract

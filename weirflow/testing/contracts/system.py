@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from weirflow.errors import StreamExistsError, StreamNotFoundError
+from weirflow.base.errors import StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import (
     OutgoingRecord,
     RecordColumns,

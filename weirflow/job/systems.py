@@ -1,6 +1,7 @@
 """The job's systems: build each system's admin, consumer and producer once, from `systems.<name>.factory`.
 
-Streams are named by `weirflow.stream_names` (a stream id resolved to its system and physical name, the name
+Streams are named by `weirflow.interfaces.stream_names` (a stream id resolved to its system and physical name,
+the name
 of its dead letters), re-exported here for the core's modules that import them with the systems.
 """
 
@@ -10,16 +11,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from weirflow.factories import system_factory
 from weirflow.interfaces.config import ConfigView
-from weirflow.interfaces.system import (
-    SystemAdmin,
-    SystemConsumer,
-    SystemFactory,
-    SystemProducer,
-)
-from weirflow.interfaces.table import TableWriter
-from weirflow.stream_names import (
+from weirflow.interfaces.plugins import system_factory
+from weirflow.interfaces.stream_names import (
     DEAD_LETTER_SUFFIX,
     StreamRef,
     dead_letter_stream,
@@ -27,6 +21,13 @@ from weirflow.stream_names import (
     stream_id_of,
     stream_ref,
 )
+from weirflow.interfaces.system import (
+    SystemAdmin,
+    SystemConsumer,
+    SystemFactory,
+    SystemProducer,
+)
+from weirflow.interfaces.table import TableWriter
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
@@ -50,7 +51,7 @@ HTTP_REQUEST_SCHEMA = "connection string, kind string, request string, body stri
 def is_http_stream(config: ConfigView | None, stream_id: str) -> bool:
     """Whether ``stream_id`` is on a system whose factory is ``http`` (request/response, docs/endpoints.md):
     such a stream is both read (requests) and written (responses) by the job."""
-    from weirflow.factories import system_factory_value
+    from weirflow.interfaces.plugins import system_factory_value
 
     if config is None:
         return False

@@ -5,7 +5,7 @@ docs/aws.md).
 A call is retried while its error is transient (the backend's error table says which), with exponential
 backoff plus jitter, for at most ``attempts`` attempts and never starting one that could time out past the
 deadline. Then it fails with `ServiceUnavailableError` naming the operation, the resource and the endpoint.
-Each retry is logged at WARNING and counted for ``GET /metrics`` (`weirflow.telemetry`: labelled by store and
+Each retry is logged at WARNING and counted for ``GET /metrics`` (`weirflow.base.telemetry`: labelled by store and
 operation, never the resource, so the series stay few).
 """
 
@@ -28,8 +28,8 @@ from tenacity import (
     wait_random,
 )
 
-from weirflow import telemetry
-from weirflow.errors import ServiceUnavailableError
+from weirflow.base import telemetry
+from weirflow.base.errors import ServiceUnavailableError
 
 T = TypeVar("T")
 

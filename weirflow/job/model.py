@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.errors import MalformedDocumentError
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.interfaces.system import SystemStreamPartition
 
 FORMAT = 1

@@ -4,7 +4,7 @@ The manual sequence of docs/drain.md ("Upgrading") as one command, so that nothi
 
 1. check that the new config is the same job (`job.name`, `job.id`, the same stores) and can run under a run
    of its own (its `app.run.id`, if it sets one, is not the drained run's);
-2. drain the run the job runs now (the config's `app.run.id`, else the recorded run; `weirflow.runs`) and wait
+2. drain the run the job runs now (the config's `app.run.id`, else the recorded run; `weirflow.job.runs`) and wait
    until every task drained and every processor exited: `weirflow drain --wait`;
 3. record the next run (`RunBook.start_next`): the new version's processors join it whatever run id they
    would have chosen, and the drained version's processors, should they start again (a container platform
@@ -15,8 +15,8 @@ The manual sequence of docs/drain.md ("Upgrading") as one command, so that nothi
 
 from __future__ import annotations
 
+from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
-from weirflow.errors import ConfigError
 
 # Keys that say which job and which stores: an upgrade continues the same job in the same stores.
 SAME_JOB_KEYS = ("job.name", "job.id", "job.coordinator.factory", "task.checkpoint.factory")
@@ -35,7 +35,7 @@ def check_same_job(current: Config, new: Config) -> None:
 
 def check_next_run(new: Config, drained_run: str, run_id: str | None) -> str | None:
     """The run id the new version must run under, if it is fixed (``--run-id`` or the new config's
-    `app.run.id`); None lets `weirflow.runs` make one. `ConfigError` when it is the drained run's (the new
+    `app.run.id`); None lets `weirflow.job.runs` make one. `ConfigError` when it is the drained run's (the new
     version would finish at once) or the two disagree."""
     configured = new.get("app.run.id") or None
     if run_id and configured and run_id != configured:

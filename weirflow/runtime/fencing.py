@@ -20,8 +20,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from weirflow import telemetry
-from weirflow.errors import LockLostError
+from weirflow.base import telemetry
+from weirflow.base.errors import LockLostError
 from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.coordination import Lock
 
@@ -43,7 +43,7 @@ class FencedCheckpointWriter:
 
     def write(self, checkpoint: Checkpoint) -> None:
         """Both checks, then the write; a write that succeeded is timed for ``GET /metrics``
-        (`weirflow.telemetry.CHECKPOINT_WRITE_SECONDS`: the lock check and the store's write)."""
+        (`weirflow.base.telemetry.CHECKPOINT_WRITE_SECONDS`: the lock check and the store's write)."""
         began = time.monotonic()
         if not self._lock.is_held():
             raise LockLostError(self._lock.name, self._lock.owner)

@@ -11,7 +11,7 @@ skipped, a job model is not used, a task whose checkpoint is malformed is not st
 "Once": the WARNING is logged the first time a document's problem is seen in this process, keyed by the
 document's name and a hash of its content, so a follower polling every second does not repeat it, while a
 document rewritten with another problem is logged again. `collect` gathers what the reads of one call met, for
-`weirflow.job_status.job_status` to list under ``"malformed"``.
+`weirflow.ops.status.job_status` to list under ``"malformed"``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("weirflow.malformed")
+log = logging.getLogger("weirflow.base.malformed")
 
 _MAX_REMEMBERED = 10_000  # (document, content hash) pairs kept; past it the set starts afresh (logs once more)
 

@@ -18,16 +18,16 @@ def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
     ``state: SILENT`` with ``tasks`` the ones the job model still assigns to it and ``moved_to`` (task -> its
     owner now, null: unassigned) for the tasks its row last reported; ``reported_state`` and
     ``reported_tasks`` keep what its row says, for every processor."""
-    from weirflow import clock, malformed
+    from weirflow.base import clock, malformed
     from weirflow.coordination.job_model_store import read_job_model_or_report
     from weirflow.coordination.model_history import read_history_or_report
     from weirflow.coordination.state import is_live, went_silent
     from weirflow.coordination.timings import CoordinationTimings
-    from weirflow.drain_notice import DrainUtils
-    from weirflow.drain_progress import task_drain_states
-    from weirflow.job_context import JobContext
-    from weirflow.job_model import JobModel
-    from weirflow.runs import current_run_id
+    from weirflow.job.context import JobContext
+    from weirflow.job.drain_notice import DrainUtils
+    from weirflow.job.model import JobModel
+    from weirflow.job.runs import current_run_id
+    from weirflow.ops.drain_progress import task_drain_states
 
     own = ctx is None
     if own:
@@ -84,6 +84,6 @@ def job_status(cfg: Any, ctx: Any = None) -> dict[str, Any]:
         # (weirflow.coordination.model_history), and how many were failovers since the job began
         "job_model_changes": [change.to_json() for change in reversed(history.changes)],
         "failovers": history.failovers,
-        # documents in the job's stores that this weirflow cannot read, skipped (weirflow.malformed)
+        # documents in the job's stores that this weirflow cannot read, skipped (weirflow.base.malformed)
         "malformed": [entry.to_json() for entry in found],
     }

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from weirflow.errors import MalformedDocumentError, MalformedMessageError
+from weirflow.base.errors import MalformedDocumentError, MalformedMessageError
 
 CONTROL_VERSION = 1
 # 9999-12-31T00:00:00Z in ms: "no more data, ever". Spark accepts it as a timestamp and a watermark.

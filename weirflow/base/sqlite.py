@@ -4,7 +4,7 @@ WAL lets readers proceed while one writer writes; read-modify-write sequences ru
 transactions, which take the write lock up front so two processes cannot both read the old state and both
 act on it. Each thread gets its own connection (sqlite3 connections must not be shared across threads).
 A transaction failing in SQLite itself (busy past the timeout, a full disk, a corrupt file) and a retry of the
-switch to WAL are counted for ``GET /metrics`` (`weirflow.telemetry`, ``store="sqlite"``).
+switch to WAL are counted for ``GET /metrics`` (`weirflow.base.telemetry`, ``store="sqlite"``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
-from weirflow import telemetry
+from weirflow.base import telemetry
 
 
 class Database:

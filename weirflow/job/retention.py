@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import Retention
-from weirflow.systems import StreamRef, Systems
+from weirflow.job.systems import StreamRef, Systems
 
-log = logging.getLogger("weirflow.retention")
+log = logging.getLogger("weirflow.job.retention")
 
 GUIDE = 'docs/guarantees.md, "Streams read back whole"'
 

@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 
 ENV = "WEIRFLOW_FAULT_POINT"
 ARMED_BY = "WEIRFLOW_FAULT_ARMED_BY"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from weirflow.errors import InvalidArgumentError
+from weirflow.base.errors import InvalidArgumentError
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job_model import TaskModel
+from weirflow.job.model import TaskModel
 
 _STAGE = re.compile(r"^[A-Za-z0-9_]+$")
 

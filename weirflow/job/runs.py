@@ -43,14 +43,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from weirflow import __version__, clock, malformed
+from weirflow.base import clock, malformed
+from weirflow.base.errors import EtagMismatchError, InvalidArgumentError, MalformedDocumentError
+from weirflow.base.version import __version__
 from weirflow.config.loader import Config
-from weirflow.drain_notice import DEFAULT_RUN_ID
-from weirflow.errors import EtagMismatchError, InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.metadata import Document, MetadataStore
-from weirflow.user_code import make_importable
+from weirflow.job.drain_notice import DEFAULT_RUN_ID
+from weirflow.job.user_code import make_importable
 
-log = logging.getLogger("weirflow.runs")
+log = logging.getLogger("weirflow.job.runs")
 
 RUN_KEY = "run"
 RUN_RECORD_SOURCE = "<the job's run record>"  # where a resolved run id came from (`weirflow config` shows it)

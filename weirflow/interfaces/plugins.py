@@ -11,7 +11,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import TypeVar
 
-from weirflow.errors import ConfigError, FactoryError
+from weirflow.base.errors import ConfigError, FactoryError
 from weirflow.interfaces.checkpoint import CheckpointManagerFactory
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import JobCoordinatorFactory
@@ -24,7 +24,7 @@ T = TypeVar("T")
 COORDINATORS = "weirflow.coordinators"
 CHECKPOINTS = "weirflow.checkpoints"
 METADATA = "weirflow.metadata"
-SYSTEMS = "weirflow.systems"
+SYSTEMS = "weirflow.job.systems"
 SPARK_STATE = "weirflow.spark_state"
 
 

@@ -8,13 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow import malformed
-from weirflow.control import TaskControl
+from weirflow.base import malformed
+from weirflow.base.errors import MalformedDocumentError
 from weirflow.coordination.state import ProcessorState
-from weirflow.errors import MalformedDocumentError
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.coordination import ProcessorInfo
-from weirflow.job_model import JobModel
+from weirflow.job.model import JobModel
+from weirflow.runtime.control import TaskControl
 
 # a task's drain state: what `weirflow status` shows per task
 RUNNING, DRAINING, DRAINED, FINISHED, MALFORMED = "running", "draining", "drained", "finished", "malformed"
@@ -26,7 +26,7 @@ def task_drain_states(
 ) -> dict[str, str]:
     """Per task: ``drained`` (checkpointed drained in ``run_id``), ``finished`` (its bounded inputs ended), else
     ``draining`` while a drain of the run is requested, or ``running``; ``malformed`` when its checkpoint cannot
-    be read (reported: `weirflow.malformed`; such a task is not run, so it never drains). One checkpoint read
+    be read (reported: `weirflow.base.malformed`; such a task is not run, so it never drains). One checkpoint read
     per task."""
     states = {}
     for task in sorted(tasks):
@@ -104,7 +104,7 @@ class DrainProgress:
 
 def read_progress(ctx: Any, run_id: str, liveness_timeout_ms: int, draining: bool = True) -> DrainProgress:
     """The drain of deployment ``run_id`` as the job's stores show it now (``ctx``: an open `JobContext`)."""
-    from weirflow import clock
+    from weirflow.base import clock
     from weirflow.coordination.job_model_store import read_job_model_or_report
 
     model, _ = read_job_model_or_report(ctx.metadata)

@@ -9,7 +9,7 @@ restarted under a new run id for its upgrade is not drained again by the old req
 
 `DrainUtils` writes, reads and removes notifications (named after Samza's ``DrainUtils``); the leader removes the
 notification of its run once every task drained. A malformed document under ``drain/`` (not a notification of
-this format: ``{}``, a field of the wrong type) is reported once (`weirflow.malformed`) and skipped by every
+this format: ``{}``, a field of the wrong type) is reported once (`weirflow.base.malformed`) and skipped by every
 read: it neither drains the job nor fails the processors that poll for notifications.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from weirflow import clock, malformed
-from weirflow.errors import InvalidArgumentError, MalformedDocumentError
+from weirflow.base import clock, malformed
+from weirflow.base.errors import InvalidArgumentError, MalformedDocumentError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.metadata import MetadataStore
 
@@ -39,8 +39,8 @@ class DrainMode(str, enum.Enum):
 
 def run_id_of(config: ConfigView) -> str:
     """The deployment's run id: `app.run.id`, or ``default`` when it is unset. A processor's config carries the
-    run it resolved at start (`weirflow.runs`); a command's, where the config sets none, is read from the job's
-    run record (`weirflow.runs.current_run_id`)."""
+    run it resolved at start (`weirflow.job.runs`); a command's, where the config sets none, is read from the job's
+    run record (`weirflow.job.runs.current_run_id`)."""
     return str(config.get("app.run.id") or DEFAULT_RUN_ID)
 
 
@@ -118,7 +118,7 @@ class DrainUtils:
 
     def all(self) -> list[DrainNotification]:
         """Every notification stored, oldest first (one listing of the ``drain/`` prefix). A malformed document
-        is reported (`weirflow.malformed.report`, logged once) and left out."""
+        is reported (`weirflow.base.malformed.report`, logged once) and left out."""
         found = []
         for doc in self._metadata.list(PREFIX):
             try:

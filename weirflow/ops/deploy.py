@@ -3,9 +3,10 @@ counts, so infrastructure code (infra/, docs/deploy.md) creates the hubs the job
 
 Systems like Event Hubs are infrastructure: weirflow checks their streams and never creates them
 (`SystemAdmin.create_stream`), so a deployment must create every one of them beforehand — the inputs, their
-dead-letter streams (`weirflow.systems.dead_letter_stream`), the pipeline's intermediate streams and its outputs —
+dead-letter streams (`weirflow.job.systems.dead_letter_stream`), the pipeline's intermediate streams and its
+outputs —
 with the partition counts the job expects. `hubs_to_create` lists them by the planner's own rules
-(`weirflow.pipeline.plan.intermediate_partitions`, `weirflow.systems`), from config alone (nothing is
+(`weirflow.pipeline.plan.intermediate_partitions`, `weirflow.job.systems`), from config alone (nothing is
 contacted). `weirflow deploy hubs CONFIG` prints them.
 """
 
@@ -14,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weirflow.interfaces.config import ConfigView
-from weirflow.job_mode import JobMode
-from weirflow.systems import StreamRef, dead_letter_stream, declared_streams, stream_ref
+from weirflow.job.mode import JobMode
+from weirflow.job.systems import StreamRef, dead_letter_stream, declared_streams, stream_ref
 
 
 @dataclass(frozen=True, order=True)

@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from weirflow.config.loader import Config
-from weirflow.factories import (
+from weirflow.interfaces.checkpoint import CheckpointManager
+from weirflow.interfaces.coordination import CoordinationUtils
+from weirflow.interfaces.metadata import MetadataStore
+from weirflow.interfaces.plugins import (
     checkpoint_factory,
     coordinator_factory,
     metadata_store_factory,
     validate_factories,
 )
-from weirflow.interfaces.checkpoint import CheckpointManager
-from weirflow.interfaces.coordination import CoordinationUtils
-from weirflow.interfaces.metadata import MetadataStore
 from weirflow.interfaces.timings import CoordinationTimings
-from weirflow.job_mode import JobMode
-from weirflow.systems import Systems
+from weirflow.job.mode import JobMode
+from weirflow.job.systems import Systems
 
 
 @dataclass
@@ -27,7 +27,7 @@ class JobContext:
     metadata: MetadataStore
     checkpoints: CheckpointManager
     systems: Systems
-    mode: JobMode  # a pipeline or a record job, decided once from the config (`weirflow.job_mode`)
+    mode: JobMode  # a pipeline or a record job, decided once from the config (`weirflow.job.mode`)
 
     @classmethod
     def open(
