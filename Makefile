@@ -10,7 +10,7 @@ EXTRAS ?= dev,azure,emulator,kinesis,aws,delta,monitor
 EDITABLE ?= -e
 NODE_STAMP := node_modules/.installed-stamp
 
-.PHONY: run test install java node test-tools spark-archive lint docs clean
+.PHONY: run test install java node test-tools spark-archive lint docs dist clean
 
 # uv installs the packages (pinned here; pip installs it): the same resolution from PyPI as pip, in half
 # the time, which every `make run` and `make test` on a new machine waits for. Two settings halve it again
@@ -72,7 +72,8 @@ run: install spark-archive
 # The JRE and npm checks run first (the venv's install and npm need them; apt holds one lock). Then three at once:
 # apt installs the test tools, npm installs Azurite, and the venv is installed: the first two wait mostly on the
 # network, the last on a core. Spark's class archive (once per venv) is not dumped here: pytest starts the dump in
-# the background when it is missing, while its workers collect and run tests that wait (tests/spark_jvm.py).
+# the background when it is missing, while its workers collect and run tests that wait
+# (tests/support/spark_jvm.py).
 test: java node
 	@$(MAKE) --no-print-directory -j3 test-tools $(NODE_STAMP) install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
@@ -99,6 +100,15 @@ lint: install
 
 docs: install
 	$(PY) -m weirflow.config.reference > docs/configuration.md
+
+# What a release publishes, in dist/: the sdist and the one wheel (core and every plugin package, the plugins'
+# dependencies behind extras), built as pip builds them (an isolated environment with [build-system]'s setuptools,
+# the wheel from the unpacked sdist), then checked as PyPI reads them (metadata, the README as long description).
+# dist/ is emptied first, so `twine check` and an upload see this build's files only.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
 
 clean:
 	rm -rf $(VENV) node_modules .weirflow examples/*/.weirflow

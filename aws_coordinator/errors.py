@@ -32,7 +32,13 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from weirflow.base.errors import ServiceUnavailableError, WeirflowError, raising_mapped, table_entry
+from weirflow.base.errors import (
+    ServiceUnavailableError,
+    WeirflowError,
+    error_code,
+    raising_mapped,
+    table_entry,
+)
 
 
 class AwsError(WeirflowError):
@@ -102,13 +108,6 @@ AWS_ERRORS: ErrorTable = {
 }
 
 
-def error_code(exc: BaseException) -> str:
-    """The service's error code of a `ClientError` (``""`` for anything else)."""
-    if isinstance(exc, ClientError):
-        return str(exc.response.get("Error", {}).get("Code", ""))
-    return ""
-
-
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of a `ClientError`'s reply, or None."""
     if isinstance(exc, ClientError):
@@ -119,7 +118,8 @@ def status_of(exc: BaseException) -> int | None:
 
 def classify(exc: BaseException, table: ErrorTable = AWS_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: its error code's entry first, then its HTTP
-    status's, then the entry of its most derived type."""
+    status's, then the entry of its most derived type (the shared lookup, `weirflow.base.errors.table_entry`,
+    with the shared `error_code`, which the suite's other modules import from here)."""
     return table_entry(table, exc, error_code(exc), status_of(exc))
 
 

@@ -61,26 +61,16 @@ class AwsCoordinationUtils(CoordinationUtils):
         self.aws.close()
 
 
-def _check_deadline(config: ConfigView, aws: Aws, timings: CoordinationTimings) -> None:
-    """A call must end, retries included, before the self-fence acts on a renewal that did not come
-    (docs/coordination.md, "The self-fence")."""
-    deadline_ms = round(aws.settings.retry_deadline_s * 1000)
-    if deadline_ms >= timings.renew_margin_ms:
-        raise config.error(
-            "aws.retry.deadline.ms",
-            f"{deadline_ms} ms is not shorter than job.coordinator.lease.renew.margin.ms "
-            f"({timings.renew_margin_ms} ms): a lease renewal could still be retrying when the processor must "
-            "fence itself; lower it (with aws.request.timeout.ms) or raise the margin",
-        )
-
-
 class AwsJobCoordinatorFactory(JobCoordinatorFactory):
     def get_coordination_utils(
         self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
     ) -> CoordinationUtils:
         aws = Aws.from_config(config)
         timings = timings or CoordinationTimings.from_config(config)
-        _check_deadline(config, aws, timings)
+        # a call must end, retries included, before the self-fence acts on a renewal that did not come
+        timings.check_call_deadline(
+            config, "aws.retry.deadline.ms", aws.settings.retry_deadline_s, "aws.request.timeout.ms"
+        )
         log.info(
             "aws coordination: table %s on %s",
             aws.settings.table_name(COORDINATION),

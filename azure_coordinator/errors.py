@@ -27,7 +27,13 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from weirflow.base.errors import ServiceUnavailableError, WeirflowError, raising_mapped
+from weirflow.base.errors import (
+    ServiceUnavailableError,
+    WeirflowError,
+    lineage_keys,
+    raising_mapped,
+    table_entry,
+)
 
 
 class AzureStorageError(WeirflowError):
@@ -63,18 +69,10 @@ STORAGE_ERRORS: ErrorTable = {
 
 def classify(exc: BaseException, table: ErrorTable = STORAGE_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: the entry of its HTTP status first (what the
-    service answered says more than which client raised it), else the entry of its most derived type."""
-    lineage = type(exc).__mro__
-    if isinstance(exc, HttpResponseError):
-        for cls in lineage:
-            target = table.get((cls, exc.status_code))
-            if target is not None:
-                return target
-    for cls in lineage:
-        target = table.get(cls)
-        if target is not None:
-            return target
-    return None
+    service answered says more than which client raised it), else the entry of its most derived type (the
+    shared lookup, `weirflow.base.errors.table_entry`; a status is a key only with its exception's type)."""
+    status = lineage_keys(exc, exc.status_code) if isinstance(exc, HttpResponseError) else ()
+    return table_entry(table, exc, *status)
 
 
 def is_transient(exc: BaseException) -> bool:

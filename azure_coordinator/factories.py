@@ -65,20 +65,6 @@ def _lease_ms(config: ConfigView) -> int:
     return lease_ms
 
 
-def _check_deadline(config: ConfigView, storage: Storage, timings: CoordinationTimings) -> None:
-    """A storage call must end, retries included, before the self-fence acts on a renewal that did not come
-    (docs/coordination.md, "The self-fence")."""
-    margin_ms = timings.renew_margin_ms
-    deadline_ms = round(storage.settings.retry_deadline_s * 1000)
-    if deadline_ms >= margin_ms:
-        raise config.error(
-            "azure.retry.deadline.ms",
-            f"{deadline_ms} ms is not shorter than job.coordinator.lease.renew.margin.ms ({margin_ms} ms): a "
-            "lease renewal could still be retrying when the processor must fence itself; lower it (with "
-            "azure.storage.request.timeout.ms) or raise the margin",
-        )
-
-
 class AzureJobCoordinatorFactory(JobCoordinatorFactory):
     def get_coordination_utils(
         self, config: ConfigView, owner: str, instance: str = "", timings: CoordinationTimings | None = None
@@ -91,7 +77,14 @@ class AzureJobCoordinatorFactory(JobCoordinatorFactory):
             storage.settings.account or "the connection string's account",
         )
         lease_ms = _lease_ms(config)
-        _check_deadline(config, storage, timings or CoordinationTimings.from_config(config))
+        timings = timings or CoordinationTimings.from_config(config)
+        # a storage call must end, retries included, before the self-fence acts on a renewal that did not come
+        timings.check_call_deadline(
+            config,
+            "azure.retry.deadline.ms",
+            storage.settings.retry_deadline_s,
+            "azure.storage.request.timeout.ms",
+        )
         return AzureCoordinationUtils(storage, owner, lease_ms, instance)
 
 

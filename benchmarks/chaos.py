@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.azurite, tests.kinesalite, tests.moto_server: launchers of the test tree
+sys.path.insert(0, str(ROOT))  # tests.support (azurite, kinesalite, moto_server): launchers of the test tree
 EXAMPLE = ROOT / "examples" / "pageviews"
 sys.path.insert(0, str(EXAMPLE))
 CONFIGS = {"azure": EXAMPLE / "azure.yaml", "aws": EXAMPLE / "aws.yaml", "local": EXAMPLE / "job.yaml"}
@@ -258,8 +258,8 @@ class Services:
             raise
 
     def _aws(self) -> None:
-        from tests.kinesalite import Kinesalite, use_dummy_credentials
-        from tests.moto_server import BUCKET, MotoServer
+        from tests.support.kinesalite import Kinesalite, use_dummy_credentials
+        from tests.support.moto_server import BUCKET, MotoServer
 
         use_dummy_credentials()  # boto3's chain finds them in the environment, here and in the processors
         kinesalite = Kinesalite().start()
@@ -271,7 +271,7 @@ class Services:
         os.environ["WEIRFLOW_BUCKET"] = BUCKET
 
     def _azure(self, work: Path, job_id: str) -> None:
-        from tests.azurite import Azurite
+        from tests.support.azurite import Azurite
         from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
         azurite = Azurite(work / "azurite").start()

@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "pageviews"
-sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
+sys.path.insert(0, str(ROOT))  # tests.support.azurite: the Azurite launcher of the test tree
 sys.path.insert(0, str(EXAMPLE))
 
 import generate  # noqa: E402 - the example's event generator
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.azurite:
         from azure.storage.blob import BlobServiceClient
 
-        from tests.azurite import Azurite
+        from tests.support.azurite import Azurite
 
         azurite = Azurite(work / "azurite").start()
         connection_string = azurite.connection_string

@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.integration import drain_job  # noqa: E402 - the drain tests' feeder and checks
 from tests.integration.example_job import EXAMPLE, results  # noqa: E402
+from weirflow.base.waiting import wait_until  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
-from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
+from weirflow.local.launcher import start_processor  # noqa: E402
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 

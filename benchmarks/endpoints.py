@@ -46,9 +46,10 @@ _views = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_views)
 send, view = _views.send, _views.view
 
+from weirflow.base.waiting import wait_until  # noqa: E402
 from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
-from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
+from weirflow.local.launcher import start_processor  # noqa: E402
 
 STAGE, TABLE, PARTITIONS = "views_by_user", "last_view", 4
 

@@ -24,10 +24,10 @@ import time
 
 from azure.eventhub import EventHubConsumerClient
 
+from weirflow.base.waiting import wait_until
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
 from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
 PARTITIONS = 4

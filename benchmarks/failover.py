@@ -41,16 +41,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.azurite, tests.moto_server: the launchers of the test tree
+sys.path.insert(0, str(ROOT))  # tests.support.azurite, tests.support.moto_server: the launchers of the test tree
 EXAMPLE = ROOT / "examples" / "coordination" / "job.yaml"
 BACKENDS = ("local", "azure", "aws")
 
+from weirflow.base.waiting import wait_until  # noqa: E402
 from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
 from weirflow.coordination.timings import CoordinationTimings  # noqa: E402
 from weirflow.interfaces.system import StreamSpec  # noqa: E402
 from weirflow.job.systems import Systems  # noqa: E402
-from weirflow.local.launcher import start_processor, wait_until  # noqa: E402
+from weirflow.local.launcher import start_processor  # noqa: E402
 
 
 def all_running(config, processors: set[str]) -> bool:
@@ -117,7 +118,7 @@ def start_stores(backends: list[str], work: Path, stops: list[Callable[[], None]
     containers and S3 prefix, so one service per backend serves every run."""
     keys: dict[str, list[str]] = {"local": []}
     if "azure" in backends:
-        from tests.azurite import Azurite
+        from tests.support.azurite import Azurite
 
         azurite = Azurite(work / "azurite").start()
         stops.append(azurite.stop)
@@ -127,7 +128,7 @@ def start_stores(backends: list[str], work: Path, stops: list[Callable[[], None]
             f"azure.storage.connection.string={azurite.connection_string}",
         ]
     if "aws" in backends:
-        from tests.moto_server import MotoServer
+        from tests.support.moto_server import MotoServer
 
         moto = MotoServer().start()
         stops.append(moto.stop)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.azurite: the Azurite launcher of the test tree
+sys.path.insert(0, str(ROOT))  # tests.support.azurite: the Azurite launcher of the test tree
 PARTITIONS = 4
 
 SDK_CONSUMER = r"""
@@ -207,7 +207,7 @@ def run_weirflow(eh: str, storage: str, work: Path) -> float:
 
 def one_run(index: int) -> tuple[float, float]:
     """(weirflow s, SDK s) on a fresh Azurite and emulator."""
-    from tests.azurite import Azurite
+    from tests.support.azurite import Azurite
     from weirflow_azure.eventhubs.emulator.server import EventHubsEmulator
 
     with tempfile.TemporaryDirectory(prefix="weirflow-eh-failover-") as tmp:

@@ -28,11 +28,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.kinesalite: the kinesalite launcher of the test tree
+sys.path.insert(0, str(ROOT))  # tests.support.kinesalite: the kinesalite launcher of the test tree
 
-from tests.kinesalite import Kinesalite, use_dummy_credentials  # noqa: E402
+from tests.support.kinesalite import Kinesalite, use_dummy_credentials  # noqa: E402
+from weirflow.base.waiting import wait_until  # noqa: E402
 from weirflow.config.loader import Config  # noqa: E402
-from weirflow.local.launcher import wait_until  # noqa: E402
 
 SCHEMA = "user string, page string, event_time timestamp"
 

@@ -38,10 +38,11 @@ import threading
 import time
 from pathlib import Path
 
+from weirflow.base.waiting import wait_until
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
 
 PARTITIONS = 4
 LATENESS_MS = 1000

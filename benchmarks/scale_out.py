@@ -32,11 +32,12 @@ sys.path.insert(0, str(EXAMPLE))
 
 import generate  # noqa: E402
 
+from weirflow.base.waiting import wait_until  # noqa: E402
 from weirflow.cli import status_document  # noqa: E402
 from weirflow.config import load_config  # noqa: E402
 from weirflow.interfaces.coordination import LatchState, latch_name  # noqa: E402
 from weirflow.job.context import JobContext  # noqa: E402
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until  # noqa: E402
+from weirflow.local.launcher import ProcessorProcess, start_processor  # noqa: E402
 
 PARTITIONS = 6
 TASKS = 2 * PARTITIONS

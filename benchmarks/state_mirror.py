@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.azurite import Azurite  # noqa: E402 - the test tree's Azurite launcher
+from tests.support.azurite import Azurite  # noqa: E402 - the test tree's Azurite launcher
 from weirflow.config.loader import Config  # noqa: E402
 from weirflow.interfaces.spark_checkpoint import committed_files, last_committed_batch  # noqa: E402
 from weirflow.spark.session import build_spark_session  # noqa: E402

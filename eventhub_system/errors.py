@@ -31,7 +31,14 @@ from azure.eventhub.exceptions import (
     OperationTimeoutError,
 )
 
-from weirflow.base.errors import ServiceUnavailableError, StreamNotFoundError, WeirflowError, raising_mapped
+from weirflow.base.errors import (
+    ServiceUnavailableError,
+    StreamNotFoundError,
+    WeirflowError,
+    lineage_keys,
+    raising_mapped,
+    table_entry,
+)
 
 
 class EventHubsError(WeirflowError):
@@ -90,19 +97,10 @@ EVENTHUB_ERRORS: ErrorTable = {
 
 def classify(exc: BaseException, table: ErrorTable = EVENTHUB_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: its AMQP condition's entry first (the service's
-    verdict says more than which SDK call reported it), else the entry of its most derived type."""
+    verdict says more than which SDK call reported it), else the entry of its most derived type (the shared
+    lookup, `weirflow.base.errors.table_entry`; a condition is a key only with its exception's type)."""
     condition = exc.error if isinstance(exc, EventHubError) else None
-    lineage = type(exc).__mro__
-    if condition:
-        for cls in lineage:
-            target = table.get((cls, condition))
-            if target is not None:
-                return target
-    for cls in lineage:
-        target = table.get(cls)
-        if target is not None:
-            return target
-    return None
+    return table_entry(table, exc, *(lineage_keys(exc, condition) if condition else ()))
 
 
 def is_transient(exc: BaseException) -> bool:

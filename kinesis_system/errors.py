@@ -38,6 +38,7 @@ from weirflow.base.errors import (
     ServiceUnavailableError,
     StreamNotFoundError,
     WeirflowError,
+    error_code,
     raising_mapped,
     table_entry,
 )
@@ -55,6 +56,13 @@ class KinesisAccessError(KinesisError):
 class KinesisStreamInUseError(KinesisError):
     """The stream is being created, deleted or resharded (``ResourceInUseException``); creating a stream that
     exists already says so too, which `KinesisSystemAdmin.create_stream` takes as "it exists"."""
+
+
+class ReadAheadError(WeirflowError):
+    """Reading a shard ahead failed ``read.failures`` times in a row (each `GetRecords` call already retried by
+    boto3): the message names the stream, the shard and the last error. Fix what it names (AWS credentials or
+    IAM policy, the spool directory's disk, the service's reachability); the task restarts from its checkpoint.
+    """
 
 
 class KinesisThrottledError(ServiceUnavailableError):
@@ -101,16 +109,10 @@ KINESIS_ERRORS: ErrorTable = {
 }
 
 
-def error_code(exc: BaseException) -> str:
-    """The service's error code of a `ClientError` (``""`` for anything else)."""
-    if isinstance(exc, ClientError):
-        return str(exc.response.get("Error", {}).get("Code", ""))
-    return ""
-
-
 def classify(exc: BaseException, table: ErrorTable = KINESIS_ERRORS) -> type[WeirflowError] | None:
     """The weirflow error ``table`` maps ``exc`` to, or None: its error code's entry first (the service's verdict
-    says more than which operation reported it), else the entry of its most derived type."""
+    says more than which operation reported it), else the entry of its most derived type (the shared lookup,
+    `weirflow.base.errors.table_entry`, with the shared `error_code`, which the producer imports from here)."""
     return table_entry(table, exc, error_code(exc))
 
 

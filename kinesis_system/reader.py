@@ -24,8 +24,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from weirflow.base.errors import UnreadableRangeError, WeirflowError
+from weirflow.base.errors import UnreadableRangeError
 from weirflow_kinesis import positions
+from weirflow_kinesis.errors import ReadAheadError
 from weirflow_kinesis.shards import ShardMap
 from weirflow_kinesis.spool import Spool
 from weirflow_kinesis.spool_rows import Run, SpooledRecord, is_corrupt
@@ -44,13 +45,6 @@ _RETRY_S = 1.0
 _RETRY_MAX_S = 10.0
 # How often the prefetcher, paused because the spool holds `spool.max.bytes`, trims what readers have passed.
 _FULL_TRIM_EVERY_S = 1.0
-
-
-class ReadAheadError(WeirflowError):
-    """Reading a shard ahead failed ``read.failures`` times in a row (each `GetRecords` call already retried by
-    boto3): the message names the stream, the shard and the last error. Fix what it names (AWS credentials or
-    IAM policy, the spool directory's disk, the service's reachability); the task restarts from its checkpoint.
-    """
 
 
 @dataclass

@@ -68,6 +68,15 @@ _MARK_TTL_MS = 120_000
 _MARK_REFRESH_S = 5.0
 # Bytes of record data a spool holds before its prefetcher stops reading ahead (`spool.max.bytes`' default).
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+# What ``GET /metrics`` shows of each stream's spool (`weirflow.base.telemetry`).
+SPOOL_BYTES = telemetry.declare(
+    telemetry.Metric(
+        "weirflow_kinesis_spool_bytes",
+        "gauge",
+        "Bytes of record data the processor's Kinesis spool of a stream holds (bounded by spool.max.bytes)",
+        ("stream",),
+    )
+)
 
 
 class Spool:
@@ -109,7 +118,7 @@ class Spool:
         self._inode = 0
         self.db = self._open()
         # its size on ``GET /metrics`` while open (a query of the runs table: a row per shard)
-        self._unregister = telemetry.gauge(telemetry.KINESIS_SPOOL_BYTES, self.size, stream=stream)
+        self._unregister = telemetry.gauge(SPOOL_BYTES, self.size, stream=stream)
 
     # --- the file ---------------------------------------------------------------------------------------------
     def _open(self) -> Database:

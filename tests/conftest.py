@@ -2,7 +2,7 @@
 show the measured failover and rebalance times without `-s`.
 
 `azure_storage` is the connection string of the storage account the Azure suite runs against: Azurite
-started for the session on free ports (see `tests/azurite.py`), or a real account when the
+started for the session on free ports (see `tests/support/azurite.py`), or a real account when the
 environment variable ``WEIRFLOW_TEST_AZURE_STORAGE`` holds its connection string. Every test names its own
 job, so jobs' containers and tables never collide and nothing needs cleaning between tests.
 """
@@ -27,7 +27,7 @@ def azure_storage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if real:
         yield real
         return
-    from tests.azurite import Azurite
+    from tests.support.azurite import Azurite
 
     azurite = Azurite(tmp_path_factory.mktemp("azurite")).start()
     try:
@@ -41,7 +41,7 @@ def own_azurite(tmp_path: Path) -> Iterator[object]:
     """An Azurite of this test alone (it may be stopped and restarted); skipped on a real account."""
     if os.environ.get(REAL_ACCOUNT_ENV):
         pytest.skip("stops and restarts storage: needs Azurite, not a real account")
-    from tests.azurite import Azurite
+    from tests.support.azurite import Azurite
 
     azurite = Azurite(tmp_path / "azurite").start()
     try:
@@ -69,8 +69,9 @@ def eventhubs_emulator(tmp_path: Path) -> Iterator[Callable[..., object]]:
 
 
 def _start_kinesalite() -> Any:
-    """A started kinesalite (`tests/kinesalite.py`), with the dummy AWS credentials it needs in the environment."""
-    from tests.kinesalite import Kinesalite, use_dummy_credentials
+    """A started kinesalite (`tests/support/kinesalite.py`), with the dummy AWS credentials it needs in the
+    environment."""
+    from tests.support.kinesalite import Kinesalite, use_dummy_credentials
 
     use_dummy_credentials()
     return Kinesalite().start()
@@ -88,8 +89,8 @@ def _session_kinesalite() -> Iterator[list[Any]]:
 
 @pytest.fixture
 def kinesalite(_session_kinesalite: list[Any]) -> Iterator[object]:
-    """A kinesalite shared by the session (`tests/kinesalite.py`); tests name their own streams. Its dummy AWS
-    credentials are put in the environment, where boto3's chain (and spawned processors) find them.
+    """A kinesalite shared by the session (`tests/support/kinesalite.py`); tests name their own streams. Its
+    dummy AWS credentials are put in the environment, where boto3's chain (and spawned processors) find them.
 
     A kinesalite that died during a test fails that test's teardown with its stderr, and the next test gets a
     new one: one crash is reported once instead of failing every later Kinesis test with "connection refused"."""
@@ -113,7 +114,7 @@ def own_kinesalite() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def _session_moto() -> Iterator[list[Any]]:
-    from tests.moto_server import MotoServer
+    from tests.support.moto_server import MotoServer
 
     box = [MotoServer().start()]
     try:
@@ -124,11 +125,11 @@ def _session_moto() -> Iterator[list[Any]]:
 
 @pytest.fixture
 def moto(_session_moto: list[Any]) -> Iterator[Any]:
-    """The session's moto server (`tests/moto_server.py`): DynamoDB and S3 for the AWS suite. Its dummy AWS
-    credentials are in the environment, where boto3's chain (and spawned processors) find them. A server that
-    died is started again for the next test, and the test during which it died fails with its log."""
+    """The session's moto server (`tests/support/moto_server.py`): DynamoDB and S3 for the AWS suite. Its dummy
+    AWS credentials are in the environment, where boto3's chain (and spawned processors) find them. A server
+    that died is started again for the next test, and the test during which it died fails with its log."""
     if not _session_moto[0].alive():
-        from tests.moto_server import MotoServer
+        from tests.support.moto_server import MotoServer
 
         _session_moto[0] = MotoServer().start()
     server = _session_moto[0]
@@ -147,24 +148,24 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Cheaper Spark driver JVMs for every process of the run (`tests/spark_jvm.py`); the controlling process
-    starts dumping their class archive, when there is none yet, before pytest-xdist starts its workers, and
-    makes room for the workers to tell its scheduler the test files' kinds (`tests/scheduling.py`). Threads
-    of the test process hand the GIL over sooner (`GIL_SWITCH_INTERVAL_S`)."""
-    from tests import spark_jvm
+    """Cheaper Spark driver JVMs for every process of the run (`tests/support/spark_jvm.py`); the controlling
+    process starts dumping their class archive, when there is none yet, before pytest-xdist starts its workers,
+    and makes room for the workers to tell its scheduler the test files' kinds (`tests/support/scheduling.py`).
+    Threads of the test process hand the GIL over sooner (`GIL_SWITCH_INTERVAL_S`)."""
+    from tests.support import spark_jvm
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     spark_jvm.prepare(build=not hasattr(config, "workerinput"))
     if not hasattr(config, "workerinput") and config.getoption("dist", None) == "loadfile":
-        from tests import scheduling
+        from tests.support import scheduling
 
         scheduling.enable(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove what `pytest_configure` made for the scheduler."""
-    from tests import scheduling
+    from tests.support import scheduling
 
     scheduling.disable(config)
 
@@ -173,7 +174,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before any fixture of the test starts a JVM: a test marked ``spark`` waits for the class archive's
     background dump, and every test picks the archive up once it exists (`spark_jvm.await_archive`)."""
-    from tests import spark_jvm
+    from tests.support import spark_jvm
 
     spark_jvm.await_archive(wait=item.get_closest_marker("spark") is not None)
 
@@ -181,10 +182,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the test files for `make test`'s two pytest-xdist workers: the files marked ``spark`` (they keep a
     core busy), then the other integration and contract files (they mostly wait), then the unit files (short).
-    The scheduler (`tests/scheduling.py`) pairs a busy file with a waiting one, taking each kind in this order;
-    each worker tells it which file is of which kind. The order of the tests within a file is kept, and nothing
-    a test checks depends on it."""
-    from tests import scheduling
+    The scheduler (`tests/support/scheduling.py`) pairs a busy file with a waiting one, taking each kind in this
+    order; each worker tells it which file is of which kind. The order of the tests within a file is kept, and
+    nothing a test checks depends on it."""
+    from tests.support import scheduling
 
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -199,10 +200,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` (`make test`) pairs busy files with waiting ones (`tests/scheduling.py`)."""
+    """``--dist loadfile`` (`make test`) pairs busy files with waiting ones (`tests/support/scheduling.py`)."""
     if config.getoption("dist", None) != "loadfile":
         return None
-    from tests import scheduling
+    from tests.support import scheduling
 
     return scheduling.PairingScheduling(config, log)
 
@@ -210,7 +211,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """Tell each pytest-xdist worker where to write the test files' kinds for the scheduler."""
-    from tests import scheduling
+    from tests.support import scheduling
 
     scheduling.configure_worker(node.config, node.workerinput)
 

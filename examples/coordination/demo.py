@@ -18,11 +18,12 @@ from pathlib import Path
 
 from rich.progress import MofNCompleteColumn, Progress
 
+from weirflow.base.waiting import wait_until
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "job.yaml"

@@ -20,7 +20,7 @@ SYSTEMS = ["local", "eventhub", "kinesis"]
 @pytest.fixture(params=BACKENDS)
 def weirflow_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "aws":
-        from tests.moto_server import BUCKET
+        from tests.support.moto_server import BUCKET
 
         return aws_backend(request.getfixturevalue("moto").endpoint, BUCKET)
     if request.param == "azure":

@@ -8,7 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pageviews"
 sys.path.insert(0, str(EXAMPLE))

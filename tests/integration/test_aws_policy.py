@@ -1,9 +1,9 @@
 """The IAM policies of infra/aws/ against the calls weirflow really makes (docs/aws.md, "IAM").
 
 The AWS suite runs against the moto server and the Kinesis plugin against kinesalite, both through unmodified
-boto3, while `tests.aws_calls.recording` notes every call from botocore's event system. Each call becomes the
-IAM requests AWS would authorise (`tests.aws_calls.IAM_ACTIONS`), and a small evaluator (`tests.iam_policy`)
-checks them against the policies rendered for the test's job:
+boto3, while `tests.support.aws_calls.recording` notes every call from botocore's event system. Each call
+becomes the IAM requests AWS would authorise (`tests.support.aws_calls.IAM_ACTIONS`), and a small evaluator
+(`tests.support.iam_policy`) checks them against the policies rendered for the test's job:
 
 * a processor with ``aws.create.missing: false`` on tables and a bucket deployed beforehand (as docs/aws.md's
   AWS CLI snippet does) calls nothing the processor policy does not allow, and the policy grants no storage
@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from tests.aws_calls import Call, authorisations, recording
 from tests.contract.backends import AWS_LEASE_MS, aws_backend, kinesis_backend
-from tests.iam_policy import Request, allows, decide
+from tests.support.aws_calls import Call, authorisations, recording
+from tests.support.iam_policy import Request, allows, decide
 from weirflow.base.errors import EtagMismatchError, FencedOffError
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import LatchState, ProcessorInfo

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import unique_job_name
 from tests.integration.relay_job import PARTITIONS, Job, finish
 from weirflow.interfaces.timings import CoordinationTimings
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 
@@ -194,7 +194,7 @@ def test_processors_ride_out_storage_going_away_for_ten_seconds(tmp_path: Path, 
         own_azurite.stop()
         stopped_at = time.monotonic()
         job.produce(2000)  # the streams are local: events keep arriving while storage is away
-        time.sleep(10)  # the outage itself: storage stays away for 10 s
+        time.sleep(10)  # not synchronisation: the outage itself, storage stays away for 10 s
         own_azurite.start()
         measure(f"[azure] storage away for {time.monotonic() - stopped_at:.1f} s")
 

@@ -1,5 +1,5 @@
-"""The suite's Azurite helper (tests/azurite.py) survives a free port taken before Azurite binds it: a first
-start moves to fresh ports, a restart keeps the ports its clients know."""
+"""The suite's Azurite helper (tests/support/azurite.py) survives a free port taken before Azurite binds it: a
+first start moves to fresh ports, a restart keeps the ports its clients know."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.azurite import Azurite
+from tests.support.azurite import Azurite
 
 
 def _held() -> socket.socket:

@@ -12,7 +12,8 @@ import pytest
 
 from weirflow.cli import status_document
 from weirflow.config import load_config
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

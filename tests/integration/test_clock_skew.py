@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unique_job_name
-from tests.faketime import libfaketime
 from tests.integration.relay_job import PARTITIONS, Job, finish
+from tests.support.faketime import libfaketime
 from weirflow.base import clock
 from weirflow.config.loader import Config
 from weirflow.interfaces.coordination import ProcessorInfo
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 from weirflow_azure.coordinator.factories import AzureJobCoordinatorFactory
 
 pytestmark = pytest.mark.integration
@@ -136,7 +137,7 @@ def test_processors_whose_clocks_disagree_by_minutes_neither_storm_nor_keep_a_de
         live = {p["processor_id"] for p in doc["processors"] if p["live"]}
         ages = {p["processor_id"]: p["heartbeat_age_s"] for p in doc["processors"]}
         assert live == ids, f"only {sorted(live)} live; heartbeat ages (s): {ages}"
-        time.sleep(0.25)
+        time.sleep(0.25)  # not synchronisation: samples of a state that must hold for the whole window
 
     # The processor 300 s ahead dies: its tasks move (with writer-stamped heartbeats it looked alive for 300 s).
     job.processes["p3"].popen.send_signal(signal.SIGKILL)

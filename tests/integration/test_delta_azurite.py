@@ -22,7 +22,7 @@ from azure.core.credentials import AccessToken
 from azure.storage.blob import BlobServiceClient
 from deltalake import DeltaTable, QueryBuilder
 
-from tests.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
+from tests.support.azurite import ACCOUNT, ACCOUNT_KEY, Azurite
 from weirflow.base.errors import ServiceUnavailableError
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import SystemStreamPartition

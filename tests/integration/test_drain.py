@@ -27,8 +27,9 @@ from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job.drain_notice import DEFAULT_RUN_ID
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
 from weirflow.runtime.fault_points import ENV as FAULT_POINT
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

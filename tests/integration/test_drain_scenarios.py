@@ -28,7 +28,8 @@ from tests.integration.example_job import EXAMPLE, ExampleJob, generate, results
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, wait_until
+from weirflow.local.launcher import ProcessorProcess
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

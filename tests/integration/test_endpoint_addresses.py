@@ -33,7 +33,8 @@ from tests.integration.endpoints_example import views as _views
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.endpoints.settings import is_loopback
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -22,7 +22,8 @@ from weirflow.config import load_config
 from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

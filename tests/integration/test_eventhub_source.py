@@ -21,7 +21,7 @@ from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerCl
 from weirflow.config import load_config
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job.context import JobContext
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -12,7 +12,7 @@ from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerCl
 from azure.eventhub._buffered_producer._partition_resolver import PartitionResolver
 from azure.eventhub.exceptions import EventHubError
 
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 from weirflow_azure.eventhubs.lookup3 import partition_for_key
 
 pytestmark = pytest.mark.integration

@@ -36,10 +36,11 @@ from tests.integration.example_job import DROPPED, EXAMPLE, generate, replayed_r
 from weirflow.config import Config, load_config
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
 from weirflow.runtime.fault_points import ARMED_BY
 from weirflow.runtime.fault_points import ENV as FAULT_POINT
 from weirflow.spark.writer_log import WROTE
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -6,11 +6,11 @@ of one task that overlap in time are two processors writing for one task at once
 * SIGTERM (SQLite): a processor with 4 tasks busy with records that outlast the lease stops them in parallel
   while its keeper still renews their locks, writes every final checkpoint, releases every lock; nothing
   overlaps.
-* Blackhole (Azure, Azurite behind `tests/tcp_proxy.py`): one processor loses storage while another reaches it
-  directly, until that other one has taken over and written for every task of the cut-off one (the other one
-  breaks the cut-off one's locks once its heartbeat is older than the liveness timeout); the cut-off one fences
-  itself first (stops its tasks when its heartbeat or a lock was not confirmed in time), the other takes the
-  tasks over, and no time exists when both wrote for one task.
+* Blackhole (Azure, Azurite behind `tests/support/tcp_proxy.py`): one processor loses storage while another
+  reaches it directly, until that other one has taken over and written for every task of the cut-off one (the
+  other one breaks the cut-off one's locks once its heartbeat is older than the liveness timeout); the cut-off
+  one fences itself first (stops its tasks when its heartbeat or a lock was not confirmed in time), the other
+  takes the tasks over, and no time exists when both wrote for one task.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from tests.integration.relay_job import (
     finish,
 )
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def relay(record):
         _thread.run = uuid.uuid4().hex
         open(os.path.join(MARKS, task.processor_id + "." + task.name), "w").close()  # the task began a poll
     if DELAY_S and SLOW in (None, task.processor_id):
-        time.sleep(DELAY_S)
+        time.sleep(DELAY_S)  # not synchronisation: a slow record, the load under test
     tag = {{"task": task.name, "processor": task.processor_id, "epoch": task.epoch, "run": _thread.run}}
     return [{{"stream": "relayed", "value": {{"id": json.loads(record["value"])["id"], **tag}}}}]
 """
@@ -201,7 +202,7 @@ def test_sigterm_stops_busy_tasks_in_parallel_under_renewed_locks_and_hands_over
 def proxy(azure_storage: str) -> Iterator[object]:
     if os.environ.get(REAL_ACCOUNT_ENV):
         pytest.skip("proxies Azurite's local ports; not a real account")
-    from tests.tcp_proxy import AzuriteProxy
+    from tests.support.tcp_proxy import AzuriteProxy
 
     with AzuriteProxy(azure_storage) as running:
         yield running

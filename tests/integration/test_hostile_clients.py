@@ -24,7 +24,8 @@ from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -27,9 +27,9 @@ from tests.integration.example_job import ExampleJob, generate, replayed_rows_dr
 from weirflow.config import load_config
 from weirflow.interfaces.checkpoint import CheckpointManager
 from weirflow.interfaces.plugins import checkpoint_factory
-from weirflow.local.launcher import wait_until
 from weirflow.runtime.fault_points import ARMED_BY
 from weirflow.runtime.fault_points import ENV as FAULT_POINT
+from weirflow.testing import wait_until
 from weirflow_kinesis import positions
 from weirflow_kinesis.hashing import key_hash, slice_of
 from weirflow_kinesis.shards import Shard, ShardMap
@@ -54,7 +54,7 @@ class KinesisPageViews(ExampleJob):
         job_id = uuid.uuid4().hex[:8]
         monkeypatch.setenv("KINESIS_ENDPOINT", kinesalite.endpoint)
         if moto is not None:  # aws.yaml reads its DynamoDB + S3 endpoint and bucket from the environment
-            from tests.moto_server import BUCKET
+            from tests.support.moto_server import BUCKET
 
             monkeypatch.setenv("AWS_ENDPOINT", moto.endpoint)
             monkeypatch.setenv("WEIRFLOW_BUCKET", BUCKET)
@@ -332,10 +332,11 @@ def test_throttled_calls_and_failed_entries_are_retried_without_loss_duplicates_
     kinesalite: Any, tmp_path: Path
 ) -> None:
     """The producer through a proxy refusing every 4th `PutRecords` whole and failing ~20% of the entries of
-    the others (tests/kinesis_faults.py): every record is written once, each key's records in the order sent."""
+    the others (tests/support/kinesis_faults.py): every record is written once, each key's records in the order
+    sent."""
     import boto3
 
-    from tests.kinesis_faults import KinesisFaults
+    from tests.support.kinesis_faults import KinesisFaults
     from weirflow.base.errors import LockLostError, RecordTooLargeError
     from weirflow.config.loader import Config
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
@@ -458,14 +459,16 @@ def test_a_planned_read_is_at_the_end_only_once_every_record_the_shards_hold_is_
     admin = KinesisSystemFactory().get_admin("kin", config)
     try:
         position, planned, plans = positions.EARLIEST, 0, 0
-        while True:
+
+        def planned_to_the_end() -> bool:
+            nonlocal position, planned, plans
             plan = admin.plan_read(stream, 0, position, 50_000)
             plans += 1
             planned += plan.records
             position = plan.end
-            if plan.at_end:
-                break
-            time.sleep(0.05)
+            return plan.at_end
+
+        wait_until(planned_to_the_end, 120, "a plan claiming the end", interval_s=0.05)
         assert planned == records, f"the end claimed after {planned} records"
         assert plans > 1, "the first plan, before anything was read ahead, is not the end"
     finally:
@@ -480,8 +483,8 @@ def test_records_dropped_by_retention_before_a_task_read_them_are_reported_lost(
     the range as lost (kinesalite's clock moved 25 h on with libfaketime). So does a task replayed from a start
     pinned before its first read (`SystemAdmin.pin_starts`) whose pinned record is gone: its first attempt's
     records were numbered from there (docs/guarantees.md, "Kinesis retention")."""
-    from tests.faketime import libfaketime
-    from tests.kinesalite import Kinesalite, use_dummy_credentials
+    from tests.support.faketime import libfaketime
+    from tests.support.kinesalite import Kinesalite, use_dummy_credentials
     from weirflow.config.loader import Config
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory
@@ -549,7 +552,7 @@ def test_a_read_past_a_split_prunes_the_parent_and_never_reads_it_again(kinesali
     its mark (docs/guarantees.md, "Checkpoints stay bounded")."""
     import boto3
 
-    from tests.kinesalite import use_dummy_credentials
+    from tests.support.kinesalite import use_dummy_credentials
     from weirflow.config.loader import Config
     from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
     from weirflow_kinesis.factory import KinesisSystemFactory

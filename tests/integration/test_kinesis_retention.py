@@ -20,7 +20,7 @@ from weirflow.config import load_config
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.interfaces.system import StreamSpec
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.relay_job import SHORT_TIMINGS, Job, assert_no_lock_held_twice, finish
 from weirflow.interfaces.timings import CoordinationTimings
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

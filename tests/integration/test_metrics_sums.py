@@ -37,7 +37,8 @@ from weirflow.endpoints.otel_export import CONNECTION_VARIABLE
 from weirflow.interfaces.stream_names import stream_ref
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

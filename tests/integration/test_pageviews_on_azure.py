@@ -33,9 +33,9 @@ from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job.context import JobContext
 from weirflow.job.drain_notice import DEFAULT_RUN_ID, DrainUtils
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
 from weirflow.runtime.control import ControlMessage, MessageType, decode, is_control
 from weirflow.spark import writer_log
+from weirflow.testing import wait_until
 from weirflow_azure.checkpoint.table import TableCheckpointManager
 from weirflow_azure.coordinator.storage import Storage
 

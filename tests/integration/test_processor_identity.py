@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.relay_job import SHORT_TIMINGS, Job, assert_no_lock_held_twice, finish
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

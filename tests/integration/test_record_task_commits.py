@@ -24,7 +24,8 @@ from weirflow.config import load_config
 from weirflow.interfaces.plugins import checkpoint_factory
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ SLOW_RELAY = """
 import time
 
 def relay(record):
-    time.sleep(0.01)
+    time.sleep(0.01)  # not synchronisation: a slow function, so the backlog takes several commit intervals
     return [{"stream": "relayed", "value": {"p": record["partition"], "offset": int(record["offset"])}}]
 """
 

@@ -26,7 +26,8 @@ from tests.conftest import unique_job_name
 from weirflow.config import load_config
 from weirflow.interfaces.system import StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -39,7 +39,8 @@ from tests.integration.endpoints_example import get
 from tests.integration.endpoints_example import views as _views
 from weirflow.cli import status_document
 from weirflow.config import load_config
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -329,7 +330,7 @@ def test_every_endpoint_of_a_running_job_and_lookups_through_the_owner_s_sigkill
             connect(page_tap, additional_headers=headers) as by_page,
             connect(user_tap, additional_headers=headers) as by_user,
         ):
-            time.sleep(0.5)  # a tap starts at the streams' ends as of its connection
+            # connected: each tap took its stream's ends before its handshake, so what is sent now is tapped
             send(config, VIEWS, USERS, USERS)
             tapped = [json.loads(by_page.recv(timeout=60))["value"] for _ in range(4)]
             wanted = [view(i, USERS) for i in range(VIEWS, VIEWS + USERS) if i % 97 == 1]

@@ -1,5 +1,6 @@
 """Past one machine's Spark: the pageviews job on two processors whose queries run on a Spark standalone cluster
-(a master and a worker started from the pip-installed PySpark, `tests/spark_cluster.py`), not in ``local[*]``.
+(a master and a worker started from the pip-installed PySpark, `tests/support/spark_cluster.py`), not in
+``local[*]``.
 
 The job's first stage calls a Python UDF from a module next to the job's config (``pagenames.py``): executors
 start their Python workers from the cluster's worker, which has no such directory on its path, so the UDF
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests import spark_jvm
 from tests.integration.example_job import EXAMPLE, generate, results
-from tests.spark_cluster import StandaloneCluster
+from tests.support import spark_jvm
+from tests.support.spark_cluster import StandaloneCluster
 from weirflow.config import load_config
-from weirflow.local.launcher import start_processor, wait_until
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -39,7 +39,8 @@ from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamP
 from weirflow.job.systems import Systems
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path, stream_database_path
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -81,7 +82,7 @@ MARKS = {marks!r}
 def _slow(value):
     if value % 40 < 8:  # tells the test which events the transform is busy with (a few of each partition)
         open(os.path.join(MARKS, str(value)), "w").close()
-    time.sleep(DELAY_S)
+    time.sleep(DELAY_S)  # not synchronisation: a slow transform, the load under test
     return value
 
 

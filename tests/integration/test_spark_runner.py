@@ -14,7 +14,7 @@ import pytest
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job.context import JobContext
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

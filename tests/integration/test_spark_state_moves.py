@@ -39,7 +39,8 @@ from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamP
 from weirflow.job.context import JobContext
 from weirflow.job.drain_notice import DrainUtils
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, start_processor, wait_until
+from weirflow.local.launcher import ProcessorProcess, start_processor
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

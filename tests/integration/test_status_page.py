@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.png import dark_pixels, read_png
+from tests.support.png import dark_pixels, read_png
 from tests.unit.test_processor_faults import TASKS, FakeRunner, job_config, start
 from weirflow.cli import status_document
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import ProcessorProcess, wait_until
+from weirflow.local.launcher import ProcessorProcess
+from weirflow.testing import wait_until
 
 pytestmark = pytest.mark.integration
 

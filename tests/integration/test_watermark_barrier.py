@@ -18,8 +18,8 @@ import pytest
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
 from weirflow.job.context import JobContext
-from weirflow.local.launcher import wait_until
 from weirflow.runtime.control import MAX_TIMESTAMP_MS, ControlMessage, MessageType, encode_user
+from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

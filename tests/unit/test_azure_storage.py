@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from azure.core.exceptions import HttpResponseError, ServiceRequestError
 
-from tests.azurite import free_port
+from tests.support.azurite import free_port
 from weirflow.base.errors import ConfigError, ServiceUnavailableError
 from weirflow.config.loader import Config
 from weirflow.interfaces.plugins import metadata_store_factory

@@ -34,7 +34,7 @@ from weirflow.endpoints.conversations import Conversations, TooManyConversations
 from weirflow.endpoints.http_system import connection_partition
 from weirflow.interfaces.system import StreamSpec
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     deadline = loop.time() + PATIENCE_S
     while not condition():
         assert loop.time() < deadline, f"timed out after {PATIENCE_S:.0f} s waiting for {what}"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # not synchronisation: the poll interval of this wait for a condition
 
 
 def in_partition(partition: int, name: str) -> str:

@@ -14,7 +14,7 @@ from azure.identity import DefaultAzureCredential
 from deltalake import DeltaTable
 from deltalake.exceptions import SchemaMismatchError, TableNotFoundError
 
-from tests.azurite import free_port
+from tests.support.azurite import free_port
 from weirflow.base.errors import ConfigError, InvalidArgumentError, ServiceUnavailableError, StreamNotFoundError
 from weirflow.config.loader import Config
 from weirflow_delta.azure_auth import STORAGE_SCOPE, EntraIdAccess, LocalAccess, SharedKeyAccess

@@ -17,7 +17,7 @@ from weirflow.config.loader import Config
 from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
 from weirflow.endpoints.server import create_app
 from weirflow.endpoints.settings import EndpointSettings
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 
 def settings(**values: object) -> EndpointSettings:

@@ -13,8 +13,8 @@ from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.coordination import SqliteCoordinationUtils
-from weirflow.local.launcher import wait_until
 from weirflow.runtime.fencing import FencedCheckpointWriter
+from weirflow.testing import wait_until
 
 SSP = SystemStreamPartition("local", "events", 0)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from weirflow.local.launcher import wait_until
 from weirflow.spark import forkserver
 from weirflow.spark.session import worker_python
+from weirflow.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "tests.unit.forkserver_target"

@@ -26,10 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weirflow.base.clock import now_ms
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 from weirflow_kinesis import positions
+from weirflow_kinesis.errors import ReadAheadError
 from weirflow_kinesis.hashing import HASH_SPACE
-from weirflow_kinesis.reader import ReadAheadError, SliceReader
+from weirflow_kinesis.reader import SliceReader
 from weirflow_kinesis.shards import Shard, ShardMap
 from weirflow_kinesis.spool import Spool
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.timings import CoordinationTimings
 from weirflow.interfaces.coordination import Lock
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 TIMINGS = CoordinationTimings(
     lease_ms=15000,
@@ -61,10 +60,25 @@ class FakeLock(Lock):
         return True
 
 
+def answered(keeper: LeaseKeeper, locks: list[FakeLock]) -> bool:
+    """The renewal of each of ``locks`` sent by the keeper has finished on its pool: the next `tick` collects
+    its answer."""
+    with keeper._guard:
+        in_flight = [held.in_flight for lock in locks if (held := keeper._held.get(lock.name)) is not None]
+    return all(future is None or future.done() for future in in_flight)
+
+
+def idle(keeper: LeaseKeeper) -> bool:
+    """No call the keeper handed its pool is under way (those of leases it gave up included)."""
+    with keeper._calls_guard:
+        return not keeper._calls
+
+
 def settle(keeper: LeaseKeeper, locks: list[FakeLock], renewals: int) -> None:
-    """Wait until the pool ran ``renewals`` renewals in all (the fake clock does not move meanwhile)."""
+    """Wait until the pool ran ``renewals`` renewals of ``locks`` in all and each has answered (the fake clock
+    does not move meanwhile)."""
     wait_until(lambda: sum(lock.renewals for lock in locks) >= renewals, 5, f"{renewals} renewals")
-    time.sleep(0.05)  # let the futures complete after renew() returned
+    wait_until(lambda: answered(keeper, locks), 5, "the renewals' answers")
 
 
 def test_a_confirmed_renewal_moves_the_deadline_to_its_send_time_plus_the_lease() -> None:
@@ -96,7 +110,7 @@ def test_a_lease_whose_renewal_is_not_confirmed_by_deadline_minus_margin_is_give
     assert result.expiring == ["a"]
     assert keeper.names() == set()
     hang.set()  # the late answer is ignored: the lease stays given up
-    time.sleep(0.05)
+    wait_until(lambda: idle(keeper), 5, "the late answer")
     assert keeper.tick().expiring == [] and keeper.names() == set()
     keeper.close()
 
@@ -221,10 +235,9 @@ def test_a_deposed_leader_cannot_publish_even_when_its_own_deadline_says_it_may(
     try:
         assert deposed.leader_elector().try_become_leader()
         _, etag = read_job_model(store)
-        deadline = time.monotonic() + 10
-        while not current.leader_elector().try_become_leader():  # p1's lease runs out; p2 is elected
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        elector = current.leader_elector()
+        # p1's lease runs out; p2 is elected
+        wait_until(elector.try_become_leader, 10, "p2 elected once p1's lease ran out", interval_s=0.05)
 
         blind = FencedMetadataStore(store, LeaderFence("p1", lambda: float("inf"), instance="run-a"))
         with pytest.raises(LockLostError, match="leader"):

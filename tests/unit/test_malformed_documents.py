@@ -29,10 +29,10 @@ from weirflow.job.context import JobContext
 from weirflow.job.drain_notice import DrainUtils
 from weirflow.job.model import TaskModel
 from weirflow.local.factories import job_database_path
-from weirflow.local.launcher import wait_until
 from weirflow.ops.status import job_status
 from weirflow.runtime.control import TaskControl
 from weirflow.tasks.runner import TaskRunner
+from weirflow.testing import wait_until
 
 TASKS = [f"main-{n}" for n in range(3)]
 

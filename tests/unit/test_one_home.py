@@ -399,7 +399,7 @@ INTERNAL_RAISES = {
     ("ValueError", "the connection string has no 'Endpoint=sb://<namespace>/' part"),  # likewise
     ("ValueError", "undecodable AMQP section at byte "),  # the emulator's decoder, caught by its server
     ("ValueError", "hub '"),  # the emulator's store, refused to its admin client
-    ("TimeoutError", "timed out after "),  # `wait_until`, the helper of tests and contracts
+    ("TimeoutError", "timed out after "),  # `weirflow.base.waiting.wait_until`: tests, contracts, demo, benchmarks
     (
         "ValueError",
         "metric ",
@@ -437,3 +437,114 @@ def test_errors_that_cross_an_interface_are_weirflow_errors_not_builtins() -> No
     assert unexpected == [], "raise a WeirflowError subclass (weirflow/base/errors.py draws the tree)"
     stale = sorted(INTERNAL_RAISES - {(cls, key) for cls, key, _ in found})
     assert stale == [], "these are gone: take them off INTERNAL_RAISES"
+
+
+# --- SDK errors → weirflow errors: one lookup for every plugin's table ---------------------------------------
+PLUGIN_ERROR_MODULES = (
+    "weirflow_azure.eventhubs.errors",
+    "weirflow_kinesis.errors",
+    "weirflow_azure.coordinator.errors",
+    "weirflow_aws.errors",
+    "weirflow_delta.errors",
+)
+
+
+def test_every_plugin_looks_its_error_table_up_through_the_shared_lookup() -> None:
+    """Each plugin's ``classify`` is `weirflow.base.errors.table_entry` over its table, so every table weighs the
+    service's answer over the exception's type alike; no plugin walks an exception's lineage itself, and
+    botocore's error code is read by one function, which both AWS-based plugins use."""
+    import importlib
+    import inspect
+
+    from weirflow.base import errors
+
+    for name in PLUGIN_ERROR_MODULES:
+        module = importlib.import_module(name)
+        calls = {
+            node.func.id
+            for node in ast.walk(ast.parse(inspect.getsource(module.classify)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "table_entry" in calls and module.table_entry is errors.table_entry, name
+    sources = [(p.relative_to(REPOSITORY).as_posix(), tree) for p, tree in _sources()]
+    walkers = [
+        p
+        for p, tree in sources
+        if any(isinstance(n, ast.Attribute) and n.attr == "__mro__" for n in ast.walk(tree))
+    ]
+    assert walkers == ["weirflow/base/errors.py"], "look the table up with table_entry (and lineage_keys)"
+    readers = [
+        p
+        for p, tree in sources
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef) and n.name == "error_code"
+    ]
+    assert readers == ["weirflow/base/errors.py"], "import weirflow.base.errors.error_code"
+    kinesis, aws = (importlib.import_module(n) for n in ("weirflow_kinesis.errors", "weirflow_aws.errors"))
+    assert kinesis.error_code is aws.error_code is errors.error_code
+
+
+def test_the_shared_lookup_takes_an_answer_scoped_to_its_exception_type_and_botocore_s_code() -> None:
+    from botocore.exceptions import ClientError, HTTPClientError
+
+    from weirflow.base.errors import ServiceUnavailableError, WeirflowError, error_code, lineage_keys, table_entry
+
+    class Reply(Exception):
+        pass
+
+    class Refusal(Reply):
+        pass
+
+    table = {(Reply, 503): ServiceUnavailableError, (Refusal, 503): WeirflowError, Reply: WeirflowError}
+    assert table_entry(table, Refusal(), *lineage_keys(Refusal(), 503)) is WeirflowError, "the subclass's entry"
+    assert table_entry(table, Reply(), *lineage_keys(Reply(), 503)) is ServiceUnavailableError
+    assert table_entry(table, Refusal(), *lineage_keys(Refusal(), 404)) is WeirflowError, "then by type"
+    assert table_entry(table, ValueError(), *lineage_keys(ValueError(), 503)) is None
+    assert error_code(ClientError({"Error": {"Code": "SlowDown"}}, "PutObject")) == "SlowDown"  # type: ignore[arg-type]
+    assert error_code(ClientError({}, "PutObject")) == ""  # type: ignore[arg-type]
+    assert error_code(HTTPClientError(response=object(), error="reset")) == "", "a reply object is not a code"
+    assert error_code(ValueError("ours")) == ""
+
+
+# --- a storage call's retry deadline ends before the renew margin ------------------------------------------
+@pytest.mark.parametrize(
+    ("factory", "values", "timeout_key"),
+    [
+        (
+            "weirflow_azure.coordinator.factories:AzureJobCoordinatorFactory",
+            {"azure.storage.account": "acme", "azure.retry.deadline.ms": 6000},
+            "azure.storage.request.timeout.ms",
+        ),
+        (
+            "weirflow_aws.factories:AwsJobCoordinatorFactory",
+            {"aws.retry.deadline.ms": 6000},
+            "aws.request.timeout.ms",
+        ),
+    ],
+    ids=["azure", "aws"],
+)
+def test_both_coordinators_refuse_a_retry_deadline_the_renew_margin_cannot_hold(
+    factory: str, values: dict[str, object], timeout_key: str
+) -> None:
+    """The rule is `CoordinationTimings.check_call_deadline`; each coordinator factory asks it with its keys."""
+    import importlib
+
+    from weirflow.base.errors import ConfigError
+
+    module, name = factory.split(":")
+    deadline_key = next(k for k in values if k.endswith("retry.deadline.ms"))
+    config = Config.from_dict(
+        {"job.name": "homes", "job.coordinator.lease.renew.margin.ms": 5000, **values}, source="job.yaml"
+    )
+    with pytest.raises(ConfigError) as err:
+        getattr(importlib.import_module(module), name)().get_coordination_utils(config, "p1")
+    assert str(err.value) == (
+        f"key '{deadline_key}' in job.yaml: 6000 ms is not shorter than job.coordinator.lease.renew.margin.ms "
+        "(5000 ms): a lease renewal could still be retrying when the processor must fence itself; lower it "
+        f"(with {timeout_key}) or raise the margin"
+    )
+    assert err.value.key == deadline_key
+    timings = CoordinationTimings.from_config(config)
+    timings.check_call_deadline(config, deadline_key, 4.999, timeout_key)  # shorter: accepted
+    with pytest.raises(ConfigError, match=timeout_key):
+        timings.check_call_deadline(config, deadline_key, 4.9996, timeout_key)  # rounds to the margin

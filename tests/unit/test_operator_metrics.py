@@ -25,8 +25,9 @@ from weirflow.endpoints.metrics import ProcessorSnapshot, metrics_exposition
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.coordination import LatchState, latch_name
 from weirflow.local.checkpoint import SqliteCheckpointManager
-from weirflow.local.launcher import wait_until
 from weirflow.runtime.fencing import FencedCheckpointWriter
+from weirflow.testing import wait_until
+from weirflow_kinesis.spool import SPOOL_BYTES
 
 
 def counted(metric: telemetry.Metric, **labels: str) -> float:
@@ -108,7 +109,7 @@ def test_checkpoint_writes_and_lease_renewals_are_timed(tmp_path: Path) -> None:
 
 def test_the_kinesis_spool_s_size_is_a_gauge_while_it_is_open(tmp_path: Path) -> None:
     def size() -> float | None:
-        found = [v for m, labels, v in telemetry.TELEMETRY.gauges() if m == telemetry.KINESIS_SPOOL_BYTES]
+        found = [v for m, labels, v in telemetry.TELEMETRY.gauges() if m == SPOOL_BYTES]
         return found[0] if found else None
 
     spool = _spool(tmp_path, FakeShards(size=10))
@@ -126,8 +127,8 @@ def test_the_registry_is_exposed_per_processor_with_units_and_types(tmp_path: Pa
     registry.count(telemetry.STORAGE_RETRIES, 3, store="azure", operation="renew lease on")
     registry.observe(telemetry.CHECKPOINT_WRITE_SECONDS, 0.02)
     registry.observe(telemetry.CHECKPOINT_WRITE_SECONDS, 0.3)
-    registry.gauge(telemetry.KINESIS_SPOOL_BYTES, lambda: 4096, stream="views")
-    registry.gauge(telemetry.KINESIS_SPOOL_BYTES, lambda: 1 / 0, stream="broken")
+    registry.gauge(SPOOL_BYTES, lambda: 4096, stream="views")
+    registry.gauge(SPOOL_BYTES, lambda: 1 / 0, stream="broken")
     with pytest.raises(ValueError, match="metric weirflow_storage_retries is a counter with labels"):
         registry.count(telemetry.STORAGE_RETRIES, store="azure")
     snapshot = ProcessorSnapshot("p1", "RUNNING", 1, 0, True)

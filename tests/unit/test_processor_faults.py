@@ -35,8 +35,8 @@ from weirflow.interfaces.coordination import CoordinationUtils, Latch, LatchStat
 from weirflow.interfaces.metadata import Document, MetadataStore
 from weirflow.job.context import JobContext
 from weirflow.job.model import TaskModel
-from weirflow.local.launcher import wait_until
 from weirflow.tasks.runner import TaskRunner
+from weirflow.testing import wait_until
 
 TASKS = [f"main-{n}" for n in range(4)]
 
@@ -353,8 +353,17 @@ def test_a_stuck_task_stop_is_abandoned_after_the_stop_timeout_and_reported(tmp_
 
 @pytest.fixture(autouse=True)
 def _quiet_threads() -> Iterable[None]:
+    """Each test ends with the threads it started (processors, their loops and pools, stuck stops): the next
+    test starts among its own threads only."""
+    before = set(threading.enumerate())
     yield
-    time.sleep(0.05)
+    started = [thread for thread in threading.enumerate() if thread not in before]
+    wait_until(
+        lambda: not any(thread.is_alive() for thread in started),
+        10,
+        f"the threads the test left running to end: {[thread.name for thread in started if thread.is_alive()]}",
+        interval_s=0.01,
+    )
 
 
 def test_a_lock_whose_renewal_hangs_is_abandoned_before_it_expires_and_the_others_are_renewed(

@@ -21,8 +21,8 @@ from weirflow.config import load_config
 from weirflow.coordination.job_model_store import read_job_model
 from weirflow.coordination.processor import StreamProcessor
 from weirflow.job.context import JobContext
-from weirflow.local.launcher import wait_until
 from weirflow.tasks.runner import TaskRunner
+from weirflow.testing import wait_until
 
 DEBOUNCE_MS = 800
 # Every step must come from a wake-up: one poll is longer than the test waits for the tasks to start.

@@ -16,7 +16,7 @@ from weirflow.config import load_config
 from weirflow.endpoints.processor_server import serving_processor
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 CONFIG = """
 job.name: tables

@@ -22,8 +22,8 @@ from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamP
 from weirflow.job.model import TaskModel
 from weirflow.job.systems import Systems
 from weirflow.local.checkpoint import SqliteCheckpointManager
-from weirflow.local.launcher import wait_until
 from weirflow.tasks.record_task import RecordTaskRunner
+from weirflow.testing import wait_until
 
 BACKLOG = 100
 COMMIT_MS = 200
@@ -100,7 +100,7 @@ def test_a_long_read_is_checkpointed_every_commit_interval_with_its_outputs_sent
 
     def on_record(offset: int) -> None:
         if offset == slow_at:
-            time.sleep(COMMIT_MS * 1.5 / 1000)  # one slow record: the commit interval passes inside the read
+            time.sleep(COMMIT_MS * 1.5 / 1000)  # not synchronisation: one slow record outlasts the commit interval
         if offset == look_at:  # still inside the same read: what has been committed so far?
             seen["checkpoint"], seen["relayed"] = harness.checkpointed(), harness.relayed()
             looked.set()

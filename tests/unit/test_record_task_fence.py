@@ -15,8 +15,8 @@ from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamP
 from weirflow.job.model import TaskModel
 from weirflow.job.systems import Systems
 from weirflow.local.checkpoint import SqliteCheckpointManager
-from weirflow.local.launcher import wait_until
 from weirflow.tasks.record_task import RecordTaskRunner, current_task
+from weirflow.testing import wait_until
 
 PARTITIONS = 2
 
@@ -42,7 +42,7 @@ class HeldLock(Lock):
 
 
 def slow_relay(record: dict) -> list[dict]:
-    time.sleep(0.01)
+    time.sleep(0.01)  # not synchronisation: a slow function, so tasks are mid-record when abandoned
     task = current_task()
     assert task is not None
     tag = {"task": task.name, "processor": task.processor_id, "instance": task.instance, "epoch": task.epoch}
@@ -101,7 +101,7 @@ def test_no_output_or_checkpoint_begins_after_abandon_tasks_returns(runner: Reco
     after = len(outputs(runner))
     checkpoints = {n: runner.checkpoints.read_last_checkpoint(f"main-{n}") for n in range(PARTITIONS)}
     assert runner.running() == set()
-    time.sleep(1)  # the function takes 10 ms a record: any write still coming would show within this
+    time.sleep(1)  # not synchronisation: a write that should not come (10 ms a record) would show within this
     assert len(outputs(runner)) == after
     assert {n: runner.checkpoints.read_last_checkpoint(f"main-{n}") for n in range(PARTITIONS)} == checkpoints
     assert runner.failures() == {}
@@ -115,6 +115,6 @@ def test_a_task_whose_lease_is_no_longer_valid_abandons_itself_before_writing(ru
     valid["main-0"] = False  # as after a pause past the lease: the keeper has not run yet
     wait_until(lambda: runner.running() == set(), 10, "the task to abandon itself")
     after = len(outputs(runner))
-    time.sleep(0.5)
+    time.sleep(0.5)  # not synchronisation: a write that should not come would show within this
     assert len(outputs(runner)) == after
     assert runner.failures() == {}

@@ -1,6 +1,7 @@
-"""The suite's pytest-xdist scheduler (`tests/scheduling.py`): a worker is given a busy file while the other runs a
-waiting one and the reverse, waiting files while the class archive is dumped, and its next file only when one
-test of its current file is left. Driven as pytest-xdist's controller drives it, with stand-in workers."""
+"""The suite's pytest-xdist scheduler (`tests/support/scheduling.py`): a worker is given a busy file while the
+other runs a waiting one and the reverse, waiting files while the class archive is dumped, and its next file
+only when one test of its current file is left. Driven as pytest-xdist's controller drives it, with stand-in
+workers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import scheduling, spark_jvm
+from tests.support import scheduling, spark_jvm
 
 
 class Worker:

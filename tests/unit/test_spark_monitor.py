@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 from weirflow.spark.runner import SparkTaskRunner
+from weirflow.testing import wait_until
 
 
 class BrokenQuery:
@@ -47,11 +48,13 @@ def test_a_query_whose_health_check_keeps_failing_fails_its_tasks_and_the_monito
     monitor = threading.Thread(target=runner._monitor_loop, daemon=True)
     monitor.start()
     try:
-        deadline = time.monotonic() + 30
-        while "counts-0" not in runner._failed:
-            assert time.monotonic() < deadline, "the task never failed"
-            assert monitor.is_alive(), "the monitor died"
-            time.sleep(0.05)
+        wait_until(
+            lambda: "counts-0" in runner._failed or not monitor.is_alive(),
+            30,
+            "the task failing",
+            interval_s=0.05,
+        )
+        assert "counts-0" in runner._failed, "the monitor died"
     finally:
         runner._closing.set()
         monitor.join(5)
@@ -102,14 +105,13 @@ def test_the_launcher_waits_for_the_data_plane_s_preparation_without_holding_the
                 "the launcher held the runner's lock through the preparation"
             )
             runner._guard.release()
-            time.sleep(0.05)
+            time.sleep(0.05)  # not synchronisation: the launcher must hold off for the whole window, sampled
         assert runner._pool.submitted == [], "a task started before the data plane was prepared"
         runner._ready.set()
         runner._wake.set()
-        deadline = time.monotonic() + 10
-        while not runner._pool.submitted:
-            assert time.monotonic() < deadline, "the pending task never started after the preparation"
-            time.sleep(0.05)
+        wait_until(
+            lambda: runner._pool.submitted, 10, "the pending task to start after the preparation", interval_s=0.05
+        )
     finally:
         runner._closing.set()
         runner._wake.set()

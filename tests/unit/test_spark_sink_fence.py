@@ -18,6 +18,7 @@ from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.factories import job_database_path
 from weirflow.spark import fence
 from weirflow.spark.sink import WeirflowStreamWriter
+from weirflow.testing import wait_until
 
 LEASE_MS = 1500  # not renewed here: long enough for a first write (which opens the output stream)
 
@@ -60,10 +61,12 @@ def test_a_worker_writes_only_while_the_query_s_processor_run_holds_the_lock(tmp
         assert _written(config) == 1
 
         # the processor is paused: its lease runs out and another processor takes the task
-        deadline = time.monotonic() + 10
-        while not successor.lock("task-main-0").try_acquire():
-            assert time.monotonic() < deadline, "the successor never got the lock"
-            time.sleep(0.05)
+        wait_until(
+            lambda: successor.lock("task-main-0").try_acquire(),
+            10,
+            "the successor to get the lock",
+            interval_s=0.05,
+        )
         with pytest.raises(LockLostError):
             writer.write(iter([rows]))
         assert _written(config) == 1, "a batch was written after the lock moved"
@@ -101,10 +104,12 @@ def test_a_partition_whose_rows_arrive_over_time_is_checked_before_every_send(tm
         def batches():
             for n in range(3):
                 if n == 1:  # between the first and the second batch the lease runs out and the task moves
-                    deadline = time.monotonic() + 10
-                    while not successor.lock("task-main-0").try_acquire():
-                        assert time.monotonic() < deadline, "the successor never got the lock"
-                        time.sleep(0.05)
+                    wait_until(
+                        lambda: successor.lock("task-main-0").try_acquire(),
+                        10,
+                        "the successor to get the lock",
+                        interval_s=0.05,
+                    )
                 yield pa.record_batch(
                     {"__key": pa.array([b"k"], pa.binary()), "__value": pa.array([f'{{"n":{n}}}'.encode()])}
                 )

@@ -22,7 +22,7 @@ from weirflow.endpoints.settings import EndpointSettings
 from weirflow.endpoints.taps import TapService
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import wait_until
+from weirflow.testing import wait_until
 
 CATASTROPHIC = "(a+)+$"  # Python's re backtracks exponentially on 'aaa...ab': 36 a's froze a processor
 DETECTOR_S = 10  # only a failure detector: RE2 answers in well under a millisecond
@@ -82,15 +82,17 @@ def test_records_are_read_and_matched_on_the_read_pool_not_the_event_loop(system
 
     async def tap() -> tuple[str, str]:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
-        reader = asyncio.create_task(taps.run(taps.target("views"), matcher, queue))  # type: ignore[arg-type]
+        target = taps.target("views")
+        ends = await taps.ends(target)  # as a tap's handshake does: what is written from here on is tapped
+        reader = asyncio.create_task(taps.run(target, matcher, queue, ends))  # type: ignore[arg-type]
         producer = systems.producer("local")
-        deadline = asyncio.get_running_loop().time() + DETECTOR_S
-        while queue.empty():  # a tap starts at the ends as of its first read: write until one is seen
-            assert asyncio.get_running_loop().time() < deadline, "the tap never saw a matching record"
-            producer.send([OutgoingRecord("views", json.dumps({"user": f"u{i}"}).encode()) for i in range(6)])
-            await asyncio.sleep(0.1)
-        reader.cancel()
-        message = queue.get_nowait()
+        producer.send([OutgoingRecord("views", json.dumps({"user": f"u{i}"}).encode()) for i in range(6)])
+        try:
+            message = await asyncio.wait_for(queue.get(), DETECTOR_S)
+        except TimeoutError:
+            raise AssertionError("the tap never saw the matching record") from None
+        finally:
+            reader.cancel()
         assert message is not None
         return message, threading.current_thread().name
 

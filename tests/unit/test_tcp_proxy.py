@@ -1,4 +1,5 @@
-"""The test tree's TCP proxy (`tests/tcp_proxy.py`): forwards, blackholes (holds without a byte through), heals."""
+"""The test tree's TCP proxy (`tests/support/tcp_proxy.py`): forwards, blackholes (holds without a byte through),
+heals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.tcp_proxy import AzuriteProxy, TcpProxy
+from tests.support.tcp_proxy import AzuriteProxy, TcpProxy
 
 
 def echo_server() -> tuple[socket.socket, int]:

@@ -74,5 +74,6 @@ def test_the_testing_package_names_its_public_api() -> None:
         "MetadataStoreContract",
         "ProcessorRegistryContract",
         "SystemContract",
+        "wait_until",
     }
     assert all(hasattr(testing, name) for name in testing.__all__)

@@ -39,6 +39,7 @@ before it was a `WeirflowError` and callers may still catch it so)::
     ├── KinesisError ......................... weirflow_kinesis.errors
     │   ├── KinesisAccessError
     │   └── KinesisStreamInUseError
+    ├── ReadAheadError ....................... weirflow_kinesis.errors
     ├── AzureStorageError .................... weirflow_azure.coordinator.errors
     │   └── AzureStorageAccessError
     ├── DeltaTableError ...................... weirflow_delta.errors
@@ -53,8 +54,11 @@ Each plugin's SDK errors become these through one table in its errors module: `E
 (Event Hubs, by exception type and AMQP condition), `KINESIS_ERRORS` (botocore, by error code and
 exception type), `STORAGE_ERRORS` (azure.core, by exception type and HTTP status), `AWS_ERRORS` (botocore
 for DynamoDB and S3, by error code, HTTP status and exception type) and `DELTA_ERRORS` (deltalake, by exception
-type and, for a storage failure, the HTTP status object_store reports). Every class here
-calls its parent's ``__init__`` (tests/unit/test_errors.py checks it).
+type and, for a storage failure, the HTTP status object_store reports). Every plugin looks its table up the same
+way, through `table_entry` (the service's answer first, then the exception's type; `lineage_keys` for an answer
+that means something only on one exception type), and applies it through `raising_mapped`; the AWS-based
+plugins read botocore's error code with `error_code`. Every class here calls its parent's ``__init__``
+(tests/unit/test_errors.py checks it).
 """
 
 from __future__ import annotations
@@ -228,8 +232,9 @@ def table_entry(
     table: Mapping[Any, type[WeirflowError]], exc: BaseException, *keys: Any
 ) -> type[WeirflowError] | None:
     """The weirflow error a plugin's error table maps ``exc`` to, or None: the entry of the first of ``keys``
-    the table has (what the service answered: an error code, an HTTP status; a None or empty key is skipped),
-    else the entry of the most derived type of ``exc``. The lookup each plugin's ``classify`` makes."""
+    the table has (what the service answered: an error code, an HTTP status, or `lineage_keys` of one; a None
+    or empty key is skipped), else the entry of the most derived type of ``exc``. The lookup each plugin's
+    ``classify`` makes, so that every plugin weighs the service's verdict over the type that carried it alike."""
     for key in keys:
         if key is not None and key != "" and key in table:
             return table[key]
@@ -238,6 +243,24 @@ def table_entry(
         if target is not None:
             return target
     return None
+
+
+def lineage_keys(exc: BaseException, answer: object) -> tuple[tuple[type, object], ...]:
+    """``(type, answer)`` for each type of ``exc``'s lineage, most derived first: the keys to give `table_entry`
+    when an SDK's answer means something only on its own exception type (azure.core's HTTP status on an
+    ``HttpResponseError``, an AMQP condition on an ``EventHubError``). The table's entry for a subclass then
+    wins over its base's for the same answer, as it does for types alone; ``answer`` may be None (no reply)."""
+    return tuple((cls, answer) for cls in type(exc).__mro__)
+
+
+def error_code(exc: BaseException) -> str:
+    """The service's error code of a botocore ``ClientError`` (``""`` for anything else), which the AWS-based
+    plugins key their tables on. Read from the reply the error keeps (``exc.response["Error"]["Code"]``), not
+    by its type, so that the shared leaves import no botocore: no other error keeps such a reply (where another
+    SDK's error has a ``response``, it is an HTTP response object, not a mapping)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error", {}) if isinstance(response, Mapping) else None
+    return str(error.get("Code", "")) if isinstance(error, Mapping) else ""
 
 
 @contextmanager

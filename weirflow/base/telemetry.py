@@ -7,8 +7,9 @@ an addition, or a bucket increment: nothing else on the path it measures) and th
 registry when Prometheus scrapes. It is a public helper (docs/architecture.md, "The dependency rule"): it
 imports nothing of weirflow, so plugins count their own calls here without depending on the core's endpoints.
 
-Every metric is declared once, below (`Metric`), with its kind, help text and label names; a count under
-other labels is a programming error and raises `ValueError`. One process runs one processor in production, so
+Every metric is declared once (`Metric`, then `declare`), with its kind, help text and label names: core's
+below, a plugin's in the plugin (the Kinesis spool's size in `weirflow_kinesis.spool`). A count under other
+labels is a programming error and raises `ValueError`. One process runs one processor in production, so
 the collector labels these series with that processor (a test running several in one process shares them).
 """
 
@@ -61,24 +62,37 @@ CHECKPOINT_WRITE_SECONDS = Metric(
 LEASE_RENEWAL_SECONDS = Metric(
     "weirflow_lease_renewal_seconds", "histogram", "Duration of a task lock renewal the store answered"
 )
-KINESIS_SPOOL_BYTES = Metric(
-    "weirflow_kinesis_spool_bytes",
-    "gauge",
-    "Bytes of record data the processor's Kinesis spool of a stream holds (bounded by spool.max.bytes)",
-    ("stream",),
-)
 
 
-# Every metric of the registry. Those without labels are exposed from the start (a counter at 0, a histogram
-# without observations), so an alert on their increase needs no series to appear first.
-METRICS = (
+# Every metric declared in this process: core's, then each plugin's as its module is imported. Those without
+# labels are exposed from the start (a counter at 0, a histogram without observations), so an alert on their
+# increase needs no series to appear first.
+_DECLARED: list[Metric] = [
     STORAGE_RETRIES,
     STORAGE_ERRORS,
     LATCH_TIMEOUTS,
     CHECKPOINT_WRITE_SECONDS,
     LEASE_RENEWAL_SECONDS,
-    KINESIS_SPOOL_BYTES,
-)
+]
+_DECLARING = threading.Lock()
+
+
+def declare(metric: Metric) -> Metric:
+    """Add a plugin's ``metric`` to the registry's families (once; a second metric of the same name is a
+    programming error) and return it, for a module-level ``NAME = declare(Metric(...))``."""
+    with _DECLARING:
+        same = [m for m in _DECLARED if m.name == metric.name]
+        if same and same[0] != metric:
+            raise ValueError(f"metric {metric.name} is declared twice, differently")
+        if not same:
+            _DECLARED.append(metric)
+    return metric
+
+
+def declared() -> tuple[Metric, ...]:
+    """Every metric declared so far: the families ``GET /metrics`` and the exporters show."""
+    with _DECLARING:
+        return tuple(_DECLARED)
 
 
 class Histogram:
@@ -180,7 +194,7 @@ class Telemetry:
     def counters(self) -> list[tuple[Metric, Labels, float]]:
         with self._guard:
             found = dict(self._counters)
-        for metric in METRICS:
+        for metric in declared():
             if metric.kind == "counter" and not metric.labels:
                 found.setdefault((metric, ()), 0)
         return [(m, labels, v) for (m, labels), v in found.items()]
@@ -188,7 +202,7 @@ class Telemetry:
     def histograms(self) -> list[tuple[Metric, Labels, HistogramData]]:
         with self._guard:
             found = dict(self._histograms)
-        for metric in METRICS:
+        for metric in declared():
             if metric.kind == "histogram" and not metric.labels and (metric, ()) not in found:
                 found[(metric, ())] = Histogram(metric.buckets)
         return [(m, labels, HistogramData.of(h.to_json())) for (m, labels), h in found.items()]

@@ -21,6 +21,7 @@ import typer
 from rich.table import Table
 
 from weirflow.base.errors import WeirflowError
+from weirflow.base.version import __version__
 from weirflow.cli.common import ConfigArg, JsonOpt, SetOpt, console, err_console, load, user_errors
 from weirflow.cli.streams import streams_app
 
@@ -28,6 +29,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split
 app.add_typer(streams_app, name="streams")
 deploy_app = typer.Typer(no_args_is_help=True, help="What a deployment of the job must create (docs/deploy.md).")
 app.add_typer(deploy_app, name="deploy")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"weirflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print weirflow's version and exit."
+        ),
+    ] = False,
+) -> None:
+    # The options of `weirflow` itself, before any command; no docstring, so the help stays the Typer's own.
+    pass
 
 
 def _setup_logging(level: str, processor_id: str) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from weirflow.base.telemetry import METRICS, TELEMETRY, HistogramData, Telemetry
+from weirflow.base.telemetry import TELEMETRY, HistogramData, Telemetry, declared
 from weirflow.coordination.leader import JobView
 
 
@@ -173,7 +173,7 @@ def _telemetry_families(processor: str, telemetry: Telemetry) -> Iterator[Any]:
         return families[metric.name]
 
     kinds = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily, "gauge": GaugeMetricFamily}
-    for metric in METRICS:  # every family, series or not: an exporter registers its instruments from them
+    for metric in declared():  # every family, series or not: an exporter registers its instruments from them
         family(metric, kinds[metric.kind])
     for metric, labels, value in sorted(telemetry.counters(), key=lambda c: (c[0].name, c[1])):
         family(metric, CounterMetricFamily).add_metric([processor, *labels], value)

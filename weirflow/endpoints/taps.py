@@ -3,10 +3,12 @@ the moment of connection until the client disconnects (docs/endpoints.md).
 
 **Where the records come from.** The processor the client connected to reads the stream's partitions itself,
 through the system's consumer, from each partition's end at connection time (`SystemAdmin.partition_metadata`)
-onwards. Every processor can reach every partition of every system its job uses, so a tap needs no fan-in
-from the processors owning partitions, costs the running tasks nothing, does not break when a task moves,
-and works for streams no task reads (a job's outputs, dead letters). A tap therefore sees what was *written*
-to the stream, after the fence (`weirflow.spark.fence`): exactly what downstream tasks and consumers see.
+onwards. It takes those ends before it accepts the WebSocket, so a record written after the client's handshake
+completed is always tapped (a stream whose ends cannot be read is refused with 503). Every processor can reach
+every partition of every system its job uses, so a tap needs no fan-in from the processors owning partitions,
+costs the running tasks nothing, does not break when a task moves, and works for streams no task reads (a job's
+outputs, dead letters). A tap therefore sees what was *written* to the stream, after the fence
+(`weirflow.spark.fence`): exactly what downstream tasks and consumers see.
 
 **What can be tapped**: any stream declared under ``streams.<id>``, the pipeline's intermediate streams (their
 rows unpacked; control messages left out) and each one's dead letters (``<id>.dlq``).
@@ -127,15 +129,22 @@ class TapService:
             ) from None
         return _Matcher(regex, field or None)
 
-    async def run(self, target: TapTarget, matcher: _Matcher, queue: asyncio.Queue[str | None]) -> None:
-        """Read ``target`` from its current end and put every matching record on ``queue`` until cancelled;
-        puts None and returns when the queue is full (the client is too slow). Reading and matching run on
-        the read pool; this coroutine only moves the finished messages onto the queue."""
+    async def ends(self, target: TapTarget) -> dict[int, Any]:
+        """Each partition of ``target``'s stream and its end now: where a tap opened now starts reading."""
         admin = self.systems.admin(target.ref.system)
+        metadata = await self.read_pool.run(admin.partition_metadata, target.ref.physical)
+        return {p: m.upcoming for p, m in metadata.items()}
+
+    async def run(
+        self, target: TapTarget, matcher: _Matcher, queue: asyncio.Queue[str | None], positions: dict[int, Any]
+    ) -> None:
+        """Read ``target`` from ``positions`` (its `ends` when the tap opened) and put every matching record on
+        ``queue`` until cancelled; puts None and returns when the queue is full (the client is too slow).
+        Reading and matching run on the read pool; this coroutine only moves the finished messages onto the
+        queue."""
         consumer = self.systems.consumer(target.ref.system)
         physical = target.ref.physical
-        metadata = await self.read_pool.run(admin.partition_metadata, physical)
-        positions = {p: m.upcoming for p, m in metadata.items()}
+        positions = dict(positions)
         while True:
             found = 0
             for partition, position in list(positions.items()):
@@ -267,13 +276,22 @@ def add_tap_routes(app: Any, taps: TapService | None) -> None:
 async def _serve(
     websocket: WebSocket, taps: TapService, stream: str, target: TapTarget, matcher: _Matcher
 ) -> None:
-    """Send ``stream``'s matching records to the accepted ``websocket`` until either side closes."""
+    """Take the stream's ends, accept ``websocket``, then send it ``stream``'s matching records until either
+    side closes. The ends come first, so every record written once the client's handshake completed is sent."""
     from fastapi import WebSocketDisconnect
+    from fastapi.responses import JSONResponse
 
     params = websocket.query_params
+    try:
+        positions = await taps.ends(target)
+    except Exception as exc:
+        log.warning("tap on %s refused: its partitions' ends could not be read: %s", stream, exc)
+        error = f"reading {stream} failed: {exc}"
+        await websocket.send_denial_response(JSONResponse({"error": error}, status_code=503))
+        return
     await websocket.accept()
     queue: asyncio.Queue[str | None] = asyncio.Queue()
-    reader = asyncio.create_task(taps.run(target, matcher, queue))
+    reader = asyncio.create_task(taps.run(target, matcher, queue, positions))
     closed = asyncio.create_task(websocket.receive())  # the client's close (taps take no input)
     log.info("tap on %s opened (match=%r, field=%r)", stream, params.get("match"), params.get("field"))
     try:

@@ -11,8 +11,9 @@ task's query starts, when the copy is further on than what is on local disk. Whi
 a committed batch, and which batch is the last committed, is `weirflow.interfaces.spark_checkpoint`.
 
 Implementations: ``local`` (the embedded default; the local disk is the only copy, since every processor of
-an embedded job shares it) and ``azure`` (Blob Storage, `weirflow_azure.coordinator.spark_state`). The
-default follows ``job.coordinator.factory``.
+an embedded job shares it), ``azure`` (Blob Storage, `weirflow_azure.coordinator.spark_state`) and ``aws`` (S3,
+`weirflow_aws.spark_state`); the last two are one algorithm, `weirflow.interfaces.spark_state_mirror`, over
+each one's objects. The default follows ``job.coordinator.factory``.
 """
 
 from __future__ import annotations

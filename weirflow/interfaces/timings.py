@@ -92,6 +92,21 @@ class CoordinationTimings:
         if self.finished_check_interval_ms <= 0:
             raise config.error("job.coordinator.finished.check.interval.ms", "must be positive")
 
+    def check_call_deadline(self, config: ConfigView, key: str, deadline_s: float, timeout_key: str) -> None:
+        """Refuse a backend's deadline of one storage call, retries included (``deadline_s``, set by ``key``), that
+        is not shorter than the renew margin: a lease renewal still retrying when the self-fence must act would
+        outlast the margin meant to stop the tasks before another processor may take them (docs/coordination.md,
+        "The self-fence"). Each coordinator factory asks it with its own keys, ``timeout_key`` being its
+        request timeout, which the deadline must leave room for."""
+        deadline_ms = round(deadline_s * 1000)
+        if deadline_ms >= self.renew_margin_ms:
+            raise config.error(
+                key,
+                f"{deadline_ms} ms is not shorter than {MARGIN_KEY} ({self.renew_margin_ms} ms): a lease renewal "
+                f"could still be retrying when the processor must fence itself; lower it (with {timeout_key}) or "
+                "raise the margin",
+            )
+
     def liveness_margin_ms(self) -> int:
         """The heartbeat's self-fence margin: a processor whose last confirmed heartbeat was *sent* longer than
         ``liveness_timeout_ms - liveness_margin_ms`` ago gives up every lease it holds, because from the liveness

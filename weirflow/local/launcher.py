@@ -10,8 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -84,14 +83,3 @@ def start_processor(
         args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     )
     return ProcessorProcess(processor_id, popen, log_path, log)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> float:
-    """Poll ``condition`` until true; return the seconds it took. Raise `TimeoutError` naming ``what``."""
-    start = time.monotonic()
-    while True:
-        if condition():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)

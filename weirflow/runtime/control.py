@@ -62,6 +62,15 @@ CONTROL_KIND_NAMES: dict[MessageType, str] = {
     MessageType.DRAIN: "drain",
 }
 CONTROL_KIND_TYPES: dict[str, MessageType] = {name: kind for kind, name in CONTROL_KIND_NAMES.items()}
+END_OF_STREAM_KIND = CONTROL_KIND_NAMES[MessageType.END_OF_STREAM]
+DRAIN_KIND = CONTROL_KIND_NAMES[MessageType.DRAIN]
+
+# The kinds of control rows that are not control messages: what a read tells the task's own runner about itself.
+INJECT_KIND = "inject"  # moves Spark's watermark to ``ctl_ms`` (the row's ``__wm_time``)
+ROWS_KIND = "rows"  # how many records the read took from an intermediate stream (``task_count``)
+MARKS_KIND = "marks"  # the replay marks of a partition as of the read's end (``detail``, JSON)
+DEAD_LETTERS_KIND = "dlq"  # how many records of the read went to the dead-letter stream (``task_count``)
+SEEN_KIND = "seen"  # the newest event time the read saw (``ctl_ms``)
 
 
 @dataclass(frozen=True)

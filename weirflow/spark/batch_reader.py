@@ -20,6 +20,12 @@ from weirflow.base.errors import MalformedDocumentError, UnreadableRangeError
 from weirflow.interfaces.system import RecordColumns
 from weirflow.runtime.control import (
     CONTROL_KIND_NAMES,
+    DEAD_LETTERS_KIND,
+    END_OF_STREAM_KIND,
+    INJECT_KIND,
+    MARKS_KIND,
+    ROWS_KIND,
+    SEEN_KIND,
     ControlMessage,
     MalformedMessageError,
     MessageType,
@@ -107,10 +113,10 @@ class BatchReader:
         }
 
     def read(self, value: tuple[Any, ...]) -> Iterator[pa.RecordBatch]:
-        if value[0] == "inject":
+        if value[0] == INJECT_KIND:
             watermark = int(value[1])
             wm_us = (watermark + self.spec.delay_ms) * 1000
-            yield self._control_batch([(wm_us, self._ctl("inject", None, ctl_ms=watermark))])
+            yield self._control_batch([(wm_us, self._ctl(INJECT_KIND, None, ctl_ms=watermark))])
             return
         from weirflow.interfaces.system import SystemStreamPartition
 
@@ -152,18 +158,18 @@ class BatchReader:
             early = self._early_watermark()
             if early is not None:
                 yield self._control_batch(
-                    [((early + self.spec.delay_ms) * 1000, self._ctl("inject", None, ctl_ms=early))]
+                    [((early + self.spec.delay_ms) * 1000, self._ctl(INJECT_KIND, None, ctl_ms=early))]
                 )
         if self.spec.intermediate and self._taken:
-            yield self._control_batch([(0, self._ctl("rows", key, task_count=self._taken))])
+            yield self._control_batch([(0, self._ctl(ROWS_KIND, key, task_count=self._taken))])
         if self._marks is not None and cache is not None and self._order(end, start) != 0:
             self._marks.at = end
             self._prune_lanes(key, self._marks)
             cache.save(key, self._marks, start)
             detail = json.dumps({**self._marks.to_json(), "dropped": self._dropped})
-            yield self._control_batch([(0, self._ctl("marks", key, detail=detail))])
-        if marker:  # "eos" or "drain" (True from plans of earlier versions)
-            kind = marker if isinstance(marker, str) else "eos"
+            yield self._control_batch([(0, self._ctl(MARKS_KIND, key, detail=detail))])
+        if marker:  # END_OF_STREAM_KIND or DRAIN_KIND (True from plans of earlier versions)
+            kind = marker if isinstance(marker, str) else END_OF_STREAM_KIND
             yield self._control_batch([(0, self._ctl(kind, key, f"{self.spec.stream_id}:{key}", 1, 0))])
 
     # --- the watermark a read moves Spark to -----------------------------------------------------------
@@ -256,7 +262,7 @@ class BatchReader:
         else:
             dead = yield from self._decode_input(key, chunk, controls)
         if dead:
-            controls.append((0, self._ctl("dlq", key, task_count=dead)))
+            controls.append((0, self._ctl(DEAD_LETTERS_KIND, key, task_count=dead)))
         if controls:
             yield self._control_batch(controls)
 
@@ -274,7 +280,7 @@ class BatchReader:
             batch = self._data(key, table, decoded, chunk)
             latest = pc.max(batch.column(0).cast(pa.int64())).as_py()
             if latest is not None:
-                controls.append((0, self._ctl("seen", key, ctl_ms=latest // 1000)))
+                controls.append((0, self._ctl(SEEN_KIND, key, ctl_ms=latest // 1000)))
             yield batch
         return sum(self._dead_letter(key, chunk, i, reason) for i, reason in failed)
 

@@ -64,6 +64,9 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
 from weirflow.interfaces.spark_checkpoint import PartitionOffset, SourceOffset
 from weirflow.runtime.control import (
+    DRAIN_KIND,
+    END_OF_STREAM_KIND,
+    INJECT_KIND,
     MAX_TIMESTAMP_MS,
 )
 from weirflow.spark import workergc
@@ -252,7 +255,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         ranges = []
         for key in self.spec.ssps:
             a, b = start.partitions[key], end.partitions[key]
-            marker = ("drain" if b.drained else "eos") if b.ended and not a.ended else ""
+            marker = (DRAIN_KIND if b.drained else END_OF_STREAM_KIND) if b.ended and not a.ended else ""
             moved = int(b.offset) > int(a.offset) if self.spec.dense else b.offset != a.offset
             if moved or marker:
                 ranges.append(("ssp", key, a.offset, b.offset, marker))
@@ -262,7 +265,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         else:
             parts = [InputPartition(r) for r in ranges]
         if end.watermark > start.watermark:
-            parts.append(InputPartition(("inject", end.watermark)))
+            parts.append(InputPartition((INJECT_KIND, end.watermark)))
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -41,8 +41,12 @@ from weirflow.job.systems import Systems
 from weirflow.runtime import fault_points
 from weirflow.runtime.control import (
     CONTROL_KIND_TYPES,
+    DEAD_LETTERS_KIND,
     FLUSHED_WATERMARK_MS,
+    MARKS_KIND,
     MAX_TIMESTAMP_MS,
+    ROWS_KIND,
+    SEEN_KIND,
     ControlMessage,
     MalformedMessageError,
     MessageType,
@@ -276,13 +280,13 @@ class TaskProgress:
                 owner = self.by_ssp.get(str(ctl["ssp"]))
                 if owner is None:  # inject rows name no partition
                     continue
-                if ctl["kind"] == "dlq":
+                if ctl["kind"] == DEAD_LETTERS_KIND:
                     dead[owner.name] = dead.get(owner.name, 0) + int(ctl["task_count"] or 0)
-                elif ctl["kind"] == "rows":
+                elif ctl["kind"] == ROWS_KIND:
                     rows[owner.name] = rows.get(owner.name, 0) + int(ctl["task_count"] or 0)
-                elif ctl["kind"] == "marks":
+                elif ctl["kind"] == MARKS_KIND:
                     self._take_marks(owner, str(ctl["ssp"]), json.loads(ctl["detail"]))
-                elif ctl["kind"] == "seen":
+                elif ctl["kind"] == SEEN_KIND:
                     owner.seen[ctl["ssp"]] = max(owner.seen.get(ctl["ssp"], 0), int(ctl["ctl_ms"]))
                 elif ctl["kind"] in CONTROL_KIND_TYPES:
                     message = ControlMessage(

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from weirflow.local.launcher import wait_until
+from weirflow.base.waiting import wait_until
 from weirflow.testing.contracts._base import CoordinationContract
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from weirflow.local.launcher import wait_until
+from weirflow.base.waiting import wait_until
 from weirflow.testing.backend import Backend
 from weirflow.testing.contracts._base import (
     PROCESS_LEASE_MS,

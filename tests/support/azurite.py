@@ -24,7 +24,7 @@ from pathlib import Path
 ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key (public, documented by Microsoft; not a secret).
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

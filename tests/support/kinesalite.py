@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.faketime import libfaketime
+from tests.support.faketime import libfaketime
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Dummy credentials: kinesalite checks that a request is signed, not by whom.
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "weirflow",

@@ -45,7 +45,7 @@ ENV = "PYSPARK_SUBMIT_ARGS"
 DUMP_STATUS_ENV = "WEIRFLOW_TESTS_CLASS_ARCHIVE_STATUS"
 # How long a Spark test waits for the dump: its own limit (`class_archive.dump`'s 600 s) and a minute.
 DUMP_TIMEOUT_S = 660.0
-_REPOSITORY = Path(__file__).resolve().parents[1]
+_REPOSITORY = Path(__file__).resolve().parents[2]
 _outcome_seen = False
 
 
@@ -87,7 +87,7 @@ def _start_dump() -> None:
     status = folder / "status.json"
     with (folder / "dump.log").open("w") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "tests.spark_jvm", str(status)],
+            [sys.executable, "-m", "tests.support.spark_jvm", str(status)],
             cwd=_REPOSITORY,
             stdin=subprocess.DEVNULL,
             stdout=log,

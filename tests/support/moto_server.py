@@ -32,7 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.kinesalite import use_dummy_credentials
+from tests.support.kinesalite import use_dummy_credentials
 
 BUCKET = "weirflow-tests"
 

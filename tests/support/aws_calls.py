@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tests.iam_policy import Request
+from tests.support.iam_policy import Request
 
 # (service, operation) -> the IAM action AWS authorises it as.
 IAM_ACTIONS: Mapping[tuple[str, str], str] = {
@@ -105,8 +105,8 @@ def authorisations(call: Call, account: str) -> list[Request]:
     action = IAM_ACTIONS.get((call.service, call.operation))
     if action is None:
         raise UnknownOperation(
-            f"{call.service} {call.operation} is not in tests/aws_calls.py's IAM_ACTIONS: decide which IAM action "
-            "it needs, add it there, and grant it in infra/aws/ if the processors need it"
+            f"{call.service} {call.operation} is not in tests/support/aws_calls.py's IAM_ACTIONS: decide which "
+            "IAM action it needs, add it there, and grant it in infra/aws/ if the processors need it"
         )
     p = call.params
     if (call.service, call.operation) in _ACCOUNT_WIDE:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.azurite import free_port
+from tests.support.azurite import free_port
 
 
 def _spark_home() -> Path:

@@ -11,7 +11,7 @@ waiting files for 159-218 s of a 14-minute run.
 
 `PairingScheduling` gives a worker the next busy file while the other worker runs a waiting one, and the next
 waiting file while the other runs a busy one (or while Spark's class archive is still being dumped, which keeps
-a core and a half busy and which every busy file waits for: `tests/spark_jvm.py`), in the order of
+a core and a half busy and which every busy file waits for: `tests/support/spark_jvm.py`), in the order of
 `tests/conftest.py`; when one kind runs out it takes what is left. It decides at the last moment it can: a
 worker asks for its next file when one test of its current file is left (the worker has to know the test that
 follows before it runs the last one), not two as pytest-xdist's scheduler does.
@@ -39,7 +39,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadFileScheduling
 from xdist.workermanage import WorkerController
 
-from tests import spark_jvm
+from tests.support import spark_jvm
 
 BUSY = "busy"
 WAITING = "waiting"
