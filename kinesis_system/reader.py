@@ -308,9 +308,16 @@ class SliceReader:
                     break
                 moved, ended = self._visit(state, shards, shard.id)
                 progress, force_listing = progress or moved, force_listing or ended
-            if state.target is not None and all(
-                s in state.done or state.position.get(s) == positions.ENDED
-                for s in positions.shard_states(state.target)
+            if (
+                state.target is not None
+                and all(
+                    s in state.done or state.position.get(s) == positions.ENDED
+                    for s in positions.shard_states(state.target)
+                )
+                and not any(
+                    s not in state.target and self._pruned_by_target(state, v)
+                    for s, v in positions.shard_states(state.position).items()
+                )
             ):
                 state.walk.at_end = True
                 break
@@ -343,7 +350,7 @@ class SliceReader:
             return False, False
         goal = None
         if state.target is not None:
-            goal = self._goal(shard_id, current, state.target.get(shard_id))
+            goal = self._goal_in_target(state, shard_id, current)
             if goal is None:
                 state.done.add(shard_id)
                 return False, False
@@ -373,6 +380,27 @@ class SliceReader:
         if reached:
             state.done.add(shard_id)
         return bool(took) or finished, finished
+
+    def _goal_in_target(self, state: _WalkState, shard_id: str, current: str | None) -> _Goal | None:
+        """The shard's goal in the walk's end (`_goal`); its end where that end pruned it (`_pruned_by_target`)."""
+        assert state.target is not None
+        goal = self._goal(shard_id, current, state.target.get(shard_id))
+        if goal is None and self._pruned_by_target(state, current):
+            return _Goal(ended=True)
+        return goal
+
+    @staticmethod
+    def _pruned_by_target(state: _WalkState, current: str | None) -> bool:
+        """Whether the walk's end pruned a shard this walk has yet to finish: the shard is absent from the end,
+        the walk holds it (read part way, pinned or at a time, not ended) and the end counts more shards ended
+        than the walk has. A position drops a shard it holds only by pruning it once read to its end
+        (`ShardMap.prune`), so the walk reads it to its end too. Taken as "nothing to read", a replay of a
+        planned batch that finished a parent would skip the parent's last records (or wait forever on its
+        children, which are read only after it)."""
+        target = state.target
+        if target is None or current is None or current == positions.ENDED:
+            return False
+        return positions.pruned(target) > 0 and positions.ended(target) > positions.ended(state.position)
 
     def _settled(self, state: _WalkState, shards: ShardMap, shard_id: str) -> bool:
         """Whether the walk has nothing more to do in the shard: read to its end (``"E"``, or pruned from the

@@ -58,6 +58,7 @@ class FakeShards:
         self.calls = 0
         self.failures: list[BaseException] = []
         self.first = 0  # records below this index are dropped by the stream's retention (`trim`)
+        self.closed = False  # a closed shard (split or merged): its last read gives no next iterator
 
     def trim(self, records: int) -> None:
         """Retention drops the oldest ``records`` records: an iterator from before them starts after them."""
@@ -89,7 +90,7 @@ class FakeShards:
                 }
                 for i in range(start, end)
             ],
-            "NextShardIterator": str(end),
+            "NextShardIterator": None if self.closed and end == len(SEQ) else str(end),
             "MillisBehindLatest": 0 if end == len(SEQ) else 1000,
         }
 
@@ -424,3 +425,22 @@ def test_a_read_up_to_a_planned_end_ends_exactly_there_whatever_its_listing_prun
     assert read.end == planned.end
     assert positions.compare(positions.encode({expired.id: "E", SHARD: f"{SEQ[4]}#5"}), planned.end) == 0
     planner.close()
+
+
+def test_a_replay_of_a_planned_read_that_finished_a_shard_reads_that_shard_to_its_end(tmp_path: Path) -> None:
+    """The planner read a closed shard to its end within one batch and pruned it from the batch's end
+    (`ShardMap.prune`: its children take over). A replay of that batch, from a start that holds the shard part
+    way, reads the shard's remaining records and ends exactly at the planned end. Taking the shard's absence
+    from the end for "nothing to read" left those records out of the replay (or, with children in the end, left
+    the replay waiting for them forever, since they are read only after their parent)."""
+    kinesis = FakeShards()
+    kinesis.closed = True
+    closed = Shard(SHARD, 0, HASH_SPACE - 1, (), SEQ[0], SEQ[-1])
+    spool = _spool(tmp_path, kinesis)
+    reader = SliceReader(spool, lambda force: ShardMap([closed]), 1)
+    start = positions.encode({SHARD: positions.processed(SEQ[4], 5)})
+    planned_end = positions.encode({positions.PRUNED: "1"})
+    read = reader.walk(0, start, 1000, end=planned_end)
+    assert [r.sequence_number for r in read.records] == SEQ[5:]
+    assert read.at_end and read.end == planned_end
+    reader.close()
