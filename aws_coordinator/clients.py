@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from weirflow_aws.errors import AwsError, aws_errors, error_code, is_transient, short
+from weirflow_aws.errors import AwsError, aws_errors, is_transient, short
 
+from weirflow.base.errors import error_code
 from weirflow.base.service_calls import ServiceCalls
 from weirflow.interfaces.config import ConfigView
 

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from weirflow_aws.clients import Aws
-from weirflow_aws.errors import error_code, is_condition_failure
+from weirflow_aws.errors import is_condition_failure
 
 from weirflow.base import malformed
-from weirflow.base.errors import EtagMismatchError, MalformedDocumentError
+from weirflow.base.errors import EtagMismatchError, MalformedDocumentError, error_code
 from weirflow.interfaces.metadata import Document, MetadataStore, decode_value
 
 T = TypeVar("T")

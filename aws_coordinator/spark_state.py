@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from weirflow_aws.clients import Aws, require_bucket
-from weirflow_aws.errors import error_code, is_condition_failure
+from weirflow_aws.errors import is_condition_failure
 
-from weirflow.base.errors import FencedOffError
+from weirflow.base.errors import FencedOffError, error_code
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.spark_state import SparkStateStore, SparkStateStoreFactory
 from weirflow.interfaces.spark_state_mirror import ObjectSparkStateStore, ObjectStore

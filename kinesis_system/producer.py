@@ -22,10 +22,11 @@ from weirflow.base.errors import (
     RecordTooLargeError,
     ServiceUnavailableError,
     WeirflowError,
+    error_code,
 )
 from weirflow.interfaces.system import OutgoingRecord, SystemProducer
 from weirflow_kinesis.clients import KinesisClients
-from weirflow_kinesis.errors import KinesisThrottledError, error_code
+from weirflow_kinesis.errors import KinesisThrottledError
 from weirflow_kinesis.hashing import partition_key, pinning_key
 
 log = logging.getLogger("weirflow.kinesis.clients")
