@@ -76,7 +76,7 @@ run: install spark-archive
 # (tests/support/spark_jvm.py).
 test: java node
 	@$(MAKE) --no-print-directory -j3 test-tools $(NODE_STAMP) install
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # mypy checks core and the plugin packages under their installed names. It cannot follow the editable install's
 # import hook, so the plugin folders are linked under those names (pyproject.toml's package-dir) in MYPY_PATH,

@@ -1,17 +1,18 @@
-"""How `make test`'s two pytest-xdist workers share the test files: each file goes to a worker whole, as
-``--dist loadfile`` does, but which file a worker takes next depends on what the other worker runs.
+"""How `make test`'s pytest-xdist workers (three on the 2-core machine) share the test files: each file goes to a
+worker whole, as ``--dist loadfile`` does, but which file a worker takes next depends on what the others run.
 
-A file marked ``spark`` keeps a core busy or more (Spark processors and sessions); the other files mostly wait
-(for a lease to expire, a liveness timeout to pass, a receiver to attach) or are short unit files. On two cores,
-two busy files side by side slow each other down: the Event Hubs pageviews test took 112-119 s beside the
-system contract and 149-179 s beside the served-tables test. Two waiting files side by side leave the machine
-idle. pytest-xdist's own load-file scheduler hands out files in a fixed order as workers free up, so which files
-meet depends on how long each took: in eight full runs, two busy files ran side by side for 187-302 s and two
-waiting files for 159-218 s of a 14-minute run.
+A file marked ``spark`` keeps a core busy or a little more (Spark processors and sessions: measured with every
+process's CPU sampled, 1.1 to 1.2 cores for the busiest files alone); the other files mostly wait (for a lease to
+expire, a liveness timeout to pass, a receiver to attach) or are short unit files, about 0.3 to 0.5 of a core.
+With two workers, one busy file beside one waiting file left a quarter of the two cores idle (0.74 of them
+used over a full run, 16 to 18 minutes); three workers, at most two of them on busy files, used 0.86 of them and
+the run took 13.5 minutes. Three busy files at once would ask for 3.5 cores, and two waiting files with the third
+worker idle would leave the cores unused: so ``busy_at_most`` is one less than the workers (one for two
+workers, as before).
 
-`PairingScheduling` gives a worker the next busy file while the other worker runs a waiting one, and the next
-waiting file while the other runs a busy one (or while Spark's class archive is still being dumped, which keeps
-a core and a half busy and which every busy file waits for: `tests/support/spark_jvm.py`), in the order of
+`PairingScheduling` gives a worker the next busy file while fewer than ``busy_at_most`` other workers run one,
+else the next waiting file (and waiting files while Spark's class archive is still being dumped, which keeps a
+core and a half busy and which every busy file waits for: `tests/support/spark_jvm.py`), in the order of
 `tests/conftest.py`; when one kind runs out it takes what is left. It decides at the last moment it can: a
 worker asks for its next file when one test of its current file is left (the worker has to know the test that
 follows before it runs the last one), not two as pytest-xdist's scheduler does.
@@ -78,7 +79,8 @@ def record_kinds(config: pytest.Config, kinds: dict[str, str]) -> None:
 
 
 class PairingScheduling(LoadFileScheduling):
-    """pytest-xdist's load-file scheduling with the next file chosen to pair a busy file with a waiting one."""
+    """pytest-xdist's load-file scheduling with the next file chosen so that at most ``busy_at_most`` workers run
+    busy files at once, and the others waiting ones."""
 
     def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
         super().__init__(config, log)
@@ -102,7 +104,8 @@ class PairingScheduling(LoadFileScheduling):
 
     def _next_scope(self, node: WorkerController) -> str:
         others = [self._running(other) for other in self.nodes if other is not node]
-        want = WAITING if BUSY in others or spark_jvm.dump_running() else BUSY
+        busy_at_most = max(1, len(self.nodes) - 1)
+        want = WAITING if others.count(BUSY) >= busy_at_most or spark_jvm.dump_running() else BUSY
         return next((scope for scope in self.workqueue if self._kind(scope) == want), next(iter(self.workqueue)))
 
     def _assign_work_unit(self, node: WorkerController) -> None:

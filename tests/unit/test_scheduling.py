@@ -1,7 +1,8 @@
-"""The suite's pytest-xdist scheduler (`tests/support/scheduling.py`): a worker is given a busy file while the
-other runs a waiting one and the reverse, waiting files while the class archive is dumped, and its next file
-only when one test of its current file is left. Driven as pytest-xdist's controller drives it, with stand-in
-workers."""
+"""The suite's pytest-xdist scheduler (`tests/support/scheduling.py`): with two workers a worker is given a busy
+file while the other runs a waiting one and the reverse; with three, at most two busy files run at once; waiting
+files while the class archive is dumped; a worker's next file only when one test of its current file is left.
+Driven as pytest-xdist's controller drives it, with stand-in workers. And the file order of `tests/conftest.py`:
+the longest files first within their kind."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Worker:
 FILES = {
     "tests/integration/test_b1.py": (scheduling.BUSY, 3),
     "tests/integration/test_b2.py": (scheduling.BUSY, 2),
+    "tests/integration/test_b3.py": (scheduling.BUSY, 1),
     "tests/contract/test_w1.py": (scheduling.WAITING, 3),
     "tests/contract/test_w2.py": (scheduling.WAITING, 2),
     "tests/unit/test_u1.py": (scheduling.WAITING, 1),
@@ -39,34 +41,35 @@ FILES = {
 COLLECTION = [f"{name}::test_{i}" for name, (_, count) in FILES.items() for i in range(count)]
 
 
-Controller = Callable[[dict[str, str] | None], tuple[scheduling.PairingScheduling, Worker, Worker]]
+Controller = Callable[..., tuple[scheduling.PairingScheduling, ...]]
 
 
 @pytest.fixture
 def controller() -> Iterator[Controller]:
-    """``controller(kinds)``: a scheduler with two workers that collected `COLLECTION`; ``kinds`` is what the
-    workers recorded (None: nothing)."""
+    """``controller(kinds, workers=2)``: a scheduler and its workers, which collected `COLLECTION`; ``kinds`` is
+    what the workers recorded (None: nothing)."""
     config = SimpleNamespace(
         stash=pytest.Stash(), getvalue=lambda name: ["2*popen"], option=SimpleNamespace(loadscopereorder=False)
     )
     scheduling.enable(config)  # type: ignore[arg-type]
-    yield lambda kinds: _controller(config, kinds)
+    yield lambda kinds, workers=2: _controller(config, kinds, workers)
     scheduling.disable(config)  # type: ignore[arg-type]
 
 
 def _controller(
-    config: SimpleNamespace, kinds: dict[str, str] | None
-) -> tuple[scheduling.PairingScheduling, Worker, Worker]:
+    config: SimpleNamespace, kinds: dict[str, str] | None, workers: int
+) -> tuple[scheduling.PairingScheduling, ...]:
     workerinput: dict[str, object] = {}
     scheduling.configure_worker(config, workerinput)  # type: ignore[arg-type]
     if kinds is not None:
         scheduling.record_kinds(SimpleNamespace(workerinput=workerinput), kinds)  # type: ignore[arg-type]
+    config.getvalue = lambda name: [f"{workers}*popen"]  # pytest-xdist counts the workers it waits for from -n
     sched = scheduling.PairingScheduling(config)  # type: ignore[arg-type]
-    a, b = Worker("gw0"), Worker("gw1")
-    for worker in (a, b):
+    nodes = [Worker(f"gw{i}") for i in range(workers)]
+    for worker in nodes:
         sched.add_node(worker)
         sched.add_node_collection(worker, COLLECTION)
-    return sched, a, b
+    return (sched, *nodes)
 
 
 def _files(worker: Worker) -> list[str]:
@@ -105,11 +108,25 @@ def test_a_busy_file_is_paired_with_a_waiting_one_and_the_next_file_is_chosen_wh
     assert _files(b) == ["test_w1.py", "test_w2.py"]
 
     _finish(sched, a, 3)
-    # busy files are used up: a takes what is left
-    assert _files(a) == ["test_b1.py", "test_b2.py", "test_u1.py"]
+    # b is on w2 (waiting): a takes b3; then busy files are used up and a takes what is left
+    assert _files(a) == ["test_b1.py", "test_b2.py", "test_b3.py", "test_u1.py"]
     assert not sched.workqueue
     _finish(sched, b, 1)
     assert b.shutting_down
+
+
+def test_with_three_workers_at_most_two_run_busy_files_at_once(controller: Controller) -> None:
+    sched, a, b, c = controller({name: kind for name, (kind, _) in FILES.items()}, workers=3)
+    sched.schedule()
+    # b3 is next in line, but two workers run busy files already
+    assert (_files(a), _files(b), _files(c)) == (["test_b1.py"], ["test_b2.py"], ["test_w1.py"])
+
+    _finish(sched, a, 2)
+    # one other worker (b) runs a busy file: a's next file is busy too
+    assert _files(a) == ["test_b1.py", "test_b3.py"]
+    _finish(sched, c, 2)
+    # a and b run busy files: c's next file is waiting
+    assert _files(c) == ["test_w1.py", "test_w2.py"]
 
 
 def test_while_the_class_archive_is_dumped_both_workers_take_waiting_files(
@@ -130,3 +147,38 @@ def test_without_the_workers_kinds_files_go_out_in_order(controller: Controller)
     sched, a, b = controller(None)
     sched.schedule()
     assert (_files(a), _files(b)) == (["test_b1.py"], ["test_b2.py"])
+
+
+def test_the_longest_files_go_first_within_their_kind() -> None:
+    from tests import conftest
+
+    root = Path(__file__).resolve().parents[2]
+    assert [name for name in conftest.LONGEST_FIRST if not (root / name).is_file()] == []
+    spark = SimpleNamespace(name="spark")
+
+    def item(nodeid: str, busy: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            nodeid=nodeid, get_closest_marker=lambda name: spark if busy and name == "spark" else None
+        )
+
+    longest_busy = next(
+        name for name in conftest.LONGEST_FIRST if name.startswith("tests/integration/test_kinesis")
+    )
+    longest_waiting = next(name for name in conftest.LONGEST_FIRST if name.startswith("tests/contract/"))
+    items = [
+        item("tests/unit/test_u.py::test_a", False),
+        item("tests/integration/test_b.py::test_a", True),
+        item("tests/contract/test_w.py::test_a", False),
+        item(f"{longest_waiting}::test_a", False),
+        item(f"{longest_busy}::test_a", True),
+        item(f"{longest_busy}::test_b", True),
+    ]
+    conftest.pytest_collection_modifyitems(SimpleNamespace(), items)  # type: ignore[arg-type]
+    assert [i.nodeid for i in items] == [
+        f"{longest_busy}::test_a",
+        f"{longest_busy}::test_b",
+        "tests/integration/test_b.py::test_a",
+        f"{longest_waiting}::test_a",
+        "tests/contract/test_w.py::test_a",
+        "tests/unit/test_u.py::test_a",
+    ]
