@@ -22,8 +22,9 @@ file appears), writing with ``foreachBatch`` to the driver; an event's latency i
 the driver minus its send time. It has no second stage: a plain query repartitions through Spark's own
 shuffle.
 
-Prints progress on stderr and one JSON line last. Usage:
-``python benchmarks/latency.py [--rate 2000] [--seconds 60] [--warmup 15]``.
+``--set KEY=VALUE`` (repeatable) adds a config override to both weirflow runs, e.g.
+``--set job.intermediate.partitions=1`` (docs/design/data-plane.md). Prints progress on stderr and one JSON line
+last. Usage: ``python benchmarks/latency.py [--rate 2000] [--seconds 60] [--warmup 15] [--set KEY=VALUE ...]``.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
     work.mkdir(parents=True)
     (work / "pipeline.py").write_text(textwrap.dedent(PIPELINE))
     (work / "job.yaml").write_text(JOB.format(pipeline=pipeline, partitions=PARTITIONS, lateness=LATENESS_MS))
-    overrides = [f"job.state.dir={work / 'state'}"]
+    overrides = [f"job.state.dir={work / 'state'}", *args.set]
     config = load_config(work / "job.yaml", overrides)
     systems = Systems(config)
     admin = systems.admin("local")
@@ -155,10 +156,12 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
     proc = start_processor(work / "job.yaml", "latency-0", overrides, log_dir=work / "logs")
     from weirflow.job.context import JobContext
 
+    # one task per input partition, one per intermediate partition (the inputs' most by default)
+    tasks = PARTITIONS + (config.get("job.intermediate.partitions") or PARTITIONS)
     ctx = JobContext.open(config, owner="latency-watch")
     try:
         wait_until(
-            lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= 8,
+            lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= tasks,
             300,
             "every task to run",
             interval_s=0.2,
@@ -317,6 +320,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="events per second")
     parser.add_argument("--seconds", type=float, default=60, help="measured seconds of input")
     parser.add_argument("--warmup", type=float, default=15, help="seconds of input before measuring")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for both weirflow runs"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weirflow-latency-") as tmp:
         stateless = measure_stateless(Path(tmp) / "stateless", args)
@@ -329,6 +335,7 @@ def main() -> None:
                 "unit": "ms",
                 "value": stateless["p99_ms"],
                 "rate": args.rate,
+                "overrides": args.set,
                 "seconds": args.seconds,
                 **{k: round(v) for k, v in stateless.items()},
                 **{k: round(v) for k, v in windows.items()},

@@ -13,8 +13,11 @@ windowed stage runs its own query). Per run, measured as `pipeline_throughput.py
 * ``startup_s`` — processor start to every task having started.
 
 The baseline is the 4-partition run of the same invocation; ``ratio_64_to_4`` is the 64-partition figure
-over it (target: at least 0.5). Prints progress on stderr and one JSON line last.
-Usage: ``python benchmarks/scaling.py [--events N] [--partitions 4,16,64]``.
+over it (target: at least 0.8). ``--set KEY=VALUE`` (repeatable) adds a config override to every run, e.g.
+``--set job.intermediate.partitions=1`` to run the windowed stage as one task and one query
+(docs/design/data-plane.md).
+Prints progress on stderr and one JSON line last.
+Usage: ``python benchmarks/scaling.py [--events N] [--partitions 4,16,64] [--set KEY=VALUE ...]``.
 """
 
 from __future__ import annotations
@@ -43,23 +46,26 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run(events: int, partitions: int, state: Path) -> dict[str, float | int | bool | None]:
+def run(events: int, partitions: int, state: Path, settings: list[str]) -> dict[str, float | int | bool | None]:
     overrides = [
         f"job.state.dir={state}",
         f"streams.page-views.partitions={partitions}",
         f"streams.page-counts.partitions={partitions}",
+        *settings,
     ]
     config = load_config(EXAMPLE / "job.yaml", overrides)
+    # one task per input partition, one per intermediate partition (the inputs' most by default)
+    tasks = partitions + (config.get("job.intermediate.partitions") or partitions)
     log(f"{partitions} partitions: writing {events:,} page views")
     produced = generate.write(config, events)
-    log(f"{partitions} partitions: running the job ({2 * partitions} tasks)")
+    log(f"{partitions} partitions: running the job ({tasks} tasks)")
     started = time.time()
     proc = start_processor(EXAMPLE / "job.yaml", f"scaling-{partitions}", overrides, log_dir=state / "logs")
     watch = JobWatch(
         config,
         "page-views",
         "page-counts",
-        task_count=2 * partitions,
+        task_count=tasks,
         last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page",
     )
     try:
@@ -71,7 +77,7 @@ def run(events: int, partitions: int, state: Path) -> dict[str, float | int | bo
     rate, steady, startup = timeline.running_rate(events), timeline.steady_rate(events), timeline.startup_s()
     figures = {
         "partitions": partitions,
-        "tasks": 2 * partitions,
+        "tasks": tasks,
         "events_per_s": round(rate) if rate else None,
         "steady_events_per_s": round(steady) if steady else None,
         "startup_s": round(startup, 2) if startup is not None else None,
@@ -86,12 +92,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--partitions", default="4,16,64", help="comma-separated partition counts")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     args = parser.parse_args()
     counts = [int(p) for p in args.partitions.split(",")]
     runs = []
     with tempfile.TemporaryDirectory(prefix="weirflow-scaling-") as tmp:
         for partitions in counts:
-            runs.append(run(args.events, partitions, Path(tmp) / f"p{partitions}"))
+            runs.append(run(args.events, partitions, Path(tmp) / f"p{partitions}", args.set))
     by = {r["partitions"]: r for r in runs}
     base, last = by[counts[0]], by[counts[-1]]
     ratio = last["events_per_s"] / base["events_per_s"] if last["events_per_s"] and base["events_per_s"] else None
@@ -105,6 +112,7 @@ def main() -> None:
                 "baseline_name": f"the same job with {counts[0]} partitions, same run",
                 f"ratio_{counts[-1]}_to_{counts[0]}": round(ratio, 3) if ratio else None,
                 "events": args.events,
+                "overrides": args.set,
                 "runs": runs,
                 "exact": all(r["exact"] for r in runs),
             }
