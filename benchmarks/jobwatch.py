@@ -17,6 +17,12 @@ from typing import Any
 from weirflow.job.context import JobContext
 
 
+def two_stage_tasks(config: Any, input_partitions: int) -> int:
+    """The tasks of a two-stage job: one per input partition, one per intermediate partition
+    (`job.intermediate.partitions`, by default the inputs' most)."""
+    return input_partitions + (config.get("job.intermediate.partitions") or input_partitions)
+
+
 @dataclass
 class JobTimeline:
     """Wall-clock times (``time.time()``) of a job's milestones; None until seen."""

@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from jobwatch import two_stage_tasks  # benchmarks/ is the script's own folder, first on sys.path
+
 from weirflow.base.waiting import wait_until
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
@@ -156,8 +158,7 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
     proc = start_processor(work / "job.yaml", "latency-0", overrides, log_dir=work / "logs")
     from weirflow.job.context import JobContext
 
-    # one task per input partition, one per intermediate partition (the inputs' most by default)
-    tasks = PARTITIONS + (config.get("job.intermediate.partitions") or PARTITIONS)
+    tasks = two_stage_tasks(config, PARTITIONS)
     ctx = JobContext.open(config, owner="latency-watch")
     try:
         wait_until(

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import generate  # noqa: E402
 import results  # noqa: E402
-from jobwatch import JobWatch  # noqa: E402
+from jobwatch import JobWatch, two_stage_tasks  # noqa: E402
 
 from weirflow.config import load_config  # noqa: E402
 from weirflow.local.launcher import start_processor  # noqa: E402
@@ -103,9 +103,7 @@ def run_weirflow(
         config,
         "page-views",
         "page-counts",
-        # one task per input partition, one per intermediate partition (the inputs' most by default)
-        task_count=config.get("streams.page-views.partitions")
-        + (config.get("job.intermediate.partitions") or config.get("streams.page-views.partitions")),
+        task_count=two_stage_tasks(config, config.get("streams.page-views.partitions")),
         last_stage_input=f"pageviews-{config.get('job.id')}-views-by-page",
     )
     try:

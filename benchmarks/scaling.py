@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import generate  # noqa: E402
 import results  # noqa: E402
-from jobwatch import JobWatch  # noqa: E402
+from jobwatch import JobWatch, two_stage_tasks  # noqa: E402
 
 from weirflow.config import load_config  # noqa: E402
 from weirflow.local.launcher import start_processor  # noqa: E402
@@ -54,8 +54,7 @@ def run(events: int, partitions: int, state: Path, settings: list[str]) -> dict[
         *settings,
     ]
     config = load_config(EXAMPLE / "job.yaml", overrides)
-    # one task per input partition, one per intermediate partition (the inputs' most by default)
-    tasks = partitions + (config.get("job.intermediate.partitions") or partitions)
+    tasks = two_stage_tasks(config, partitions)
     log(f"{partitions} partitions: writing {events:,} page views")
     produced = generate.write(config, events)
     log(f"{partitions} partitions: running the job ({tasks} tasks)")

@@ -201,11 +201,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from tests.support import scheduling
 
     by_file: dict[str, list[pytest.Item]] = {}
-    for name in LONGEST_FIRST:
-        by_file[name] = []
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    by_file = {name: found for name, found in by_file.items() if found}
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    by_file = {name: by_file[name] for name in sorted(by_file, key=lambda name: first.get(name, len(first)))}
     busy = [name for name, found in by_file.items() if any(i.get_closest_marker("spark") for i in found)]
     unit = [name for name in by_file if name.startswith("tests/unit/") and name not in busy]
     waiting = [name for name in by_file if name not in busy and name not in unit]

@@ -19,6 +19,7 @@ from weirflow.interfaces.plugins import (
     is_plugin_factory,
     known_aliases,
     metadata_store_factory,
+    registered,
     system_factory,
     validate_factories,
 )
@@ -112,3 +113,30 @@ def test_a_factory_is_a_plugin_s_by_alias_by_path_or_by_subclass() -> None:
 def test_a_local_key_follows_a_subclass_of_the_local_factory() -> None:
     config = cfg(**{"systems.mine.factory": f"{__name__}:LocalSubclass", "systems.mine.path": "/tmp/mine.db"})
     assert config.get("systems.mine.path") == "/tmp/mine.db"
+
+
+def test_entry_points_are_read_once_per_process_however_often_factories_are_resolved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A processor resolves the coordinator factory before every sink batch (the fence check): each read of the
+    installed distributions' entry points costs milliseconds, so a group is read once and kept."""
+    from weirflow.interfaces import plugins
+
+    reads: list[str] = []
+    real = plugins.entry_points
+
+    def counted(*, group: str):  # type: ignore[no-untyped-def]
+        reads.append(group)
+        return real(group=group)
+
+    registered.cache_clear()
+    monkeypatch.setattr(plugins, "entry_points", counted)
+    try:
+        for _ in range(3):
+            assert isinstance(
+                coordinator_factory(cfg(**{"job.coordinator.factory": "local"})), LocalJobCoordinatorFactory
+            )
+        assert "local" in known_aliases(COORDINATORS)
+        assert reads == [COORDINATORS]
+    finally:
+        registered.cache_clear()  # the next lookup reads the real entry points again

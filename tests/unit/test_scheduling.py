@@ -48,9 +48,7 @@ Controller = Callable[..., tuple[scheduling.PairingScheduling, ...]]
 def controller() -> Iterator[Controller]:
     """``controller(kinds, workers=2)``: a scheduler and its workers, which collected `COLLECTION`; ``kinds`` is
     what the workers recorded (None: nothing)."""
-    config = SimpleNamespace(
-        stash=pytest.Stash(), getvalue=lambda name: ["2*popen"], option=SimpleNamespace(loadscopereorder=False)
-    )
+    config = SimpleNamespace(stash=pytest.Stash(), option=SimpleNamespace(loadscopereorder=False))
     scheduling.enable(config)  # type: ignore[arg-type]
     yield lambda kinds, workers=2: _controller(config, kinds, workers)
     scheduling.disable(config)  # type: ignore[arg-type]

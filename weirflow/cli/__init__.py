@@ -393,9 +393,9 @@ def _add_plugin_commands() -> None:
     """Command groups plugins register under the entry-point group ``weirflow.commands`` (a `typer.Typer`
     each, named by the entry point), e.g. ``weirflow emulator eventhubs`` from `weirflow_azure.eventhubs`. A plugin
     whose dependencies are missing just does not add its commands."""
-    from importlib.metadata import entry_points
+    from weirflow.interfaces.plugins import registered
 
-    for ep in entry_points(group="weirflow.commands"):
+    for ep in registered("weirflow.commands"):
         try:
             group = ep.load()
         except ImportError:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 
 from weirflow.config.keys import KEYS
 from weirflow.interfaces.config import CONFIG_KEYS_GROUP, ConfigKey
+from weirflow.interfaces.plugins import registered
 
 log = logging.getLogger("weirflow.config")
 
@@ -45,7 +46,7 @@ def plugin_keys(eps: Iterable[EntryPoint] | None = None) -> tuple[ConfigKey, ...
     declared twice for the same owner (same name, same ``system``) keeps its first declaration, core's first."""
     seen = {(k.name, k.system) for k in KEYS}
     found: list[ConfigKey] = []
-    points = entry_points(group=CONFIG_KEYS_GROUP) if eps is None else eps
+    points = registered(CONFIG_KEYS_GROUP) if eps is None else eps
     for ep in sorted(points, key=_entry_point_order):
         for key in _keys_of(ep):
             if (key.name, key.system) in seen:
