@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
+
 from weirflow.job.context import JobContext
 
 
@@ -50,6 +52,14 @@ class JobTimeline:
         if self.all_running is None or self.finished is None or self.finished <= self.all_running:
             return None
         return (events - self.processed_at_all_running) / (self.finished - self.all_running)
+
+
+def _events_in(rows: Any) -> int:
+    """The input events a packed record stands for: its rows, or the counts its partials carry
+    (`weirflow.spark.partials`)."""
+    if "__rows" in rows.column_names:
+        return int(pc.sum(rows.column("__rows")).as_py() or 0)
+    return int(rows.num_rows)
 
 
 class JobWatch:
@@ -96,7 +106,7 @@ class JobWatch:
                 while int(position) < int(offset):
                     chunk = consumer.read_columns(ssp, position, 1000, offset)
                     for value in chunk.values:
-                        rows += unpack(value).num_rows if value[:1] == b"\x04" else int(value[:1] == b"\x00")
+                        rows += _events_in(unpack(value)) if value[:1] == b"\x04" else int(value[:1] == b"\x00")
                     position = chunk.next_offset
         return rows
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from weirflow.pipeline import aggregate as agg
     from weirflow.pipeline.api import App, PipelineError, Stream
 
-__all__ = ["App", "PipelineError", "Stream", "__version__"]
+__all__ = ["App", "PipelineError", "Stream", "__version__", "agg"]
 
 from weirflow.base.version import __version__
 
@@ -24,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from weirflow.pipeline import api
 
         return getattr(api, name)
+    if name == "agg":  # the aggregations of `Stream.aggregate`
+        from weirflow.pipeline import aggregate
+
+        return aggregate
     raise AttributeError(f"module 'weirflow' has no attribute {name!r}")

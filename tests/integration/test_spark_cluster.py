@@ -31,6 +31,7 @@ PIPELINE = """
 from pyspark.sql import functions as F
 
 import pipeline as pageviews
+import weirflow
 from pagenames import canonical  # only in the job's directory: reaches executors with the job's code
 
 
@@ -40,7 +41,11 @@ def tidy(views):
 
 def cluster_pipeline(app):
     views = app.input("page-views").transform(tidy)
-    counts = views.partition_by("page", name="views-by-page").transform(pageviews.count_per_minute)
+    counts = (
+        views.partition_by("page", name="views-by-page")
+        .aggregate("page", window="1 minute", views=weirflow.agg.count())
+        .transform(pageviews.per_minute)
+    )
     key = F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm"))
     counts.send_to("page-counts", key=key)
 """

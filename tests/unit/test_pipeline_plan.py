@@ -71,3 +71,38 @@ def test_invalid_graphs_are_explained() -> None:
     with pytest.raises(PipelineError, match="two different App"):
         views.merge(App().input("w"))
     assert stage_name("a.b-c") == "a_b_c"
+
+
+def test_an_aggregate_is_an_operator_of_the_stage_after_its_partition_by(tmp_path: Path) -> None:
+    from weirflow import agg
+
+    def build(app: App) -> None:
+        views = app.input("page-views").partition_by("page", name="by-page")
+        views.aggregate("page", window="1 minute", views=agg.count(), mean=agg.avg("spent")).send_to("out")
+
+    plan = _plan(tmp_path, build, {"page-views": 2, "out": 1})
+    counting = plan.stage("by_page")
+    (node,) = [n for n in counting.nodes if n.op == "aggregate"]
+    assert node.aggregate is not None and node.aggregate.keys == ("page",)
+    # each output column's partials, merged by their kind; the row count first (what count() reads)
+    assert node.aggregate.partial_columns() == [("__rows", "count"), ("__s_mean", "sum"), ("__c_mean", "count")]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s, agg: s.aggregate("page", views=agg.count()), "window"),
+        (lambda s, agg: s.aggregate("page", window="1 minute"), "at least one aggregation"),
+        (lambda s, agg: s.aggregate("page", window="1 minute", views=3), "must be one of agg.count"),
+        (lambda s, agg: s.aggregate(1, window="1 minute", views=agg.count()), "keys are column names"),
+        (lambda s, agg: s.aggregate("page", window="1 minute", page=agg.count()), "clashes"),
+        (lambda s, agg: s.aggregate("page", window="1 minute", t=agg.sum("")), "agg.sum needs a column"),
+        (lambda s, agg: s.aggregate("page", window="", views=agg.count()), "window"),
+    ],
+)
+def test_aggregate_names_each_mistake(call, message: str) -> None:
+    from weirflow import agg
+
+    stream = App().input("page-views")
+    with pytest.raises((PipelineError, TypeError), match=message):
+        call(stream, agg)

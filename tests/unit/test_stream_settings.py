@@ -10,7 +10,7 @@ from weirflow.base.errors import ConfigError
 from weirflow.config.loader import Config
 from weirflow.interfaces.system import RecordField
 from weirflow.job.start_position import parse_start
-from weirflow.spark.query import system_fields
+from weirflow.spark.input_settings import system_fields
 
 
 class _Admin:

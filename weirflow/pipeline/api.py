@@ -30,6 +30,7 @@ from typing import Any
 from weirflow.base.errors import PipelineError
 from weirflow.interfaces.config import ConfigView
 from weirflow.job.systems import is_http_stream
+from weirflow.pipeline.aggregate import AggregateSpec, aggregate_spec
 
 Transform = Callable[[Any], Any]  # pyspark DataFrame -> DataFrame
 ColumnLike = Any  # a column name or a pyspark Column
@@ -37,7 +38,7 @@ ColumnLike = Any  # a column name or a pyspark Column
 
 @dataclass(eq=False)
 class Node:
-    """One operator of the graph. ``op`` is input | transform | merge | join; ``parents`` feed it."""
+    """One operator of the graph. ``op`` is input | transform | aggregate | merge | join; ``parents`` feed it."""
 
     app: App
     op: str
@@ -45,6 +46,7 @@ class Node:
     stream_id: str | None = None  # input
     fn: Transform | None = None  # transform
     keeps_order: bool = False  # transform: declared to keep each partition's rows in order (`Stream.transform`)
+    aggregate: AggregateSpec | None = None  # aggregate: what `Stream.aggregate` declared
     join_on: Any = None
     join_how: str = "inner"
     index: int = 0
@@ -83,6 +85,21 @@ class Stream:
         if not callable(fn):
             raise PipelineError(f"transform needs a function DataFrame -> DataFrame, got {fn!r}")
         return Stream(self._node.app._add("transform", [self._node], fn=fn, keeps_order=bool(keeps_order)))
+
+    def aggregate(self, *keys: str, window: str, time: str | None = None, **aggregations: Any) -> Stream:
+        """Aggregate per tumbling ``window`` of ``time`` (default: the stream's event time) and ``keys``:
+        ``aggregate("page", window="1 minute", views=agg.count())`` gives the columns ``window`` (a struct of
+        ``start`` and ``end``), ``page`` and ``views``, as
+        ``groupBy(F.window("event_time", "1 minute"), "page").agg(F.count("*").alias("views"))`` would.
+        Aggregations come from `weirflow.agg`: ``count()``, ``count(col)``, ``sum(col)``, ``min(col)``,
+        ``max(col)``, ``avg(col)``.
+
+        Right after a ``partition_by`` whose stage is row-wise, the producing stage sends per micro-batch one
+        partial per window and key instead of every row (docs/pipelines.md, "Aggregations"); elsewhere the
+        aggregation runs on every row, and the processor says why at start.
+        """
+        spec = aggregate_spec(keys, window, time, aggregations)
+        return Stream(self._node.app._add("aggregate", [self._node], aggregate=spec))
 
     def partition_by(self, key: ColumnLike, *, name: str | None = None) -> Stream:
         """Repartition by ``key`` (column name or expression) through an intermediate stream.

@@ -15,6 +15,9 @@ guarantee is hardest to keep (docs/guarantees.md, "How it is tested").
   committed the batch (the sink's ``commit``, in a Python worker of Spark): the processor and the worker are
   killed, so Spark's own checkpoint names the batch as planned, not done, and the next run of the task runs
   it again (`weirflow.spark.result_replays`). Counted per worker process: use ``n`` = 1.
+* ``between-partial-sends`` — a row-wise stage that sends partials (`weirflow.spark.partials`) sent one
+  micro-batch's partials to some of the intermediate partitions and not yet to the others (the prefix names
+  the stage). Counted per worker process.
 
 A point reached in a Spark worker kills the processor too (`PROCESSOR_PID`, set when the processor starts
 Spark, which its workers inherit).
@@ -35,7 +38,13 @@ from weirflow.base.errors import InvalidArgumentError
 
 ENV = "WEIRFLOW_FAULT_POINT"
 ARMED_BY = "WEIRFLOW_FAULT_ARMED_BY"
-POINTS = ("before-checkpoint", "before-checkpoint-of-rows", "before-drained-checkpoint", "before-spark-commit")
+POINTS = (
+    "before-checkpoint",
+    "before-checkpoint-of-rows",
+    "before-drained-checkpoint",
+    "before-spark-commit",
+    "between-partial-sends",
+)
 PROCESSOR_PID = "WEIRFLOW_PROCESSOR_PID"
 
 _lock = threading.Lock()

@@ -27,16 +27,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from weirflow.base.errors import PipelineError
-from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.job.drain_notice import drain_flag_path, run_id_of
-from weirflow.job.start_position import parse_start
-from weirflow.job.systems import HTTP_REQUEST_SCHEMA, is_http_stream
-from weirflow.pipeline.api import Node
+from weirflow.pipeline.aggregate import WINDOW, AggregateSpec
+from weirflow.pipeline.api import Node, Sink
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.input_settings import DEFAULT_EVENT_TIME, InputSettings, input_settings
 from weirflow.spark.lane_marks import LaneSource, encode_sources
 from weirflow.spark.replay import POSITION_COLUMNS, input_codes
-from weirflow.spark.serde import SERDES, decoder_schema
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
 
 log = logging.getLogger("weirflow.spark")
@@ -46,48 +44,6 @@ log = logging.getLogger("weirflow.spark")
 # 64 times as many when they are full (a stage that fell behind catches up in fewer, larger batches).
 INTERMEDIATE_RECORDS_DIVISOR = 64
 WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"  # Spark's metadata key for the event-time column
-DEFAULT_EVENT_TIME = "event_time"
-
-
-@dataclass(frozen=True)
-class InputSettings:
-    """How one input stream is decoded and timed."""
-
-    serde: str
-    user_schema: T.StructType
-    event_time_field: str
-    event_time_from_record: bool
-    delay_ms: int
-    intermediate: bool
-    bounded: bool
-    # (name, Spark DDL type) of the system's record columns the stream asked for (`system-columns`)
-    system_fields: tuple[tuple[str, str], ...] = ()
-    max_records: int | None = None  # `max-events-per-trigger`; None: the task's limit
-
-
-def system_fields(config: ConfigView, stream_id: str, admin: Any, taken: list[str]) -> tuple[tuple[str, str], ...]:
-    """The record columns ``streams.<id>.system-columns`` selects from the system's `RecordField`s."""
-    key = f"streams.{stream_id}.system-columns"
-    text = str(config.get(key) or "none").strip()
-    if text.lower() == "none":
-        return ()
-    offered = {f.name: f.type for f in admin.record_fields()}
-    if text.lower() == "all":
-        names = list(offered)
-        if not names:
-            raise config.error(key, f"the stream's system ({type(admin).__name__}) has no record columns")
-    else:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in offered]
-        if unknown:
-            have = ", ".join(offered) or "none"
-            raise config.error(key, f"{', '.join(unknown)}: not a column of the stream's system (it has: {have})")
-    clash = [n for n in names if n in taken]
-    if clash:
-        raise config.error(
-            key, f"{', '.join(clash)} would replace the stream's own column of that name; rename it in the schema"
-        )
-    return tuple((n, offered[n]) for n in names)
 
 
 def read_groups(spark: Any, consumer: SystemConsumer) -> int:
@@ -214,6 +170,9 @@ class StageBuilder:
         self._unordered: dict[str, tuple[str, str]] = {}  # stage -> why it has no positions, the remedy
         self._fell_back: set[str] = set()  # stages whose warning was logged
         self._warned: dict[str, list[Any]] = {}  # stage -> sinks whose rows lost their positions (said once)
+        self._partials: dict[str, AggregateSpec | None] = {}  # intermediate stream -> the partials it carries
+        self._partial_time: dict[str, str] = {}  # intermediate stream of partials -> its event time column
+        self._whole: set[str] = set()  # stages told their aggregation runs on every row
 
     # --- input settings ---------------------------------------------------------------------------------
     def settings(self, stream_id: str) -> InputSettings:
@@ -221,65 +180,16 @@ class StageBuilder:
             self._settings[stream_id] = (
                 self._intermediate_settings(stream_id)
                 if self.plan.is_intermediate(stream_id)
-                else self._input_settings(stream_id)
+                else input_settings(self.plan, stream_id)
             )
         return self._settings[stream_id]
-
-    def _input_settings(self, stream_id: str) -> InputSettings:
-        cfg = self.config
-        ddl = cfg.get(f"streams.{stream_id}.schema")
-        if ddl is None and is_http_stream(cfg, stream_id):
-            ddl = HTTP_REQUEST_SCHEMA  # the records clients' requests become (the ``http`` system)
-        serde = cfg.get(f"streams.{stream_id}.serde") or ("json" if ddl else "string")
-        if serde not in SERDES:
-            raise cfg.error(f"streams.{stream_id}.serde", f"must be one of {', '.join(SERDES)}, not '{serde}'")
-        schema = None
-        if serde == "json":
-            if not ddl:
-                raise cfg.error(
-                    f"streams.{stream_id}.schema",
-                    "the json serde needs a schema: Spark DDL such as 'user string, page string, ts timestamp'",
-                )
-            try:
-                parsed = T._parse_datatype_string(ddl)
-            except Exception as exc:
-                raise cfg.error(f"streams.{stream_id}.schema", f"is not valid Spark DDL: {exc}") from exc
-            if not isinstance(parsed, T.StructType):
-                raise cfg.error(
-                    f"streams.{stream_id}.schema", f"must name columns ('name type, ...'), not {ddl!r}"
-                )
-            schema = parsed
-        user_schema = decoder_schema(serde, schema)
-        field = cfg.get(f"streams.{stream_id}.event-time.field")
-        if field:
-            match = [f for f in user_schema.fields if f.name == field]
-            if not match or not isinstance(match[0].dataType, T.TimestampType):
-                raise cfg.error(
-                    f"streams.{stream_id}.event-time.field",
-                    f"names '{field}', which is not a timestamp column of the stream's schema",
-                )
-        parse_start(cfg, stream_id)  # a bad start fails now, naming the key, not when a task first starts
-        taken = user_schema.fieldNames() + ([] if field else [DEFAULT_EVENT_TIME])
-        admin = self.plan.systems.admin(self.plan.ref(stream_id).system)
-        limit = cfg.get(f"streams.{stream_id}.max-events-per-trigger")
-        if limit is not None and int(limit) < 1:
-            raise cfg.error(f"streams.{stream_id}.max-events-per-trigger", f"must be at least 1, not {limit}")
-        return InputSettings(
-            serde=serde,
-            user_schema=user_schema,
-            event_time_field=field or DEFAULT_EVENT_TIME,
-            event_time_from_record=not field,
-            delay_ms=int(cfg.get(f"streams.{stream_id}.lateness") or 0),
-            intermediate=False,
-            bounded=bool(cfg.get(f"streams.{stream_id}.bounded")),
-            system_fields=system_fields(cfg, stream_id, admin, taken),
-            max_records=int(limit) if limit is not None else None,
-        )
 
     def _intermediate_settings(self, stream_id: str) -> InputSettings:
         writer = self.plan.writer_stage(stream_id)
         sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
-        schema = self.build(writer, scope=None, starts={})[1][id(sink.node)].schema
+        sent = self._sent(writer, sink, self.build(writer, scope=None, starts={})[1]).schema
+        # nullable: the stream's control rows carry none of the rows' values
+        schema = T.StructType([T.StructField(f.name, f.dataType, True, f.metadata) for f in sent.fields])
         event_field = self._event_time_of(writer, schema)
         return InputSettings(
             serde="json",
@@ -337,6 +247,57 @@ class StageBuilder:
                 "declare transform(fn, keeps_order=True) if fn keeps them in order",
             )
         return "", ""
+
+    def partials_for(self, stream_id: str) -> AggregateSpec | None:
+        """The aggregation whose partials the writer of intermediate stream ``stream_id`` sends instead of its
+        rows (`weirflow.spark.partials`), or None: only when the stream's one reader is a `Stream.aggregate`
+        over the stream's event time and the writing stage is row-wise over inputs of dense offsets. A
+        reader that aggregates otherwise hears why at start, once, naming its stage."""
+        if stream_id in self._partials:
+            return self._partials[stream_id]
+        self._partials[stream_id] = None
+        reader = self.plan.app.intermediates[stream_id]
+        readers = [n for n in self.plan.app.nodes if reader in n.parents]
+        aggregates = [n for n in readers if n.op == "aggregate"]
+        if not aggregates:
+            return None
+        spec = aggregates[0].aggregate
+        assert spec is not None
+        writer = self.plan.writer_stage(stream_id)
+        sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
+        time = self._event_time_of(writer, self.build(writer, scope=None, starts={})[1][id(sink.node)].schema)
+        why = ""
+        if time is None:
+            why = f"the rows stage {writer.name} sends have no event time column"
+        elif len(readers) > 1:
+            why = f"{stream_id} is also read by other operators, which need its rows"
+        elif spec.time not in (None, time):
+            why = f"its window is over {spec.time}, not the event time {time}"
+        elif not self.carries_positions(writer):
+            why = f"stage {writer.name}, which writes {stream_id}, does not give its rows positions"
+        elif any(not self.plan.systems.admin(self.plan.ref(i).system).dense_offsets for i in writer.input_ids):
+            why = f"stage {writer.name} reads a stream of records with lanes (Kinesis), not dense offsets"
+        if why:
+            log.info(
+                "stage %s: its aggregation runs on every row sent through %s, not on partials: %s",
+                self.plan.stage_of_node[id(aggregates[0])].name,
+                stream_id,
+                why,
+            )
+            return None
+        assert time is not None
+        self._partials[stream_id] = spec
+        self._partial_time[stream_id] = time
+        return spec
+
+    def _sent(self, stage: Stage, sink: Sink, frames: dict[int, DataFrame]) -> DataFrame:
+        """The rows ``stage`` sends to ``sink``: its node's, or for an intermediate stream of partials each row
+        as a partial of its own (`AggregateSpec.partial`), which the sink merges per batch."""
+        df = frames[id(sink.node)]
+        spec = self.partials_for(sink.stream_id) if sink.intermediate else None
+        if spec is None:
+            return df
+        return spec.partial(df, self._partial_time[sink.stream_id])
 
     def carries_positions(self, stage: Stage) -> bool:
         """Whether ``stage``'s transforms see (and may pass on) each row's position, ``__pss`` and ``__pos``
@@ -485,6 +446,8 @@ class StageBuilder:
                 df = node.fn(frame(node.parents[0]))
                 if not isinstance(df, DataFrame):
                     raise PipelineError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
+            elif node.op == "aggregate":
+                df = self._aggregated(stage, node, frame(node.parents[0]))
             elif node.op == "merge":
                 df = frame(node.parents[0])
                 for other in node.parents[1:]:
@@ -499,6 +462,24 @@ class StageBuilder:
         for node in stage.nodes:
             frame(node)
         return inputs, frames
+
+    def _aggregated(self, stage: Stage, node: Node, rows: DataFrame) -> DataFrame:
+        """`Stream.aggregate` of ``rows``: the final merge of partials when its input is an intermediate stream
+        of them (`partials_for`), else the aggregation of every row, said once per stage when it is not right
+        after a ``partition_by``."""
+        spec, parent = node.aggregate, node.parents[0]
+        assert spec is not None
+        fed = parent.op == "input" and self.plan.is_intermediate(str(parent.stream_id))
+        if fed and self.partials_for(str(parent.stream_id)) is not None:
+            return spec.final(rows, self.settings(str(parent.stream_id)).event_time_field)
+        if not fed and stage.name not in self._whole:
+            self._whole.add(stage.name)
+            log.info(
+                "stage %s: its aggregation runs on every row, not on partials: it does not follow a partition_by "
+                "directly",
+                stage.name,
+            )
+        return spec.whole(rows, spec.time or self.settings(stage.input_ids[0]).event_time_field)
 
     def _is_table(self, stream_id: str) -> bool:
         """Whether ``stream_id`` is on a system whose streams are tables (`weirflow.interfaces.table`)."""
@@ -519,7 +500,7 @@ class StageBuilder:
         several = len(stage.sinks) > 1
         warned = self._warned.setdefault(stage.name, [])
         for index, sink in enumerate(stage.sinks):
-            df = frames[id(sink.node)]
+            df = self._sent(stage, sink, frames)
             positions = all(c in df.columns for c in POSITION_COLUMNS)
             own = [c for c in df.columns if c not in POSITION_COLUMNS]  # the rows' own columns
             if not positions and self.carries_positions(stage) and sink.serve is None and sink.node not in warned:
@@ -555,6 +536,13 @@ class StageBuilder:
                 columns.append(partition.cast("int").alias("__partition"))
                 columns += [df[name].alias(alias) for name, alias in zip(own, names, strict=True)]
                 spec["rows"] = [[alias, name] for alias, name in zip(names, own, strict=True)]
+                aggregate = self.partials_for(sink.stream_id)
+                if aggregate is not None and positions:
+                    spec["partials"] = {
+                        "keys": [*aggregate.keys, WINDOW],
+                        "time": self._partial_time[sink.stream_id],
+                        "partials": aggregate.partial_columns(),
+                    }
             else:
                 columns.append((key if key is not None else F.lit(None).cast("binary")).alias("__key"))
                 columns.append(F.to_json(F.struct(*[df[c] for c in own])).cast("binary").alias("__value"))

@@ -48,11 +48,9 @@ from weirflow.runtime.served_tables import write_batch
 from weirflow.spark import workergc
 from weirflow.spark.fence import Fence
 from weirflow.spark.fence import decode as decode_fence
-from weirflow.spark.packing import pack
-from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K, input_partition, output_index
+from weirflow.spark.intermediate_records import packed_records, partial_records
+from weirflow.spark.replay import POS, PSS, K, input_partition, output_index
 from weirflow.spark.result_replays import (
-    PART_KEY,
-    TASK_KEY,
     Replays,
     ResultsLedger,
     batch_tails,
@@ -116,6 +114,13 @@ class WrittenCount(WriterCommitMessage):
         return total
 
 
+def _latest_by_key(rows: pa.RecordBatch, table: dict[str, str]) -> None:
+    """A served table's rows into ``table``: the latest row per key, a later row of the partition winning."""
+    for key, value in zip(rows.column("__key").to_pylist(), rows.column("__value").to_pylist(), strict=True):
+        if key is not None:
+            table[key.decode("utf-8", "replace")] = (value or b"null").decode("utf-8", "replace")
+
+
 def _add(into: dict[str, int], more: dict[str, int]) -> None:
     for name, n in more.items():
         into[name] = into.get(name, 0) + n
@@ -170,6 +175,7 @@ class WeirflowSink(DataSource):
             {int(k): v for k, v in json.loads(self.options.get("owners") or "{}").items()},
             self.options.get("attempt") or None,
             self.options.get("results_dir") or None,
+            {int(k): int(v) for k, v in json.loads(self.options.get("rows_until") or "{}").items()},
         )
 
 
@@ -189,8 +195,12 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         owners: dict[int, str] | None = None,
         attempt: str | None = None,
         results_dir: str | None = None,
+        rows_until: dict[int, int] | None = None,
     ) -> None:
         self.snapshot = snapshot
+        # per input partition (``__pss``), the position below which a batch sends rows, not partials: where it
+        # ended when a start that may replay began (`weirflow.spark.partials.BatchMode`)
+        self.rows_until = rows_until or {}
         self.tasks = tasks or []  # the tasks the query runs (a stateful stage's query runs one)
         self.owners = owners or {}  # a shared query's input partitions (their ``__pss``) -> the task reading each
         self.sinks = sinks
@@ -218,6 +228,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         replayed: dict[str, int] = {}
         by_task: dict[str, dict[str, int]] = {}
         tables: dict[str, list[bytes]] = {}
+        gathered: dict[int, list[pa.RecordBatch]] = {}  # outputs of partials: the partition's rows, merged last
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
@@ -231,18 +242,16 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
                 sink = self.sinks[index]
                 counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
                 self._by_task(sink, rows, by_task)
-                if sink.get("serve"):  # the latest row per key; a later row of the partition wins
-                    table = served.setdefault(sink["serve"], {})
-                    for key, value in zip(
-                        rows.column("__key").to_pylist(), rows.column("__value").to_pylist(), strict=True
-                    ):
-                        if key is not None:
-                            table[key.decode("utf-8", "replace")] = (value or b"null").decode("utf-8", "replace")
+                if sink.get("serve"):
+                    _latest_by_key(rows, served.setdefault(sink["serve"], {}))
                     continue
                 if sink.get("table"):
                     tables.setdefault(sink["stream"], []).append(
                         ship(self._table_rows(index, sink, rows, systems, replays, replayed))
                     )
+                    continue
+                if sink.get("partials"):
+                    gathered.setdefault(index, []).append(rows)
                     continue
                 out = by_system.setdefault(sink["system"], [])
                 if sink.get("rows"):
@@ -253,7 +262,19 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             # transform upstream), and the lock may move while they do or while a send waits to retry.
             for system, records in by_system.items():
                 self._send(systems.producer(system), records)
+        for index, batches in gathered.items():
+            self._send_partials(self.sinks[index], batches, systems)
         return WrittenCount(counts, served, replayed, by_task, tables)
+
+    def _send_partials(self, sink: dict[str, Any], batches: list[pa.RecordBatch], systems: Any) -> None:
+        """This partition's rows of the batch for an intermediate stream of partials, merged and sent one
+        intermediate partition at a time (`weirflow.spark.intermediate_records.partial_records`)."""
+        producer = systems.producer(sink["system"])
+        records = partial_records(sink, batches, producer, self.rows_until)
+        for i, partition in enumerate(dict.fromkeys(r.partition for r in records)):
+            if i:  # the batch's partials reached some intermediate partitions, not all
+                fault_points.reached("between-partial-sends", str(sink["stage"]))
+            self._send(producer, [r for r in records if r.partition == partition])
 
     def _by_task(self, sink: dict[str, Any], rows: pa.RecordBatch, by_task: dict[str, dict[str, int]]) -> None:
         """Add to ``by_task`` the rows of ``rows`` per task of a query shared by several tasks: each row's
@@ -288,7 +309,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             rows = self._not_replayed(rows, sink, replays, replayed)
             if rows.num_rows == 0:
                 return []
-        return self._packed(rows, sink, systems.producer(sink["system"]), task, self._task[1])
+        return packed_records(rows, sink, systems.producer(sink["system"]), task, self._task[1])
 
     def _task_results(self, sink: dict[str, Any]) -> str | None:
         """The task whose results ``sink`` writes (a stateful stage's query runs one task), else None."""
@@ -418,54 +439,6 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         if len(k):
             self._carry[index] = (int(pss_values[-1]), int(pos[-1]), int(k[-1]))
         return rows.append_column(K, pa.array(k, pa.int32()))
-
-    @staticmethod
-    def _packed(
-        rows: pa.RecordBatch, sink: dict[str, Any], producer: Any, task: str | None = None, writer: int = 0
-    ) -> list[OutgoingRecord]:
-        """The rows of one intermediate stream as packed records, one run per partition (rows keep their
-        order within a partition); a row too large to send alone becomes a dead letter. With positions, each
-        record carries its rows' (``__pss``, ``__pos``, ``__k``) and names the stage that wrote it; a stateful
-        task's record names the task and the Spark partition that wrote it (``writer``,
-        `weirflow.spark.result_replays`)."""
-        physical = sink["physical"]
-        columns, names = (list(c) for c in zip(*sink["rows"], strict=True))
-        metadata = None
-        if sink.get("positions"):
-            columns, names = columns + [PSS, POS, K], names + [PSS, POS, K]
-            metadata = {PRODUCER_KEY: str(sink["stage"]).encode()}
-        elif task is not None:
-            metadata = {TASK_KEY: task.encode(), PART_KEY: str(writer).encode()}
-        arrays = [rows.column(c) for c in columns]
-        schema = pa.schema([pa.field(n, a.type) for n, a in zip(names, arrays, strict=True)], metadata=metadata)
-        data = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        partitions = rows.column("__partition")
-        present = sorted(partitions.unique().to_pylist())
-        limit = producer.max_record_bytes(physical)
-        records = []
-        for partition in present:
-            part = data if len(present) == 1 else data.filter(pc.equal(partitions, partition))
-            for record, piece in pack(part, limit):
-                if record is not None:
-                    records.append(OutgoingRecord(stream=physical, value=record, partition=partition))
-                    continue
-                reason = f"row too large for stream '{physical}' even alone (limit {limit} bytes)"
-                row = json.dumps(piece.to_pylist()[0], default=str).encode()
-                records.append(
-                    OutgoingRecord(
-                        stream=dead_letter_stream(physical),
-                        value=json.dumps(
-                            {
-                                "error": reason,
-                                "stream": physical,
-                                "head_base64": base64.b64encode(row[:1024]).decode(),
-                            }
-                        ).encode(),
-                        partition=partition,
-                    )
-                )
-                log.warning("one output row of %s was too large: sent to its dead-letter stream", physical)
-        return records
 
     def _check_fence(self) -> None:
         self.fence.check(self.snapshot)

@@ -34,7 +34,7 @@ from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
 from weirflow.spark.query_host import QueryHost
-from weirflow.spark.replay import pss
+from weirflow.spark.replay import ROW_BITS, pss
 from weirflow.spark.result_replays import from_checkpoint, tails_of, written_since
 from weirflow.spark.task_progress import TaskProgress, TaskState
 
@@ -134,6 +134,7 @@ class StageQuery(TaskProgress):
             .outputMode(runner.output_mode)
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
             .option("owners", json.dumps(self._owners()))
+            .option("rows_until", json.dumps(self._rows_until(sinks)))
             .queryName(f"{runner.job}-{self.name}" + (f"[{len(self.tasks)} tasks]" if self.merged else ""))
             .start()
         )
@@ -223,6 +224,26 @@ class StageQuery(TaskProgress):
         path = directory / "replays.json"
         replays.save(path)
         return path
+
+    def _rows_until(self, sinks: list[dict[str, Any]]) -> dict[str, int]:
+        """For a stage that sends partials (`weirflow.spark.partials`): per input partition (``__pss``) of each
+        task that an earlier query may have run past its checkpoint, the position where the partition ends now.
+        Below it, batches send rows, which the consumer's marks tell from what an earlier attempt wrote;
+        partials of a range that attempt also summed could be neither dropped nor taken."""
+        if not any(s.get("partials") for s in sinks):
+            return {}
+        codes = self.runner.builder.input_codes(self.stage.input_ids)
+        bounds: dict[str, int] = {}
+        for t in self.tasks:
+            if t.started_before:
+                for key, end in self._input_ends(t).items():
+                    ssp = SystemStreamPartition.parse(key)
+                    value = pss(codes[(ssp.system, ssp.stream)], ssp.partition)
+                    bounds[str(value)] = int(end) << ROW_BITS
+            t.started_before = True
+        if bounds:
+            log.info("%s: rows, not partials, until its inputs pass %s", self.name, bounds)
+        return bounds
 
     def _input_ends(self, t: TaskState) -> dict[str, str]:
         """The next offset of every input partition of ``t`` now: as its replay begins, no earlier attempt of the

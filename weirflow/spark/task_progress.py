@@ -139,6 +139,9 @@ class TaskState:
         self.error: str | None = None
         self.stats = TaskStats()
         self.read_to: dict[SystemStreamPartition, str] = {}  # where its query's last batch ended (records in)
+        # whether a query of the task may have written past its checkpoint: an earlier holder claimed it, or
+        # this one started a query of it before (`StageQuery._rows_until`)
+        self.started_before = checkpoint is not None
 
     @property
     def name(self) -> str:
