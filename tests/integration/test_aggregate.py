@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.support.processors import KILLED, run_to_exit
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor
 from weirflow.runtime.fault_points import ENV as FAULT_POINT
 from weirflow.spark.packing import unpack
 
@@ -162,17 +162,10 @@ def test_partials_cross_the_stage_boundary_and_a_sigkill_between_their_sends_cha
         )
 
         # p0 dies when a batch of the first stage has sent its partials to one intermediate partition only
-        first = start_processor(
-            tmp_path / "job.yaml",
-            "p0",
-            overrides,
-            log_dir=tmp_path / "logs",
-            env={FAULT_POINT: "between-partial-sends:views:1"},
+        job, logs = tmp_path / "job.yaml", tmp_path / "logs"
+        first = run_to_exit(
+            job, "p0", overrides, logs, FINISH_S, KILLED, env={FAULT_POINT: "between-partial-sends:views:1"}
         )
-        try:
-            assert first.popen.wait(FINISH_S) == -9, first.log_text()[-4000:]
-        finally:
-            first.kill()
         text = first.log_text()
         assert (
             "stage by_page_again: its aggregation runs on every row, not on partials: it does not follow" in text
@@ -182,11 +175,7 @@ def test_partials_cross_the_stage_boundary_and_a_sigkill_between_their_sends_cha
         # p1 cuts its batches elsewhere (a larger budget): a partial of its first batch would sum a range that
         # overlaps the one p0 sent to one partition, which neither dropping nor taking would count right
         wider = [*overrides[:-1], "task.max.records.per.trigger=450"]
-        second = start_processor(tmp_path / "job.yaml", "p1", wider, log_dir=tmp_path / "logs")
-        try:
-            assert second.popen.wait(FINISH_S) == 0, second.log_text()[-4000:]
-        finally:
-            second.kill()
+        second = run_to_exit(job, "p1", wider, logs, FINISH_S)
         assert "rows, not partials, until its inputs pass" in second.log_text()
 
         expected = _expected(events)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processors import KILLED, run_to_exit
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor
 from weirflow.results.ids import ResultId, parse
 from weirflow.runtime.fault_points import ENV as FAULT_POINT
 
@@ -84,43 +84,22 @@ def test_three_equal_windows_are_three_rows_also_when_processors_die_between_the
         systems.producer(ref.system).send([OutgoingRecord(ref.physical, json.dumps(v).encode()) for v in views])
 
         # p0 dies right after the counting stage's first result reached `counts`, before Spark's commit
-        first = start_processor(
-            tmp_path / "job.yaml",
-            "p0",
-            overrides,
-            log_dir=tmp_path / "logs",
-            env={FAULT_POINT: "before-spark-commit:partition_by_0-:1"},
-        )
-        try:
-            assert first.popen.wait(FINISH_S) == -9, first.log_text()[-4000:]
-        finally:
-            first.kill()
+        job, logs = tmp_path / "job.yaml", tmp_path / "logs"
+        fault = {FAULT_POINT: "before-spark-commit:partition_by_0-:1"}
+        run_to_exit(job, "p0", overrides, logs, FINISH_S, KILLED, env=fault)
         before = _written(systems)
         assert [value for _, value in before] == [{"page": "/a", "views": 5}], before
 
         # p1 leaves p0's result out, writes the second window's and dies after Spark committed that batch,
         # before its checkpoint (the second batch with results: the first is the replay of p0's)
-        second = start_processor(
-            tmp_path / "job.yaml",
-            "p1",
-            overrides,
-            log_dir=tmp_path / "logs",
-            env={FAULT_POINT: "before-checkpoint-of-rows:partition_by_0-:2"},
-        )
-        try:
-            assert second.popen.wait(FINISH_S) == -9, second.log_text()[-4000:]
-        finally:
-            second.kill()
+        fault = {FAULT_POINT: "before-checkpoint-of-rows:partition_by_0-:2"}
+        second = run_to_exit(job, "p1", overrides, logs, FINISH_S, KILLED, env=fault)
         assert "1 replayed results not written again" in second.log_text(), "p1 recognised p0's result"
         assert [value for _, value in _written(systems)] == [{"page": "/a", "views": 5}] * 2
 
         # p2 catches up with the batch Spark committed (its tails from the batch's ledger, not the checkpoint's:
         # from those the second window would be taken for a replay still to come and the third left out)
-        third = start_processor(tmp_path / "job.yaml", "p2", overrides, log_dir=tmp_path / "logs")
-        try:
-            assert third.popen.wait(FINISH_S) == 0, third.log_text()[-4000:]
-        finally:
-            third.kill()
+        third = run_to_exit(job, "p2", overrides, logs, FINISH_S)
         assert "control state caught up with Spark's batch" in third.log_text()
         after = _written(systems)
         assert [value for _, value in after] == [{"page": "/a", "views": 5}] * 3, after

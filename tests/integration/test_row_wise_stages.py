@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.processors import run_to_exit
 from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord, StreamSpec, SystemStreamPartition
 from weirflow.job.systems import Systems
-from weirflow.local.launcher import start_processor
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -106,11 +106,7 @@ def test_a_self_union_s_second_branch_is_written_with_no_fault(tmp_path: Path) -
             expected[(f"page:{view['page']}", minute)] += 1
             expected[(f"user:{view['user']}", minute)] += 1
 
-        processor = start_processor(tmp_path / "job.yaml", "p0", overrides, log_dir=tmp_path / "logs")
-        try:
-            assert processor.popen.wait(FINISH_S) == 0, processor.log_text()[-4000:]
-        finally:
-            processor.kill()
+        processor = run_to_exit(tmp_path / "job.yaml", "p0", overrides, tmp_path / "logs", FINISH_S)
 
         out = systems.resolve("counts")
         ssp = SystemStreamPartition(out.system, out.physical, 0)

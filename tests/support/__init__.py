@@ -22,6 +22,11 @@ Faults and fakes:
   evaluates IAM policies against those requests.
 * `png` decodes a screenshot's pixels (headless Chromium's PNGs) without an imaging library.
 
+Processes:
+
+* `processors` runs one `weirflow run` processor until it exits, checks how it ended (finished, or killed by a
+  fault point) and leaves nothing running.
+
 How the suite runs:
 
 * `spark_jvm` gives the suite's Spark driver JVMs cheaper options and a class-data-sharing archive, dumped in the

@@ -5,7 +5,6 @@ as long as a start that may replay sends rows until it has read past where its i
 from __future__ import annotations
 
 import random
-from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -104,7 +103,7 @@ def _attempt(
     while position < available[source]:
         end = min(available[source], position + rng.randrange(1, 12))
         rows = _batch(source, position, end)
-        pieces = list(combine_batch(rows, SPEC, "__partition", mode.for_batch(rows)))
+        pieces = list(combine_batch(rows, SPEC, "__partition", mode))
         rng.shuffle(pieces)  # partitions are written in any order; each piece's records in order
         for piece in pieces:
             records = [piece.rows] if piece.combined else _split(piece.rows, rng)
@@ -187,7 +186,7 @@ def test_partials_on_replay_count_rows_twice() -> None:
 
 def test_a_batch_sends_one_record_per_input_and_intermediate_partition() -> None:
     rows = pa.concat_tables([_batch(0, 0, 40), _batch(1, 10, 30)])
-    pieces = list(combine_batch(rows, SPEC, "__partition", {pss(CODE, 0): True, pss(CODE, 1): False}))
+    pieces = list(combine_batch(rows, SPEC, "__partition", BatchMode({pss(CODE, 1): 40 * 4096})))
     combined = [p for p in pieces if p.combined]
     assert {(p.partition, p.pss) for p in combined} == {
         (p, pss(CODE, 0)) for p in {hash_page(r["page"]) for r in rows.slice(0, 40).to_pylist()}
@@ -261,7 +260,7 @@ def test_too_many_groups_for_one_record_go_as_rows() -> None:
             "__partition": [0] * n,
         }
     )
-    (piece,) = combine_batch(rows, SPEC, "__partition", {5: True})
+    (piece,) = combine_batch(rows, SPEC, "__partition", BatchMode({}))
     assert not piece.combined and piece.rows.num_rows == n
 
 
@@ -270,9 +269,11 @@ def test_a_replay_sends_rows_until_it_passed_where_its_input_ended() -> None:
     assert not mode.may_combine(7, 9 * 4096)
     assert mode.may_combine(7, 10 * 4096)
     assert mode.may_combine(8, 0)  # a partition without a bound: no earlier attempt to meet
-    assert Counter(mode.for_batch(pa.table({PSS: [7, 7, 8], POS: [9 * 4096, 12 * 4096, 0]})).values()) == Counter(
-        {False: 1, True: 1}
-    )
+    below = _batch(0, 9, 14).set_column(7, PSS, pa.array([7] * 5, pa.int64()))  # starts below the bound
+    past = _batch(0, 10, 15).set_column(7, PSS, pa.array([7] * 5, pa.int64()))
+    assert not any(p.combined for p in combine_batch(below, SPEC, "__partition", mode))
+    assert all(p.combined for p in combine_batch(past, SPEC, "__partition", mode))
+    assert not any(p.combined for p in combine_batch(past, SPEC, "__partition", None))  # None: rows only
 
 
 def test_an_unknown_kind_is_refused() -> None:

@@ -121,15 +121,11 @@ class AggregateSpec:
         """The aggregation over partial rows (`partial`'s columns): the same columns `whole` gives."""
         from pyspark.sql import functions as F
 
+        merge = {"count": F.sum, "sum": F.sum, "min": F.min, "max": F.max}
         outputs = []
         for name, a in self.aggregations:
-            if a.kind == "count":
-                outputs.append(F.sum(ROWS if a.column is None else f"__c_{name}").alias(name))
-            elif a.kind == "avg":
-                outputs.append((F.sum(f"__s_{name}") / F.sum(f"__c_{name}")).alias(name))
-            else:
-                merge = {"sum": F.sum, "min": F.min, "max": F.max}[a.kind]
-                outputs.append(merge(f"__{a.kind[:2]}_{name}").alias(name))
+            merged = [merge[kind](column) for column, kind in a.partials(name)] or [F.sum(ROWS)]  # count()
+            outputs.append((merged[0] / merged[1] if a.kind == "avg" else merged[0]).alias(name))
         return df.groupBy(F.window(time, self.window), *self.keys).agg(*outputs)
 
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job.systems import dead_letter_stream
 from weirflow.spark.packing import pack
-from weirflow.spark.partials import BatchMode, Partial, PartialSpec, combine_batch
+from weirflow.spark.partials import BatchMode, Partial, PartialSpec, combine_batch, rows_alone
 from weirflow.spark.replay import POS, PRODUCER_KEY, PSS, K
 from weirflow.spark.result_replays import PART_KEY, TASK_KEY
 
@@ -88,17 +88,12 @@ def partial_records(
         tuple(Partial(alias[column], kind) for column, kind in declared["partials"]),
     )
     table = pa.Table.from_batches(batches)
-    names = [column for column, _ in sink["rows"]] + [PSS, POS, "__partition"]
-    rows = table.select(names)
+    rows = table.select([column for column, _ in sink["rows"]] + [PSS, POS, "__partition"])
     records: list[OutgoingRecord] = []
-    for piece in combine_batch(rows, spec, "__partition", BatchMode(rows_until).for_batch(rows)):
+    for piece in combine_batch(rows, spec, "__partition", BatchMode(rows_until)):
         sent = packed_records(_with_partition(piece.rows, piece.partition), sink, producer)
-        if piece.combined and len(sent) != 1:  # too large for one record: the rows one by one
-            mask = pc.and_(
-                pc.equal(rows.column("__partition"), piece.partition), pc.equal(rows.column(PSS), piece.pss)
-            )
-            (alone,) = combine_batch(rows.filter(mask), spec, "__partition", {})
-            sent = packed_records(_with_partition(alone.rows, piece.partition), sink, producer)
+        if piece.combined and len(sent) != 1:  # over the system's record size: the rows one by one
+            sent = packed_records(_with_partition(rows_alone(piece.source), piece.partition), sink, producer)
         records.extend(sent)
     return records
 

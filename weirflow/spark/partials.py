@@ -12,7 +12,7 @@ intermediate partition whole or not at all, and once taken its mark covers every
 
 **Replays send rows.** A replay need not cut its batches where the first attempt did, so its partials could
 overlap one already taken, which can be neither dropped nor taken. A start that may replay therefore sends
-every row of a batch on its own (`BatchMode.rows_until`): until every input partition is read past where it
+every row of a batch on its own (`BatchMode`): until every input partition is read past where it
 ended when the start began, no batch that read below that end is combined. No earlier attempt read further (it
 stopped writing before this one started: the fence), so what a combined batch sums is new to every consumer.
 The bound stays in the task's checkpoint for as long as it lies ahead of the offsets: a clean stop in the
@@ -22,12 +22,11 @@ middle of such a replay leaves an earlier attempt's writes past its offsets, and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from weirflow.base.errors import PipelineError
 from weirflow.spark.replay import POS, PSS, K, output_index
@@ -63,20 +62,16 @@ class PartialSpec:
 
 def combine(rows: pa.Table, spec: PartialSpec) -> pa.Table:
     """``rows`` (one batch's, each a partial of its own) merged per (``__pss``, keys): the partial columns by
-    their kind, the event time as the group's latest, ``__pos`` as the batch's last position of the input
-    partition. Groups come out in a deterministic order (by ``__pss`` then keys), without ``__k``."""
+    their kind, the event time as the group's latest. Groups come out in a deterministic order (by ``__pss``
+    then keys), without ``__pos`` and ``__k``, which `combine_batch` gives them."""
+    columns = [*spec.keys, spec.time, *(p.column for p in spec.partials), PSS]
     if rows.num_rows == 0:
-        return rows.select([*spec.keys, spec.time, *(p.column for p in spec.partials), PSS, POS])
+        return rows.select(columns)
     groups = [PSS, *spec.keys]
     aggregations = [(spec.time, "max")] + [(p.column, _MERGE[p.kind]) for p in spec.partials]
     merged = rows.group_by(groups, use_threads=False).aggregate(aggregations)
     merged = merged.rename_columns([_unsuffixed(name, aggregations) for name in merged.column_names])
-    last = rows.group_by([PSS], use_threads=False).aggregate([(POS, "max")])
-    last_pos = dict(zip(last.column(PSS).to_pylist(), last.column(f"{POS}_max").to_pylist(), strict=True))
-    positions = pa.array([last_pos[v] for v in merged.column(PSS).to_pylist()], pa.int64())
-    merged = merged.append_column(POS, positions)
-    merged = merged.sort_by([(name, "ascending") for name in groups])
-    return merged.select([*spec.keys, spec.time, *(p.column for p in spec.partials), PSS, POS])
+    return merged.sort_by([(name, "ascending") for name in groups]).select(columns)
 
 
 def _unsuffixed(name: str, aggregations: list[tuple[str, str]]) -> str:
@@ -90,53 +85,53 @@ def _unsuffixed(name: str, aggregations: list[tuple[str, str]]) -> str:
 @dataclass(frozen=True)
 class Piece:
     """What one batch sends one intermediate partition of one input partition: its partials as one record
-    (``combined``), or its rows one by one (replay, or too many groups for one record)."""
+    (``combined``), or its rows one by one (replay, or too many groups for one record). ``source``: the
+    batch's rows of that piece, which `rows_alone` sends when the partials are too large for one record."""
 
     partition: int
     pss: int
     rows: pa.Table
     combined: bool
+    source: pa.Table
 
 
 def combine_batch(
-    rows: pa.Table, spec: PartialSpec, partition_column: str, combine_rows: Mapping[int, bool]
+    rows: pa.Table, spec: PartialSpec, partition_column: str, mode: BatchMode | None
 ) -> Iterator[Piece]:
     """One batch's ``rows`` (with ``__pss``, ``__pos`` and the intermediate partition in ``partition_column``)
     as the pieces to send, per intermediate partition and input partition in a deterministic order, each with
-    ``__k``. ``combine_rows``: per ``__pss``, whether this batch may send partials (`BatchMode`); absent means
-    rows. A piece of partials holds them all (one record), else the rows go one by one."""
+    ``__k``. ``mode`` says which input partitions may send partials in this batch (None: none). A piece of
+    partials holds them all (one record), at the batch's last position of its input partition over every
+    intermediate partition, so that the next batch's rows of that input partition lie above it; else the
+    rows go one by one."""
     if rows.num_rows == 0:
         return
+    ends = rows.group_by([PSS], use_threads=False).aggregate([(POS, "min"), (POS, "max")])
+    first = dict(zip(ends.column(PSS).to_pylist(), ends.column(f"{POS}_min").to_pylist(), strict=True))
+    last = dict(zip(ends.column(PSS).to_pylist(), ends.column(f"{POS}_max").to_pylist(), strict=True))
     partitions = rows.column(partition_column).to_numpy(zero_copy_only=False)
     pss_values = rows.column(PSS).to_numpy(zero_copy_only=False)
     for partition in np.unique(partitions):
-        in_partition = rows.filter(pa.array(partitions == partition))
-        mine = pss_values[partitions == partition]
-        for value in np.unique(mine):
-            part = in_partition.filter(pa.array(mine == value)).drop_columns([partition_column])
-            if combine_rows.get(int(value), False):
-                merged = _at_batch_end(combine(part, spec), rows, int(value))
+        for value in np.unique(pss_values[partitions == partition]):
+            chosen = pa.array((partitions == partition) & (pss_values == value))
+            part = rows.filter(chosen).drop_columns([partition_column])
+            if mode is not None and mode.may_combine(int(value), first[value]):
+                merged = combine(part, spec)
                 if merged.num_rows <= MAX_PARTIALS_PER_RECORD:
+                    merged = merged.append_column(POS, pa.array([last[value]] * merged.num_rows, pa.int64()))
                     k = pa.array(np.arange(merged.num_rows, dtype=np.int32))
-                    yield Piece(int(partition), int(value), merged.append_column(K, k), True)
+                    yield Piece(int(partition), int(value), merged.append_column(K, k), True, part)
                     continue
-            part = part.sort_by([(POS, "ascending")])
-            k = output_index(
-                part.column(PSS).to_numpy(zero_copy_only=False),
-                part.column(POS).to_numpy(zero_copy_only=False),
-                None,
-            )
-            yield Piece(int(partition), int(value), part.append_column(K, pa.array(k, pa.int32())), False)
+            yield Piece(int(partition), int(value), rows_alone(part), False, part)
 
 
-def _at_batch_end(merged: pa.Table, rows: pa.Table, pss_value: int) -> pa.Table:
-    """``merged`` with ``__pos`` set to the batch's last position of input partition ``pss_value`` over all
-    intermediate partitions: the next batch's rows of that input partition, in any intermediate partition, lie
-    above it."""
-    of_input = pc.equal(rows.column(PSS), pss_value)
-    last = pc.max(pc.filter(rows.column(POS), of_input)).as_py()
-    index = merged.column_names.index(POS)
-    return merged.set_column(index, POS, pa.array([last] * merged.num_rows, pa.int64()))
+def rows_alone(part: pa.Table) -> pa.Table:
+    """The rows of one input partition for one intermediate partition, each sent as a partial of its own: in
+    position order, with ``__k`` counting the rows of one position."""
+    part = part.sort_by([(POS, "ascending")])
+    pss_values = part.column(PSS).to_numpy(zero_copy_only=False)
+    k = output_index(pss_values, part.column(POS).to_numpy(zero_copy_only=False), None)
+    return part.append_column(K, pa.array(k, pa.int32()))
 
 
 @dataclass
@@ -152,13 +147,3 @@ class BatchMode:
         partials: only if no earlier attempt can have read that far."""
         bound = self.rows_until.get(pss_value)
         return bound is None or first_pos >= bound
-
-    def for_batch(self, rows: pa.Table) -> dict[int, bool]:
-        """`combine_batch`'s ``combine_rows`` for one batch's rows."""
-        if rows.num_rows == 0:
-            return {}
-        first = rows.group_by([PSS], use_threads=False).aggregate([(POS, "min")])
-        return {
-            int(v): self.may_combine(int(v), int(p))
-            for v, p in zip(first.column(PSS).to_pylist(), first.column(f"{POS}_min").to_pylist(), strict=True)
-        }

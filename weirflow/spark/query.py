@@ -173,6 +173,7 @@ class StageBuilder:
         self._partials: dict[str, AggregateSpec | None] = {}  # intermediate stream -> the partials it carries
         self._partial_time: dict[str, str] = {}  # intermediate stream of partials -> its event time column
         self._whole: set[str] = set()  # stages told their aggregation runs on every row
+        self._plans: dict[str, dict[int, DataFrame]] = {}  # stage -> its frames without a scope (`_planned`)
 
     # --- input settings ---------------------------------------------------------------------------------
     def settings(self, stream_id: str) -> InputSettings:
@@ -187,7 +188,7 @@ class StageBuilder:
     def _intermediate_settings(self, stream_id: str) -> InputSettings:
         writer = self.plan.writer_stage(stream_id)
         sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
-        sent = self._sent(writer, sink, self.build(writer, scope=None, starts={})[1]).schema
+        sent = self._sent(writer, sink, self._planned(writer)).schema
         # nullable: the stream's control rows carry none of the rows' values
         schema = T.StructType([T.StructField(f.name, f.dataType, True, f.metadata) for f in sent.fields])
         event_field = self._event_time_of(writer, schema)
@@ -208,11 +209,17 @@ class StageBuilder:
                 return name
         return None
 
+    def _planned(self, stage: Stage) -> dict[int, DataFrame]:
+        """``stage``'s frames without a scope (`build`), built once: what its schemas and plans are read from."""
+        if stage.name not in self._plans:
+            self._plans[stage.name] = self.build(stage, scope=None, starts={})[1]
+        return self._plans[stage.name]
+
     def stateless(self, stage: Stage) -> bool:
         """Whether ``stage`` keeps no state between micro-batches: every operator of its analyzed plan is one
         of `STATELESS_OPERATORS`."""
         if stage.name not in self._stateless:
-            frames = self.build(stage, scope=None, starts={})[1]
+            frames = self._planned(stage)
             plans = [_analyzed(frames[id(sink.node)]) for sink in stage.sinks]
             names = [str(node.nodeName()) for plan in plans for node in _walk(plan)]
             self._stateless[stage.name] = set(names) <= STATELESS_OPERATORS
@@ -265,7 +272,7 @@ class StageBuilder:
         assert spec is not None
         writer = self.plan.writer_stage(stream_id)
         sink = next(s for s in writer.sinks if s.intermediate and s.stream_id == stream_id)
-        time = self._event_time_of(writer, self.build(writer, scope=None, starts={})[1][id(sink.node)].schema)
+        time = self._event_time_of(writer, self._planned(writer)[id(sink.node)].schema)
         why = ""
         if time is None:
             why = f"the rows stage {writer.name} sends have no event time column"

@@ -270,11 +270,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         """This partition's rows of the batch for an intermediate stream of partials, merged and sent one
         intermediate partition at a time (`weirflow.spark.intermediate_records.partial_records`)."""
         producer = systems.producer(sink["system"])
-        records = partial_records(sink, batches, producer, self.rows_until)
-        for i, partition in enumerate(dict.fromkeys(r.partition for r in records)):
+        by_partition: dict[int | None, list[OutgoingRecord]] = {}
+        for record in partial_records(sink, batches, producer, self.rows_until):
+            by_partition.setdefault(record.partition, []).append(record)
+        for i, records in enumerate(by_partition.values()):
             if i:  # the batch's partials reached some intermediate partitions, not all
                 fault_points.reached("between-partial-sends", str(sink["stage"]))
-            self._send(producer, [r for r in records if r.partition == partition])
+            self._send(producer, records)
 
     def _by_task(self, sink: dict[str, Any], rows: pa.RecordBatch, by_task: dict[str, dict[str, int]]) -> None:
         """Add to ``by_task`` the rows of ``rows`` per task of a query shared by several tasks: each row's
