@@ -2,14 +2,16 @@
 ``partition_by`` the first stage sends per micro-batch one partial per window and key instead of every row,
 and a processor SIGKILLed when one batch's partials reached some intermediate partitions and not the others
 changes no result. Every aggregation (count, count of a column, sum, min, max, avg) equals pandas over the same
-events, in the fast path and in an aggregation that runs whole (after a transform, not right after its
-``partition_by``), which the processor names at start."""
+events, in the fast path (whose tasks share one query per processor) and in an aggregation that runs whole
+(after a transform, not right after its ``partition_by``: one query per task), which the processor names at
+start."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import random
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -171,6 +173,12 @@ def test_partials_cross_the_stage_boundary_and_a_sigkill_between_their_sends_cha
             "stage by_page_again: its aggregation runs on every row, not on partials: it does not follow" in text
         )
         assert "stage by_page: its aggregation runs on every row" not in text  # the fast path
+        # the fast path's tasks share one query; the other aggregate stage runs one query per task, and says why
+        assert re.search(r"by_page-0, by_page-1: query \S+ started", text), text[-3000:]
+        assert (
+            "stage by_page_again: its tasks run one query each, not one per processor: its work is not one "
+            "aggregate of its input alone" in text
+        )
 
         # p1 cuts its batches elsewhere (a larger budget): a partial of its first batch would sum a range that
         # overlaps the one p0 sent to one partition, which neither dropping nor taking would count right

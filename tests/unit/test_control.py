@@ -148,4 +148,5 @@ def test_a_drained_task_is_done_in_its_run_and_starts_afresh_in_the_next() -> No
     assert restored.drained == "r1" and restored.stream("mid").partitions[P0].drained == {"s-0"}
     assert restored.done_in("r1") and not restored.done_in("r2")
     fresh = restored.for_new_run()
-    assert fresh.to_json() == TaskControl(dead_letters=2).to_json()  # no old control state, no drained mark
+    # no old control state, no drained mark; no window of the new run written yet (`weirflow.spark.rebuild`)
+    assert fresh.to_json() == TaskControl(dead_letters=2, closed=-1).to_json()

@@ -27,7 +27,8 @@ from weirflow.spark.query import observation_name
 from weirflow.spark.replay import POS, PSS, pss
 from weirflow.spark.sink import WeirflowStreamWriter
 from weirflow.spark.stage_query import StageQuery
-from weirflow.spark.task_progress import TaskProgress, TaskStats
+from weirflow.spark.task_progress import TaskProgress
+from weirflow.spark.task_state import TaskStats
 
 STAGE, TASKS = "views", 3
 OUT = {"stream": "out", "system": "local", "physical": "out", "positions": True, "stage": STAGE}

@@ -324,7 +324,7 @@ def test_no_module_spells_the_dead_letter_suffix_itself() -> None:
 
 # --- a task's stage comes from the job model -----------------------------------------------------------
 def test_a_task_s_stage_is_the_model_s_field_not_parsed_from_its_name() -> None:
-    from weirflow.spark.task_progress import TaskState
+    from weirflow.spark.task_state import TaskState
 
     asked = []
     runner = SimpleNamespace(plan=SimpleNamespace(stage=lambda name: asked.append(name) or name), checkpoints=None)

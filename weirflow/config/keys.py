@@ -441,6 +441,16 @@ KEYS: tuple[ConfigKey, ...] = (
         "deduplication) as one query, restarted when its tasks change; off: one query per task.",
         _T,
     ),
+    ConfigKey(
+        "task.aggregate.merge",
+        "bool",
+        True,
+        "Spark data plane: run the tasks a processor holds of a stage whose work is one `Stream.aggregate` of a "
+        "partition_by's stream as one query, restarted when its tasks change; each task rebuilds its open windows "
+        'by reading its partition again from where the oldest begins (docs/pipelines.md, "How a task runs"). '
+        "Off: one query per task, whose state moves with the task (`task.spark.checkpoint.store`).",
+        _T,
+    ),
     ConfigKey("task.commit.ms", "duration_ms", 1000, "How often a running task checkpoints its offsets.", _T),
     ConfigKey("task.poll.max.records", "int", 500, "Most records a record task reads per SSP per poll.", _T),
     ConfigKey(

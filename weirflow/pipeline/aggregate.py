@@ -86,8 +86,9 @@ class AggregateSpec:
             columns += aggregation.partials(name)
         return columns
 
-    def whole(self, df: Any, time: str) -> Any:
-        """The aggregation over every row of ``df``."""
+    def whole(self, df: Any, time: str, extra: tuple[str, ...] = ()) -> Any:
+        """The aggregation over every row of ``df`` (grouped by the ``extra`` columns too: a shared query's task,
+        `weirflow.spark.shared_aggregation`)."""
         from pyspark.sql import functions as F
 
         outputs = []
@@ -96,7 +97,7 @@ class AggregateSpec:
                 outputs.append(F.count(F.lit(1) if a.column is None else F.col(a.column)).alias(name))
             else:
                 outputs.append(getattr(F, a.kind)(F.col(str(a.column))).alias(name))
-        return df.groupBy(F.window(time, self.window), *self.keys).agg(*outputs)
+        return df.groupBy(F.window(time, self.window), *extra, *self.keys).agg(*outputs)
 
     def partial(self, df: Any, time: str) -> Any:
         """Each row of ``df`` as a partial of its own: the keys, the event time, the window's start, and the
@@ -117,7 +118,7 @@ class AggregateSpec:
         positions = [F.col(c) for c in ("__pss", "__pos") if c in df.columns]
         return df.select(*columns, *positions)
 
-    def final(self, df: Any, time: str) -> Any:
+    def final(self, df: Any, time: str, extra: tuple[str, ...] = ()) -> Any:
         """The aggregation over partial rows (`partial`'s columns): the same columns `whole` gives."""
         from pyspark.sql import functions as F
 
@@ -126,7 +127,7 @@ class AggregateSpec:
         for name, a in self.aggregations:
             merged = [merge[kind](column) for column, kind in a.partials(name)] or [F.sum(ROWS)]  # count()
             outputs.append((merged[0] / merged[1] if a.kind == "avg" else merged[0]).alias(name))
-        return df.groupBy(F.window(time, self.window), *self.keys).agg(*outputs)
+        return df.groupBy(F.window(time, self.window), *extra, *self.keys).agg(*outputs)
 
 
 def aggregate_spec(keys: tuple[Any, ...], window: Any, time: Any, aggregations: dict[str, Any]) -> AggregateSpec:

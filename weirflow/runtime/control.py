@@ -251,7 +251,11 @@ class TaskControl:
     stateful task's offsets were last written from (`weirflow.interfaces.spark_checkpoint.history_of`);
     ``tails`` — per intermediate partition a stateful task writes, its next offset when the checkpointed batch
     committed, and ``replays`` — results an earlier attempt wrote past a checkpoint that a replay has not
-    produced again yet (both `weirflow.spark.result_replays`).
+    produced again yet (both `weirflow.spark.result_replays`); ``closed`` — Spark's watermark in the task's
+    last checkpointed batch of a stateful stage (every window ending at or before it was written; -1 when none
+    was in this deployment; absent from checkpoints of versions before it), and ``rebuild`` — per intermediate
+    partition, the marks from which a shared aggregation query reads the task's open windows again (both
+    `weirflow.spark.rebuild`).
     """
 
     streams: dict[str, StreamControl] = field(default_factory=dict)
@@ -264,6 +268,8 @@ class TaskControl:
     spark_history: str = ""
     tails: dict[str, str] = field(default_factory=dict)
     replays: dict[str, Any] = field(default_factory=dict)
+    closed: int | None = None
+    rebuild: dict[str, list[list[Any]]] = field(default_factory=dict)
 
     def stream(self, stream_id: str) -> StreamControl:
         return self.streams.setdefault(stream_id, StreamControl())
@@ -279,7 +285,7 @@ class TaskControl:
     def for_new_run(self) -> TaskControl:
         """The control state a task starts a new deployment with after it drained in another: nothing of the
         old run's control messages (they all preceded the drained offsets), the dead-letter count kept."""
-        return TaskControl(dead_letters=self.dead_letters, marks=dict(self.marks))
+        return TaskControl(dead_letters=self.dead_letters, marks=dict(self.marks), closed=-1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -293,6 +299,8 @@ class TaskControl:
             **({"spark-history": self.spark_history} if self.spark_history else {}),
             **({"tails": dict(self.tails)} if self.tails else {}),
             **({"replays": dict(self.replays)} if self.replays else {}),
+            **({"closed": self.closed} if self.closed is not None else {}),
+            **({"rebuild": dict(self.rebuild)} if self.rebuild else {}),
         }
 
     @classmethod
@@ -318,4 +326,6 @@ class TaskControl:
             spark_history=str(data.get("spark-history", "")),
             tails={str(k): str(v) for k, v in dict(data.get("tails", {})).items()},
             replays=dict(data.get("replays", {})),
+            closed=int(data["closed"]) if data.get("closed") is not None else None,
+            rebuild={str(k): [list(m) for m in v] for k, v in dict(data.get("rebuild", {})).items()},
         )

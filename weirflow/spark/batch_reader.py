@@ -291,6 +291,7 @@ class BatchReader:
         control messages. Returns how many went to the dead-letter stream."""
         dead = 0
         user: list[int] = []
+        latest: list[int] = []  # per data batch, its latest event time (``seen`` rows asked for)
         for i, raw in enumerate(chunk.values):
             kind = raw[:1]
             if kind == b"\x04":
@@ -304,6 +305,7 @@ class BatchReader:
                     dead += self._dead_letter(key, chunk, i, reason)
                 elif batch is not None:
                     self._taken += batch.num_rows
+                    self._note_latest(batch, latest)
                     yield batch
             elif kind == b"\x00":
                 user.append(i)
@@ -335,10 +337,28 @@ class BatchReader:
             table, decoded, failed = self.json.decode_many([chunk.values[i][1:] for i in user])
             if table.num_rows:
                 self._taken += table.num_rows
-                yield self._data(key, table, [user[j] for j in decoded], chunk)
+                data = self._data(key, table, [user[j] for j in decoded], chunk)
+                self._note_latest(data, latest)
+                yield data
             dead += sum(self._dead_letter(key, chunk, user[j], reason) for j, reason in failed)
+        self._add_seen(key, latest, controls)
         self._taken += dead
         return dead
+
+    def _add_seen(self, key: str, latest: list[int], controls: list[tuple[int, dict[str, Any]]]) -> None:
+        """One ``seen`` row for the chunk's data batches (their latest event time), when there were any."""
+        if latest:
+            controls.append((0, self._ctl(SEEN_KIND, key, ctl_ms=max(latest) // 1000)))
+
+    def _note_latest(self, batch: pa.RecordBatch, latest: list[int]) -> None:
+        """Add the latest event time (µs) of a data batch of an intermediate stream to ``latest``, when the
+        query asked for ``seen`` rows there (a shared aggregation query's rebuild marks,
+        `weirflow.spark.rebuild`)."""
+        if not self.spec.seen_rows:
+            return
+        value = pc.max(batch.column(self.spec.event_time_field).cast(pa.int64())).as_py()
+        if value is not None:
+            latest.append(int(value))
 
     def _packed_rows(
         self, key: str, chunk: RecordColumns, i: int, rows: pa.Table
@@ -413,6 +433,8 @@ class BatchReader:
             arrays.append(pa.array([chunk.attributes[i].get(field.name) for i in index], type=field.type))
         if spec.event_time_from_record:
             arrays.append(event_time)
+        if spec.task_index:
+            arrays.append(pa.repeat(pa.scalar(spec.task_index.get(key, -1), pa.int32()), n))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _dead_letter(self, key: str, chunk: RecordColumns, i: int, reason: str) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -35,7 +35,9 @@ from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.input_settings import DEFAULT_EVENT_TIME, InputSettings, input_settings
 from weirflow.spark.lane_marks import LaneSource, encode_sources
 from weirflow.spark.replay import POSITION_COLUMNS, input_codes
+from weirflow.spark.shared_aggregation import SharedAggregation, per_task, shared_aggregation
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
+from weirflow.spark.source_spec import TASK_COLUMN
 
 log = logging.getLogger("weirflow.spark")
 
@@ -69,6 +71,11 @@ class QueryScope:
     inject: str
     marks_dir: str = ""  # where reads of intermediate streams keep their marks (`weirflow.spark.replay`)
     fence: str = ""  # the query's fence (`weirflow.spark.fence.encode`), checked before dead letters are sent
+    # a shared aggregation query (`weirflow.spark.shared_aggregation`): SSP key -> its task's index (``__task``),
+    # task index -> the windows it wrote before (`weirflow.spark.rebuild`), the file of the watermark to inject
+    task_index: dict[str, int] = field(default_factory=dict)
+    closed: dict[int, int] = field(default_factory=dict)
+    inject_file: str = ""
 
 
 # Stateless operators after which a partition's rows are no longer in their input's order: a stage with one
@@ -174,6 +181,7 @@ class StageBuilder:
         self._partial_time: dict[str, str] = {}  # intermediate stream of partials -> its event time column
         self._whole: set[str] = set()  # stages told their aggregation runs on every row
         self._plans: dict[str, dict[int, DataFrame]] = {}  # stage -> its frames without a scope (`_planned`)
+        self._shared: dict[str, SharedAggregation] = {}  # stage -> whether its tasks share a query (`shared`)
 
     # --- input settings ---------------------------------------------------------------------------------
     def settings(self, stream_id: str) -> InputSettings:
@@ -345,6 +353,7 @@ class StageBuilder:
         starts: dict[str, Any],
         positions: bool,
         code: int,
+        seen_rows: bool = False,
     ) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
@@ -387,6 +396,11 @@ class StageBuilder:
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
             "lane_sources": self._lane_sources(stream_id) if settings.intermediate else "",
             "fence": scope.fence if scope is not None else "",
+            "task_index": json.dumps(
+                {k: scope.task_index[k] for k in ssps if k in scope.task_index} if scope else {}
+            ),
+            "inject_file": scope.inject_file if scope is not None else "",
+            "seen_rows": str(settings.intermediate and seen_rows).lower(),
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
@@ -447,14 +461,15 @@ class StageBuilder:
                 stream_id = str(node.stream_id)
                 ref = self.plan.ref(stream_id)
                 code = codes[(ref.system, ref.physical)]
-                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, code)
+                seen = scope is not None and self.shared(stage).shared  # rebuild marks (`weirflow.spark.rebuild`)
+                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, code, seen)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))
                 if not isinstance(df, DataFrame):
                     raise PipelineError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
             elif node.op == "aggregate":
-                df = self._aggregated(stage, node, frame(node.parents[0]))
+                df = self._aggregated(stage, node, frame(node.parents[0]), scope)
             elif node.op == "merge":
                 df = frame(node.parents[0])
                 for other in node.parents[1:]:
@@ -470,14 +485,18 @@ class StageBuilder:
             frame(node)
         return inputs, frames
 
-    def _aggregated(self, stage: Stage, node: Node, rows: DataFrame) -> DataFrame:
+    def _aggregated(self, stage: Stage, node: Node, rows: DataFrame, scope: QueryScope | None) -> DataFrame:
         """`Stream.aggregate` of ``rows``: the final merge of partials when its input is an intermediate stream
         of them (`partials_for`), else the aggregation of every row, said once per stage when it is not right
-        after a ``partition_by``."""
+        after a ``partition_by``; grouped by task too in a shared query (`shared_aggregation.per_task`)."""
         spec, parent = node.aggregate, node.parents[0]
         assert spec is not None
         fed = parent.op == "input" and self.plan.is_intermediate(str(parent.stream_id))
-        if fed and self.partials_for(str(parent.stream_id)) is not None:
+        partials = fed and self.partials_for(str(parent.stream_id)) is not None
+        if scope is not None and scope.task_index:
+            time = self.settings(str(parent.stream_id)).event_time_field
+            return per_task(spec, rows, time, partials, scope.closed)
+        if partials:
             return spec.final(rows, self.settings(str(parent.stream_id)).event_time_field)
         if not fed and stage.name not in self._whole:
             self._whole.add(stage.name)
@@ -487,6 +506,13 @@ class StageBuilder:
                 stage.name,
             )
         return spec.whole(rows, spec.time or self.settings(stage.input_ids[0]).event_time_field)
+
+    def shared(self, stage: Stage) -> SharedAggregation:
+        """Whether the tasks of ``stage`` a processor holds run as one query (`shared_aggregation`)."""
+        if stage.name not in self._shared:
+            time = self.settings(stage.input_ids[0]).event_time_field if stage.input_ids else ""
+            self._shared[stage.name] = shared_aggregation(self.plan, stage, self.stateless(stage), time)
+        return self._shared[stage.name]
 
     def _is_table(self, stream_id: str) -> bool:
         """Whether ``stream_id`` is on a system whose streams are tables (`weirflow.interfaces.table`)."""
@@ -509,7 +535,7 @@ class StageBuilder:
         for index, sink in enumerate(stage.sinks):
             df = self._sent(stage, sink, frames)
             positions = all(c in df.columns for c in POSITION_COLUMNS)
-            own = [c for c in df.columns if c not in POSITION_COLUMNS]  # the rows' own columns
+            own = [c for c in df.columns if c not in (*POSITION_COLUMNS, TASK_COLUMN)]  # the rows' own columns
             if not positions and self.carries_positions(stage) and sink.serve is None and sink.node not in warned:
                 warned.append(sink.node)
                 log.warning(
@@ -558,6 +584,9 @@ class StageBuilder:
                 spec["positions"] = True
             elif not self.stateless(stage):
                 spec["results"] = True  # rows are results (`weirflow.spark.result_replays`)
+            if TASK_COLUMN in df.columns:  # a shared query's results: each names its task
+                columns.append(df[TASK_COLUMN])
+                spec["task_column"] = True
             spec["stage"] = stage.name
             parts.append(df.select(*columns))
             specs.append(spec)

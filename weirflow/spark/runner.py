@@ -1,14 +1,15 @@
 """`SparkTaskRunner`: a pipeline's tasks as Spark streaming queries, checkpointed by the processor from progress.
 
-**Queries.** A task of a *stateful* stage (aggregations, joins, deduplication: its Spark checkpoint holds
-operator state) runs as a query of its own with its own Spark checkpoint directory, so it can move between
-processors. The tasks a processor holds of a *stateless* stage (`StageBuilder.stateless`) run as **one**
-query over all their partitions (`task.stateless.merge`, on by default): the fixed costs of a micro-batch
-(planning, offset and commit logs, the source's Python planner process, task launches) are paid once per
-stage instead of once per task. Such a query keeps nothing in its Spark checkpoint that the checkpoint store
-lacks, so it always starts from the store with a fresh Spark checkpoint, and it is restarted (its tasks'
-final checkpoints written first) whenever the set of tasks it runs changes. Per task it keeps what a query of
-its own would: its lock and fence, its control state, its checkpoint, its output watermark.
+**Queries.** The tasks a processor holds of a *stateless* stage (`StageBuilder.stateless`) run as **one**
+query over all their partitions (`task.stateless.merge`), and so do those of a stage whose work is one
+aggregate (`task.aggregate.merge`, `weirflow.spark.shared_aggregation`): the fixed costs of a micro-batch
+(planning, state store, offset and commit logs, the source's planner process, task launches) are paid once
+per stage instead of once per task. Such a query keeps nothing in its Spark checkpoint that the checkpoint
+store and the streams lack (an aggregate's open windows are rebuilt from its input: `weirflow.spark.rebuild`),
+so it always starts with a fresh Spark checkpoint, and it is restarted (its tasks' final checkpoints written
+first) whenever the set of tasks it runs changes. Per task it keeps what a query of its own would: its lock
+and fence, its control state, its checkpoint, its output watermark. Any other stateful task (a join,
+deduplication) runs as a query of its own, whose Spark checkpoint holds its state and moves with it.
 
 Queries start and stop on the runner's own threads, several at a time: `start_task` only registers the task,
 so the processor's follower never waits for Spark and always reacts to a new job model within one poll.
@@ -46,8 +47,9 @@ from weirflow.runtime.served_tables import TableReader
 from weirflow.spark.fence import LeaseBoard
 from weirflow.spark.progress import ProgressFeed, ProgressView
 from weirflow.spark.query import StageBuilder
+from weirflow.spark.shared_progress import rebuildable
 from weirflow.spark.stage_query import StageQuery
-from weirflow.spark.task_progress import TaskState
+from weirflow.spark.task_state import TaskState
 from weirflow.tasks.runner import TaskRunner
 
 log = logging.getLogger("weirflow.spark")
@@ -151,13 +153,19 @@ class SparkTaskRunner(TaskRunner):
         self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
 
     def _merges(self, stage: Stage) -> bool:
-        if not self.merge_stateless:
-            return False
+        """Whether the tasks of ``stage`` held here run as one query: a stateless stage's
+        (`task.stateless.merge`), or a stage whose work is one aggregate (`task.aggregate.merge`,
+        `weirflow.spark.shared_aggregation`)."""
         self._ready.wait()
-        return self._prepare_error is None and not stage.serves and self.builder.stateless(stage)
+        if self._prepare_error is not None or stage.serves:
+            return False
+        if self.builder.stateless(stage):
+            return self.merge_stateless
+        return self.builder.shared(stage).shared
 
     def _unit(self, t: TaskState) -> str:
-        return f"stage:{t.stage.name}" if self._merges(t.stage) else f"task:{t.name}"
+        shared = self._merges(t.stage) and (self.builder.stateless(t.stage) or rebuildable(t))
+        return f"stage:{t.stage.name}" if shared else f"task:{t.name}"
 
     # --- TaskRunner -------------------------------------------------------------------------------------
     def start_task(self, task: TaskModel, lock: Lock) -> None:
@@ -433,7 +441,7 @@ class SparkTaskRunner(TaskRunner):
         self._set_active_session()
         self._ready.wait()
         stage = states[0].stage
-        merged = self._merges(stage)
+        merged = self._unit(states[0]).startswith("stage:")
         members = self._with_merged_members(stage.name, list(states)) if merged else list(states)
         query = None
         try:
@@ -445,7 +453,7 @@ class SparkTaskRunner(TaskRunner):
                     return
                 if self._prepare_error is not None:
                     raise StartupError(f"the Spark data plane could not be prepared: {self._prepare_error}")
-                query = StageQuery(self, stage, members, merged)
+                query = StageQuery(self, stage, members, merged, merged and not self.builder.stateless(stage))
                 query.start()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"

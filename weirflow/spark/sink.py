@@ -58,6 +58,7 @@ from weirflow.spark.result_replays import (
     replay_key,
     row_digests,
 )
+from weirflow.spark.shared_results import SharedResults, task_key
 from weirflow.spark.source import systems_for
 from weirflow.spark.table_commits import commit_rows, ship, unship
 
@@ -164,6 +165,7 @@ class WeirflowSink(DataSource):
         served_dir = self.options.get("served_dir") or None
         counts_dir = self.options.get("counts_dir") or None
         tasks = json.loads(self.options.get("tasks") or "[]")
+        shared = json.loads(self.options.get("shared") or "{}")
         return WeirflowStreamWriter(
             self.options["config"],
             json.loads(self.options["sinks"]),
@@ -176,6 +178,7 @@ class WeirflowSink(DataSource):
             self.options.get("attempt") or None,
             self.options.get("results_dir") or None,
             {int(k): int(v) for k, v in json.loads(self.options.get("rows_until") or "{}").items()},
+            SharedResults.from_json(shared) if shared else None,
         )
 
 
@@ -196,8 +199,12 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         attempt: str | None = None,
         results_dir: str | None = None,
         rows_until: dict[int, int] | None = None,
+        shared: SharedResults | None = None,
     ) -> None:
         self.snapshot = snapshot
+        # a shared aggregation query's tasks' replays and ledgers (rows name their task: ``__task``)
+        self.shared = shared
+        self._current: str | None = None  # the task whose results are being written (a shared query)
         # per input partition (``__pss``), the position below which a batch sends rows, not partials: where it
         # ended when a start that may replay began (`weirflow.spark.partials.BatchMode`)
         self.rows_until = rows_until or {}
@@ -224,7 +231,9 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self._task = spark_task()
         counts: dict[str, int] = {}
         served: dict[str, dict[str, str]] = {}
-        replays = Replays.load(Path(self.replays_file)) if self.replays_file else None
+        single = Replays.load(Path(self.replays_file)) if self.replays_file else None
+        if self.shared is not None:
+            self.shared.fresh()
         replayed: dict[str, int] = {}
         by_task: dict[str, dict[str, int]] = {}
         tables: dict[str, list[bytes]] = {}
@@ -232,14 +241,11 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         for batch in iterator:
             if batch.num_rows == 0:
                 continue
-            if "__sink" in batch.schema.names:
-                which = batch.column("__sink")
-                parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]
-            else:
-                parts = [(0, batch)]
             by_system: dict[str, list[OutgoingRecord]] = {}
-            for index, rows in parts:
+            for index, task, rows in self._parts(batch, by_task):
                 sink = self.sinks[index]
+                self._current = task
+                replays = self.shared.replays(task) if self.shared is not None and task else single
                 counts[sink["stream"]] = counts.get(sink["stream"], 0) + rows.num_rows
                 self._by_task(sink, rows, by_task)
                 if sink.get("serve"):
@@ -265,6 +271,20 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         for index, batches in gathered.items():
             self._send_partials(self.sinks[index], batches, systems)
         return WrittenCount(counts, served, replayed, by_task, tables)
+
+    def _parts(
+        self, batch: pa.RecordBatch, by_task: dict[str, dict[str, int]]
+    ) -> list[tuple[int, str | None, pa.RecordBatch]]:
+        """``batch``'s rows per output (``__sink``) and, in a shared aggregation query, per task (counted in
+        ``by_task``): (output index, task or None, rows)."""
+        if "__sink" in batch.schema.names:
+            which = batch.column("__sink")
+            parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]
+        else:
+            parts = [(0, batch)]
+        if self.shared is None:
+            return [(i, None, rows) for i, rows in parts]
+        return [(i, t, r) for i, rows in parts for t, r in self.shared.split(rows, self.sinks[i], by_task)]
 
     def _send_partials(self, sink: dict[str, Any], batches: list[pa.RecordBatch], systems: Any) -> None:
         """This partition's rows of the batch for an intermediate stream of partials, merged and sent one
@@ -314,8 +334,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         return packed_records(rows, sink, systems.producer(sink["system"]), task, self._task[1])
 
     def _task_results(self, sink: dict[str, Any]) -> str | None:
-        """The task whose results ``sink`` writes (a stateful stage's query runs one task), else None."""
-        return self.tasks[0] if sink.get("results") and len(self.tasks) == 1 else None
+        """The task whose results ``sink`` writes (a stateful stage's query runs one task, a shared aggregation
+        query's rows name theirs), else None."""
+        if not sink.get("results"):
+            return None
+        if sink.get("task_column"):
+            return self._current
+        return self.tasks[0] if len(self.tasks) == 1 else None
 
     def _not_replayed(
         self, rows: pa.RecordBatch, sink: dict[str, Any], replays: Replays, replayed: dict[str, int]
@@ -341,7 +366,8 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             again = replays.take(key)
             keep.append(not again)
             if again:
-                replayed[key] = replayed.get(key, 0) + 1
+                counted = task_key(self._current, key) if self._current else key
+                replayed[counted] = replayed.get(counted, 0) + 1
         return keep
 
     def _records(
@@ -492,6 +518,13 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         total = WrittenCount.total(messages)
         tables, counts, replayed, by_task = total.served, total.counts, total.replayed, total.by_task
         committed = self._commit_tables(total.tables)  # before the tails: a table's tail is its version after
+        if self.shared is not None:
+            self.shared.commit(self.snapshot, replayed, batchId, self.attempt, self._tails(counts, batchId))
+            self._counts(counts, by_task, replayed, committed, batchId)
+            for task in self.tasks:
+                if any(by_task.get(task, {}).get(s["stream"]) for s in self.sinks if s.get("results")):
+                    fault_points.reached("before-spark-commit", task)
+            return
         left = Replays()
         if self.replays_file:  # used up, and one batch older: the next batch's writers read what is left, and
             # once none is left nobody reads the file again
@@ -503,17 +536,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         tails = self._tails(counts, batchId)
         if tails and self.results_dir is not None:
             ResultsLedger(tails, left, self.attempt).save(Path(self.results_dir), batchId)
-        if (counts or replayed) and self.counts_dir is not None:
-            directory = Path(self.counts_dir)
-            directory.mkdir(parents=True, exist_ok=True)
-            summary = {
-                "counts": counts,
-                "by_task": by_task,
-                "replayed": sum(replayed.values()),
-                "tables": committed,
-            }
-            (directory / f".{batchId}.tmp").write_text(json.dumps(summary))
-            (directory / f".{batchId}.tmp").replace(directory / f"{batchId}.json")
+        self._counts(counts, by_task, replayed, committed, batchId)
         if any(counts.get(s["stream"]) for s in self._result_sinks()):
             fault_points.reached("before-spark-commit", self.tasks[0])
         if not tables or self.served_dir is None:
@@ -521,6 +544,23 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         self._check_fence()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
+
+    def _counts(
+        self,
+        counts: dict[str, int],
+        by_task: dict[str, dict[str, int]],
+        replayed: dict[str, int],
+        committed: dict[str, list[float]],
+        batch: int,
+    ) -> None:
+        """The batch's counts for the runner (see `commit`)."""
+        if not (counts or replayed) or self.counts_dir is None:
+            return
+        directory = Path(self.counts_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        summary = {"counts": counts, "by_task": by_task, "replayed": sum(replayed.values()), "tables": committed}
+        (directory / f".{batch}.tmp").write_text(json.dumps(summary))
+        (directory / f".{batch}.tmp").replace(directory / f"{batch}.json")
 
     def _commit_tables(self, shipped: dict[str, list[bytes]]) -> dict[str, list[float]]:
         """Each table output's rows of the batch in one commit, through the fence (`table_commits`); returns per
@@ -547,10 +587,11 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         as the batch commits: everything the task writes after this batch lies beyond
         (`weirflow.spark.result_replays`). A stream this batch wrote nothing to keeps the tails this query
         attempt noted at its previous batch, without asking its system."""
-        sinks = self._result_sinks()
-        if not sinks:
+        sinks = [s for s in self.sinks if s.get("results") and not s.get("serve")]
+        if not sinks or (self.shared is None and not self._result_sinks()):
             return {}
-        previous = ResultsLedger.load(Path(self.results_dir), batch - 1) if self.results_dir else None
+        ledgers = self.shared.ledgers(self.tasks[0]) if self.shared is not None else self.results_dir
+        previous = ResultsLedger.load(Path(ledgers), batch - 1) if ledgers else None
         ours = previous.tails if previous is not None and previous.attempt == self.attempt else {}
         streams = [(s["system"], s["physical"], bool(written.get(s["stream"]))) for s in sinks]
         return batch_tails(systems_for(self.snapshot), streams, ours)

@@ -53,6 +53,7 @@ than once per micro-batch, so the width is paid per row.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -145,6 +146,16 @@ class WeirflowStreamReader(DataSourceStreamReader):
         value = dict(checkpoint.control).get("injected", {}).get(self.spec.stream_id)
         return int(value) if value is not None else None
 
+    def _shared_injected(self) -> int | None:
+        """The watermark a shared aggregation query's processor asks for (`weirflow.spark.rebuild`): the file it
+        rewrites after each batch, ``{"<stream id>": <ms>}``; None before it wrote one."""
+        try:
+            with open(self.spec.inject_file, encoding="utf-8") as file:
+                value = json.load(file).get(self.spec.stream_id)
+        except (FileNotFoundError, ValueError):
+            return None
+        return int(value) if value is not None else None
+
     def latestOffset(self, start_json: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The offsets up to which the next batch reads: everything available, but at most the read limit
         per task (a stateless stage's query reads for several tasks, each with its own budget)."""
@@ -190,7 +201,11 @@ class WeirflowStreamReader(DataSourceStreamReader):
         the batch reads a bounded input to its end (or its drain cut), so the windows flush in the next batch
         instead of two batches later."""
         watermark = start.watermark
-        if self.spec.inject:
+        if self.spec.inject_file:  # a shared aggregation query: the least over its tasks, from the processor
+            shared = self._shared_injected()
+            if shared is not None and shared > watermark:
+                watermark = shared
+        elif self.spec.inject:
             injected = self._injected()
             if injected is not None and injected > watermark:
                 watermark = injected

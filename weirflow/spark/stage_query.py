@@ -36,7 +36,10 @@ from weirflow.spark.query import QueryScope
 from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import ROW_BITS, pss
 from weirflow.spark.result_replays import from_checkpoint, tails_of, written_since
-from weirflow.spark.task_progress import TaskProgress, TaskState
+from weirflow.spark.shared_progress import rebuild_starts, write_injected
+from weirflow.spark.shared_results import SharedResults
+from weirflow.spark.task_progress import TaskProgress
+from weirflow.spark.task_state import TaskState
 
 if TYPE_CHECKING:
     from weirflow.pipeline.plan import Stage
@@ -47,13 +50,16 @@ _ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond it
 _STATELESS_DIR = "_stateless"
 _COUNTS_DIR = "_written"  # per query: records written per output and batch, from the sink (records out)
 _MARKS_DIR = "_marks"  # per run id: marks of the intermediate partitions read here (`weirflow.spark.replay`)
+_INJECT_DIR = "_inject"  # per shared aggregation query: the watermark its source injects
 
 
 class StageQuery(TaskProgress):
     """One Spark streaming query and the tasks it runs: a stateful stage's task alone (``merged`` False), or
     every task of a stateless stage this processor holds."""
 
-    def __init__(self, runner: QueryHost, stage: Stage, tasks: list[TaskState], merged: bool) -> None:
+    def __init__(
+        self, runner: QueryHost, stage: Stage, tasks: list[TaskState], merged: bool, shared: bool = False
+    ) -> None:
         self.runner = runner
         self.stage = stage
         self.tasks = tasks
@@ -73,6 +79,10 @@ class StageQuery(TaskProgress):
         self.replays_file: Path | None = None  # results of an earlier attempt not to write again
         self.records_out: dict[str, int] = {}  # output stream -> records written by this query
         self._alive_checked = time.monotonic()
+        # a stateful stage's tasks sharing the query (`weirflow.spark.shared_aggregation`): each rebuilds its open
+        # windows from its partition (`weirflow.spark.rebuild`), and the processor keeps the watermark to inject
+        self.shared = shared
+        self.inject_file: Path | None = None
 
     @property
     def name(self) -> str:
@@ -83,18 +93,31 @@ class StageQuery(TaskProgress):
     # --- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
         runner = self.runner
-        starts = {
-            ssp.key(): PartitionOffset(self._start_offset(t, ssp), self._ended(t, ssp))
-            for t in self.tasks
-            for ssp in t.task.ssps
-        }
+        if self.shared:
+            starts = {ssp.key(): PartitionOffset(o, False) for ssp, o in rebuild_starts(self).items()}
+        else:
+            starts = {
+                ssp.key(): PartitionOffset(self._start_offset(t, ssp), self._ended(t, ssp))
+                for t in self.tasks
+                for ssp in t.task.ssps
+            }
         self._pin(starts)
+        if self.shared:
+            self.inject_file = (
+                runner.checkpoint_root / _INJECT_DIR / f"{self.stage.name}-{uuid.uuid4().hex[:12]}.json"
+            )
+            write_injected(self)
         scope = QueryScope(
             ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
             task_of={key: t.name for key, t in self.by_ssp.items()},
             inject="" if self.merged else self.tasks[0].name,
             marks_dir=str(runner.checkpoint_root / _MARKS_DIR / quote(runner.run_id, safe="")),
             fence=self._fence(),
+            task_index={key: i for i, t in enumerate(self.tasks) for key in t.keys} if self.shared else {},
+            closed={i: -1 if t.control.closed is None else t.control.closed for i, t in enumerate(self.tasks)}
+            if self.shared
+            else {},
+            inject_file=str(self.inject_file or ""),
         )
         for t in self.tasks:
             t.read_to = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
@@ -117,8 +140,11 @@ class StageQuery(TaskProgress):
         self.location = location
         self.counts_dir = runner.checkpoint_root / _COUNTS_DIR / uuid.uuid4().hex[:12]
         self.replays_file = (
-            None if self.merged else self._replays(self.tasks[0], sinks, self.counts_dir, starts, location)
+            None
+            if self.merged
+            else self._replays(self.tasks[0], sinks, self.counts_dir / "replays.json", starts, location)
         )
+        shared = self._shared_results(sinks, starts, location) if self.shared else None
         self.query = (
             sink.writeStream.format("weirflow-sink")
             .option("config", runner.builder.snapshot)
@@ -135,6 +161,7 @@ class StageQuery(TaskProgress):
             .trigger(processingTime=f"{runner.trigger_ms} milliseconds")
             .option("owners", json.dumps(self._owners()))
             .option("rows_until", json.dumps(self._rows_until(sinks)))
+            .option("shared", json.dumps(shared.to_json()) if shared is not None else "")
             .queryName(f"{runner.job}-{self.name}" + (f"[{len(self.tasks)} tasks]" if self.merged else ""))
             .start()
         )
@@ -191,11 +218,23 @@ class StageQuery(TaskProgress):
                         owners[str(pss(code, ssp.partition))] = t.name
         return owners
 
+    def _shared_results(
+        self, sinks: list[dict[str, Any]], starts: dict[str, PartitionOffset], location: Path
+    ) -> SharedResults:
+        """A shared aggregation query's results bookkeeping: each task's replays (`_replays`) and ledgers."""
+        assert self.counts_dir is not None
+        files = {}
+        for i, t in enumerate(self.tasks):
+            path = self._replays(t, sinks, self.counts_dir / f"replays-{i}.json", starts, location)
+            if path is not None:
+                files[t.name] = str(path)
+        return SharedResults([t.name for t in self.tasks], files, str(location / RESULTS_DIR), str(location))
+
     def _replays(
         self,
         t: TaskState,
         sinks: list[dict[str, Any]],
-        directory: Path,
+        path: Path,
         starts: dict[str, PartitionOffset],
         location: Path,
     ) -> Path | None:
@@ -221,7 +260,6 @@ class StageQuery(TaskProgress):
                 replays.await_input(self._input_ends(t))
         if not len(replays):
             return None
-        path = directory / "replays.json"
         replays.save(path)
         return path
 
@@ -380,6 +418,8 @@ class StageQuery(TaskProgress):
             self.stopped = True
         if self.merged and self.location is not None:
             shutil.rmtree(self.location, ignore_errors=True)
+        if self.inject_file is not None:
+            self.inject_file.unlink(missing_ok=True)
         if self.counts_dir is not None:
             shutil.rmtree(self.counts_dir, ignore_errors=True)
 

@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from weirflow.base import clock
 from weirflow.base.errors import FencedOffError, LockLostError
-from weirflow.base.telemetry import BATCH_BUCKETS, Histogram
 from weirflow.interfaces.checkpoint import Checkpoint
-from weirflow.interfaces.coordination import Lock
 from weirflow.interfaces.spark_checkpoint import RESULTS_DIR, has_state, history_of, last_committed
 from weirflow.interfaces.system import OutgoingRecord, SystemStreamPartition
-from weirflow.job.model import TaskModel
 from weirflow.job.systems import Systems
 from weirflow.runtime import fault_points
 from weirflow.runtime.control import (
@@ -50,16 +47,16 @@ from weirflow.runtime.control import (
     ControlMessage,
     MalformedMessageError,
     MessageType,
-    TaskControl,
     decode,
     is_control,
 )
-from weirflow.runtime.fencing import FencedCheckpointWriter
 from weirflow.spark.progress import ProgressView, parse_spark_time
 from weirflow.spark.query import observation_name
 from weirflow.spark.query_host import QueryHost
 from weirflow.spark.replay import compare_offsets
 from weirflow.spark.result_replays import ResultsLedger, in_checkpoint
+from weirflow.spark.shared_progress import note_batch, write_injected
+from weirflow.spark.task_state import TaskState
 from weirflow.spark.writer_log import WROTE_FORMAT
 
 if TYPE_CHECKING:
@@ -74,36 +71,6 @@ TABLE_COMMIT_FORMAT = "%s: batch %d committed %d rows to table %s in %.1f ms"
 # Per SSP of one task after a batch: its next offset, and the system's native position of its last record.
 Offsets = dict[SystemStreamPartition, str]
 Positions = dict[SystemStreamPartition, dict[str, str]]
-
-
-@dataclass
-class TaskStats:
-    """What a task did here since it started on this processor, for ``GET /metrics``, ``GET /tasks`` and the
-    status page (docs/endpoints.md). Summed over a stage's tasks (and processors) each count is the stage's:
-    nothing a query shares between its tasks is counted on each of them."""
-
-    batches: int = 0
-    # records read: an input stream's records (counted by its system's admin), an intermediate stream's rows
-    # (the packed records hold many each; replays dropped are not counted, its dead letters are)
-    records_in: int = 0
-    last_batch_ms: int = 0  # duration of its query's last micro-batch
-    last_checkpoint_ms: int = 0  # wall-clock time of its last checkpoint write
-    replays_dropped: int = 0  # intermediate rows read here that a replay had written again (dropped)
-    # rows written per output stream for this task: a stateful task's query's all; in a stateless stage's shared
-    # query the rows of the task's partitions (by their position, `WeirflowStreamWriter`), when rows carry one
-    records_out: dict[str, int] = field(default_factory=dict)
-    batch_seconds: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))  # its batches' durations
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "batches": self.batches,
-            "records_in": self.records_in,
-            "last_batch_ms": self.last_batch_ms,
-            "last_checkpoint_ms": self.last_checkpoint_ms,
-            "replays_dropped": self.replays_dropped,
-            "records_out": dict(self.records_out),
-            "batch_seconds": self.batch_seconds.to_json(),
-        }
 
 
 def records_between(systems: Systems, before: Offsets, after: Offsets) -> int:
@@ -123,31 +90,6 @@ def records_between(systems: Systems, before: Offsets, after: Offsets) -> int:
     return total
 
 
-class TaskState:
-    """One task this processor runs: its lock and fence, control state, last offsets and progress."""
-
-    def __init__(self, runner: QueryHost, task: TaskModel, lock: Lock, checkpoint: Checkpoint | None) -> None:
-        self.task = task
-        self.lock = lock
-        self.stage = runner.plan.stage(task.stage)
-        self.writer = FencedCheckpointWriter(task.name, runner.checkpoints, lock)
-        self.control = TaskControl.from_json(checkpoint.control if checkpoint else None)
-        self.offsets: dict[SystemStreamPartition, str] = dict(checkpoint.offsets) if checkpoint else {}
-        self.keys = {ssp.key() for ssp in task.ssps}
-        self.seen: dict[str, int] = {}  # SSP key -> latest event time read (ms): stateless output watermark
-        self.done = False  # finished: its inputs ended and end-of-stream went downstream
-        self.error: str | None = None
-        self.stats = TaskStats()
-        self.read_to: dict[SystemStreamPartition, str] = {}  # where its query's last batch ended (records in)
-        # whether a query of the task may have written past its checkpoint: an earlier holder claimed it, or
-        # this one started a query of it before (`StageQuery._rows_until`)
-        self.started_before = checkpoint is not None
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-
 class TaskProgress:
     """The per-batch work of one Spark query for the tasks it runs (see the module docstring). `StageQuery`
     is the one such query: it supplies the attributes declared here, and adds starting and stopping."""
@@ -156,6 +98,8 @@ class TaskProgress:
     stage: Stage
     tasks: list[TaskState]
     merged: bool
+    shared: bool  # a stateful stage's tasks sharing the query (`weirflow.spark.shared_aggregation`)
+    inject_file: Path | None
     by_ssp: dict[str, TaskState]
     inputs: list[str]
     location: Path | None
@@ -169,8 +113,7 @@ class TaskProgress:
         before = sum(self.records_out.values())
         replayed = self._count_written(report.batchId)
         wrote = sum(self.records_out.values()) > before  # the batch wrote rows (of any of the query's tasks)
-        if not self.merged:  # a stateful task's results: where this batch's writes end, what it did not write
-            self._results_written(self.tasks[0], report.batchId, replayed)
+        self._batch_results(report.batchId, replayed)
         offsets, positions = self._batch_ends(report)
         dead, rows = self._apply_control_rows(report)
         spark_watermark = parse_spark_time(report.eventTime.get("watermark")) or 0
@@ -182,15 +125,7 @@ class TaskProgress:
                 t.control.dead_letters += dead[t.name]
                 log.warning("task %s: %d undecodable records sent to its dead-letter stream", t.name, dead[t.name])
             self._reconcile(t)
-            if self.merged:
-                finishing = self._all_inputs_ended(t)
-                out = self._stateless_watermark(t)
-            else:
-                # windows are flushed once a batch ran at the end of time (the source moved Spark there as soon
-                # as it read the last end, `BatchReader._early_watermark`); without state, once it was injected
-                flushed = spark_watermark >= FLUSHED_WATERMARK_MS if report.stateOperators else injected_all
-                finishing = self._all_inputs_ended(t) and flushed
-                out = self._output_watermark(t, report, spark_watermark)
+            finishing, out = self._watermarks(t, report, spark_watermark, injected_all, offsets[t.name])
             if not self._checkpoint(t, report, finishing, out, offsets[t.name], positions[t.name], wrote):
                 continue
             t.stats.batches += 1
@@ -206,6 +141,35 @@ class TaskProgress:
                 else:
                     log.info("task %s finished: inputs ended, windows flushed, end-of-stream sent", t.name)
                 self.runner.wake()
+        if self.shared:
+            write_injected(self)  # type: ignore[arg-type]
+
+    def _batch_results(self, batch: int, replayed: int) -> None:
+        """A stateful task's results of the batch (where its writes end, what it did not write), from its ledger:
+        the one task's of its own query, or each task's of a shared query."""
+        if not self.merged:
+            self._results_written(self.tasks[0], batch, replayed)
+        elif self.shared and self.location is not None:
+            for t in self.tasks:
+                self._results_written(t, batch, 0, self.location / RESULTS_DIR / quote(t.name, safe=""))
+            if replayed:
+                log.info("stage %s: %d replayed results not written again", self.stage.name, replayed)
+
+    def _watermarks(
+        self, t: TaskState, report: ProgressView, spark_watermark: int, injected_all: bool, offsets: Offsets
+    ) -> tuple[bool, int | None]:
+        """Whether ``t`` finishes with this batch, and the watermark it sends downstream; a stateful task's
+        ``closed`` (and in a shared query its rebuild marks, `weirflow.spark.shared_progress.note_batch`)."""
+        if self.merged and not self.shared:
+            return self._all_inputs_ended(t), self._stateless_watermark(t)
+        if self.shared:
+            note_batch(t, offsets, spark_watermark, self.runner.builder.shared(self.stage).length_ms)
+        elif report.stateOperators:  # what a shared query of the task would start from (`weirflow.spark.rebuild`)
+            t.control.closed = max(-1 if t.control.closed is None else t.control.closed, spark_watermark)
+        # windows are flushed once a batch ran at the end of time (the source moved Spark there as soon as it
+        # read the last end, `BatchReader._early_watermark`); without state, once it was injected
+        flushed = spark_watermark >= FLUSHED_WATERMARK_MS if report.stateOperators else injected_all
+        return self._all_inputs_ended(t) and flushed, self._output_watermark(t, report, spark_watermark)
 
     def _records_read(self, t: TaskState, offsets: Offsets) -> int:
         """The records of ``t``'s input streams its batch read up to ``offsets``, counted by their systems'
@@ -241,15 +205,18 @@ class TaskProgress:
             log.info(TABLE_COMMIT_FORMAT, query, batch, int(rows), stream, float(ms))
         return int(summary.get("replayed", 0))
 
-    def _results_written(self, t: TaskState, batch: int, replayed: int) -> None:
+    def _results_written(self, t: TaskState, batch: int, replayed: int, ledgers: Path | None = None) -> None:
         """Carry into the task's checkpoint of ``batch`` where the partitions it writes results to ended at the
         batch's commit and the replays still to come after it: the batch's own ledger, which the sink's commit
-        wrote before Spark started the next batch (the next batch may have changed the replays since)."""
+        wrote before Spark started the next batch (the next batch may have changed the replays since). A shared
+        query's task (``ledgers``: its own) keeps its replays in the checkpoint whatever their size: the query's
+        directory does not outlive the query."""
         if self.location is not None:
-            directory = self.location / RESULTS_DIR
+            directory = ledgers or self.location / RESULTS_DIR
             ledger = ResultsLedger.load(directory, batch)
             if ledger is not None:
-                t.control.tails, t.control.replays = ledger.tails, in_checkpoint(ledger.replays, batch)
+                kept = ledger.replays.to_json() if ledgers else in_checkpoint(ledger.replays, batch)
+                t.control.tails, t.control.replays = ledger.tails, kept
                 ResultsLedger.prune(directory, batch)
         if replayed:
             t.stats.replays_dropped += replayed
