@@ -177,7 +177,7 @@ def test_partials_cross_the_stage_boundary_and_a_sigkill_between_their_sends_cha
         assert re.search(r"by_page-0, by_page-1: query \S+ started", text), text[-3000:]
         assert (
             "stage by_page_again: its tasks run one query each, not one per processor: its work is not one "
-            "aggregate of its input alone" in text
+            "aggregate of its input, then transforms of its results" in text
         )
 
         # p1 cuts its batches elsewhere (a larger budget): a partial of its first batch would sum a range that

@@ -1,15 +1,17 @@
 """The tasks a processor holds of an aggregate stage run as one query, and a task of it moves alone with its open
-windows rebuilt from its intermediate partition (docs/pipelines.md, "How a task runs"; `weirflow.spark.rebuild`).
+windows rebuilt from its intermediate partition (docs/pipelines.md, "Aggregate stages: one query per processor";
+`weirflow.spark.rebuild`).
 
-Two processors on the embedded default count views per page and minute (``partition_by`` then ``aggregate``)
-over ten minutes of views read 60 per trigger, with a lateness of 5 s, so windows close one after another while
-the job runs. Once task ``by_page-0`` has checkpointed a watermark two minutes into the views (windows written
-and windows open), the processor holding it is SIGKILLed right before its next checkpoint of the task (the
-``before-checkpoint`` fault point, armed by a file at that moment): its shared query had run the task past its
-checkpoint, writing results the checkpoint does not name. The survivor takes the task over; its own query
-restarts with both tasks and each rebuilds its open windows by reading its partition again from a rebuild mark,
-not from the start. Every window must then be written once, with pandas' count, and the aggregate stage must
-have run one query per processor, not one per task.
+Two processors on the embedded default count views per page and minute (``partition_by``, ``aggregate``, then a
+``select`` of its columns) over ten minutes of views read 60 per trigger, through three intermediate partitions,
+with a lateness of 5 s, so windows close one after another while the job runs. Once task ``by_page-0`` has
+checkpointed a watermark two minutes into the views (windows written and windows open), the processor holding it
+is SIGKILLed right before its next checkpoint of the task (the ``before-checkpoint`` fault point, armed by a file
+at that moment): its shared query had run the task past its checkpoint, writing results the checkpoint does not
+name. The survivor takes it over (with ``by_page-1``); its own query restarts with the three tasks, and each
+rebuilds its open windows by reading its partition again from a rebuild mark, not from the start. Every window
+must then be written once, with pandas' count. It fails when a task starts at its checkpoint's offsets (open
+windows undercounted) or when the query does not leave out the windows written before (written twice).
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ from weirflow import agg
 
 def pipeline(app):
     by_page = app.input("views").partition_by("page", name="by-page")
-    by_page.aggregate("page", window="1 minute", views=agg.count()).send_to("counts", key="page")
+    counted = by_page.aggregate("page", window="1 minute", views=agg.count())
+    # a select after the aggregate drops the partition column: the query finds it again from "page"
+    counted.transform(lambda counts: counts.select("window", "page", "views")).send_to("counts", key="page")
 """
 
 
@@ -162,7 +166,7 @@ def test_a_task_of_a_shared_aggregate_query_moves_alone_and_rebuilds_its_open_wi
 
         measure(
             f"{killed.processor_id} SIGKILLed past by_page-0's checkpoint with its watermark at "
-            f"+{(closed_at // 1000) - BASE_S} s; {survivor.processor_id} ran both by_page tasks in one query and "
+            f"+{(closed_at // 1000) - BASE_S} s; {survivor.processor_id} ran the three by_page tasks in one query and "
             f"rebuilt by_page-0 from offset {point}: all {len(expected)} windows once, equal to pandas"
         )
     except Exception:

@@ -433,8 +433,8 @@ class BatchReader:
             arrays.append(pa.array([chunk.attributes[i].get(field.name) for i in index], type=field.type))
         if spec.event_time_from_record:
             arrays.append(event_time)
-        if spec.task_index:
-            arrays.append(pa.repeat(pa.scalar(spec.task_index.get(key, -1), pa.int32()), n))
+        if spec.part_column:
+            arrays.append(pa.repeat(pa.scalar(partition_of(key), pa.int32()), n))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _dead_letter(self, key: str, chunk: RecordColumns, i: int, reason: str) -> int:

@@ -34,10 +34,19 @@ from weirflow.pipeline.api import Node, Sink
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.spark.input_settings import DEFAULT_EVENT_TIME, InputSettings, input_settings
 from weirflow.spark.lane_marks import LaneSource, encode_sources
+from weirflow.spark.plan_nodes import (
+    MAP_OPERATORS,
+    REORDERING_OPERATORS,
+    STATELESS_OPERATORS,
+    analyzed,
+    count_operators,
+    self_union,
+    walk,
+)
 from weirflow.spark.replay import POSITION_COLUMNS, input_codes
 from weirflow.spark.shared_aggregation import SharedAggregation, per_task, shared_aggregation
 from weirflow.spark.source import INTERNAL_COLUMNS, SOURCE_NAME
-from weirflow.spark.source_spec import TASK_COLUMN
+from weirflow.spark.source_spec import PART_COLUMN
 
 log = logging.getLogger("weirflow.spark")
 
@@ -71,94 +80,11 @@ class QueryScope:
     inject: str
     marks_dir: str = ""  # where reads of intermediate streams keep their marks (`weirflow.spark.replay`)
     fence: str = ""  # the query's fence (`weirflow.spark.fence.encode`), checked before dead letters are sent
-    # a shared aggregation query (`weirflow.spark.shared_aggregation`): SSP key -> its task's index (``__task``),
-    # task index -> the windows it wrote before (`weirflow.spark.rebuild`), the file of the watermark to inject
-    task_index: dict[str, int] = field(default_factory=dict)
+    # a shared aggregation query (`weirflow.spark.shared_aggregation`); per intermediate partition the windows
+    # its task wrote before (`weirflow.spark.rebuild`); the file of the watermark to inject
+    shared: bool = False
     closed: dict[int, int] = field(default_factory=dict)
     inject_file: str = ""
-
-
-# Stateless operators after which a partition's rows are no longer in their input's order: a stage with one
-# of them carries no row positions (`weirflow.spark.replay` needs rows written in position order).
-REORDERING_OPERATORS = frozenset({"Repartition", "RepartitionByExpression", "RebalancePartitions"})
-# Maps over whole partitions: user code that may reorder, hold back or regroup rows. A stage with one keeps
-# positions only when the transform that adds it declared it order-keeping (`Stream.transform(keeps_order=)`).
-MAP_OPERATORS = frozenset(
-    {
-        "MapInPandas",
-        "PythonMapInArrow",
-        "MapInArrow",
-        "MapPartitionsInPandas",
-        "MapElements",
-        "MapPartitions",
-        "AppendColumns",
-    }
-)
-# Logical operators of a streaming query that keep no state between micro-batches. A stage made only of these
-# may run its tasks in one query (`SparkTaskRunner`); anything else (aggregations, joins, deduplication,
-# limits, stateful map functions, operators added by later Spark versions) counts as stateful.
-STATELESS_OPERATORS = (
-    frozenset(
-        {
-            "StreamingRelationV2",
-            "StreamingDataSourceV2Relation",
-            "StreamingDataSourceV2ScanRelation",
-            "StreamingRelation",
-            "EventTimeWatermark",
-            "CollectMetrics",
-            "Project",
-            "Filter",
-            "Union",
-            "SubqueryAlias",
-            "Generate",
-            "Sample",
-            "ResolvedHint",
-            "SerializeFromObject",
-            "DeserializeToObject",
-            "Expand",
-        }
-    )
-    | REORDERING_OPERATORS
-    | MAP_OPERATORS
-)
-
-
-def _children(node: Any) -> list[Any]:
-    children = node.children()
-    return [children.apply(i) for i in range(children.size())]
-
-
-def _walk(node: Any) -> list[Any]:
-    """Every node of an analyzed plan (a JVM ``LogicalPlan``), ``node`` first."""
-    found, pending = [], [node]
-    while pending:
-        current = pending.pop()
-        found.append(current)
-        pending.extend(_children(current))
-    return found
-
-
-def _analyzed(frame: DataFrame) -> Any:
-    return frame._jdf.queryExecution().analyzed()
-
-
-def _count(frame: DataFrame, operators: frozenset[str]) -> int:
-    return sum(str(n.nodeName()) in operators for n in _walk(_analyzed(frame)))
-
-
-def _self_union(plan: Any) -> bool:
-    """Whether a ``Union`` in ``plan`` has two branches reading one input: an input's source is observed
-    once (`observation_name`), so two branches holding one observation's node read the same rows."""
-    for node in _walk(plan):
-        if str(node.nodeName()) != "Union":
-            continue
-        seen: set[str] = set()
-        for child in _children(node):
-            inputs = {str(n.name()) for n in _walk(child) if str(n.nodeName()) == "CollectMetrics"}
-            if inputs & seen:
-                return True
-            seen |= inputs
-    return False
 
 
 class StageBuilder:
@@ -228,8 +154,8 @@ class StageBuilder:
         of `STATELESS_OPERATORS`."""
         if stage.name not in self._stateless:
             frames = self._planned(stage)
-            plans = [_analyzed(frames[id(sink.node)]) for sink in stage.sinks]
-            names = [str(node.nodeName()) for plan in plans for node in _walk(plan)]
+            plans = [analyzed(frames[id(sink.node)]) for sink in stage.sinks]
+            names = [str(node.nodeName()) for plan in plans for node in walk(plan)]
             self._stateless[stage.name] = set(names) <= STATELESS_OPERATORS
             self._unordered[stage.name] = self._unordered_by(stage, frames, plans, names)
         return self._stateless[stage.name]
@@ -245,14 +171,18 @@ class StageBuilder:
         its outputs, ``names`` their operators. Returns (why, what keeps exactly-once)."""
         if REORDERING_OPERATORS.intersection(names):
             return "a repartition reorders its rows", "use partition_by, which repartitions through a stream"
-        if any(_self_union(plan) for plan in plans):
+        if any(self_union(plan) for plan in plans):
             return (
                 "a union of rows of one input (its branches would number their rows alike)",
                 "make each row's copies with F.explode(F.array(...)) instead of a union",
             )
         added = sum(name in MAP_OPERATORS for name in names)
         declared = sum(
-            max(0, _count(frames[id(node)], MAP_OPERATORS) - _count(frames[id(node.parents[0])], MAP_OPERATORS))
+            max(
+                0,
+                count_operators(frames[id(node)], MAP_OPERATORS)
+                - count_operators(frames[id(node.parents[0])], MAP_OPERATORS),
+            )
             for node in stage.nodes
             if node.op == "transform" and node.keeps_order
         )
@@ -396,9 +326,7 @@ class StageBuilder:
             "marks_dir": scope.marks_dir if scope is not None and settings.intermediate else "",
             "lane_sources": self._lane_sources(stream_id) if settings.intermediate else "",
             "fence": scope.fence if scope is not None else "",
-            "task_index": json.dumps(
-                {k: scope.task_index[k] for k in ssps if k in scope.task_index} if scope else {}
-            ),
+            "part_column": str(scope is not None and scope.shared and settings.intermediate).lower(),
             "inject_file": scope.inject_file if scope is not None else "",
             "seen_rows": str(settings.intermediate and seen_rows).lower(),
         }
@@ -468,6 +396,8 @@ class StageBuilder:
                 df = node.fn(frame(node.parents[0]))
                 if not isinstance(df, DataFrame):
                     raise PipelineError(f"transform {node.fn!r} returned {type(df).__name__}, not a DataFrame")
+                if scope is not None and scope.shared and PART_COLUMN not in df.columns:  # a select dropped it
+                    df = df.withColumn(PART_COLUMN, self.shared(stage).partition_of_key())
             elif node.op == "aggregate":
                 df = self._aggregated(stage, node, frame(node.parents[0]), scope)
             elif node.op == "merge":
@@ -493,7 +423,7 @@ class StageBuilder:
         assert spec is not None
         fed = parent.op == "input" and self.plan.is_intermediate(str(parent.stream_id))
         partials = fed and self.partials_for(str(parent.stream_id)) is not None
-        if scope is not None and scope.task_index:
+        if scope is not None and scope.shared:
             time = self.settings(str(parent.stream_id)).event_time_field
             return per_task(spec, rows, time, partials, scope.closed)
         if partials:
@@ -511,7 +441,8 @@ class StageBuilder:
         """Whether the tasks of ``stage`` a processor holds run as one query (`shared_aggregation`)."""
         if stage.name not in self._shared:
             time = self.settings(stage.input_ids[0]).event_time_field if stage.input_ids else ""
-            self._shared[stage.name] = shared_aggregation(self.plan, stage, self.stateless(stage), time)
+            frames = self._planned(stage)
+            self._shared[stage.name] = shared_aggregation(self.plan, stage, self.stateless(stage), time, frames)
         return self._shared[stage.name]
 
     def _is_table(self, stream_id: str) -> bool:
@@ -535,7 +466,7 @@ class StageBuilder:
         for index, sink in enumerate(stage.sinks):
             df = self._sent(stage, sink, frames)
             positions = all(c in df.columns for c in POSITION_COLUMNS)
-            own = [c for c in df.columns if c not in (*POSITION_COLUMNS, TASK_COLUMN)]  # the rows' own columns
+            own = [c for c in df.columns if c not in (*POSITION_COLUMNS, PART_COLUMN)]  # the rows' own columns
             if not positions and self.carries_positions(stage) and sink.serve is None and sink.node not in warned:
                 warned.append(sink.node)
                 log.warning(
@@ -584,8 +515,8 @@ class StageBuilder:
                 spec["positions"] = True
             elif not self.stateless(stage):
                 spec["results"] = True  # rows are results (`weirflow.spark.result_replays`)
-            if TASK_COLUMN in df.columns:  # a shared query's results: each names its task
-                columns.append(df[TASK_COLUMN])
+            if PART_COLUMN in df.columns:  # a shared query's results: each names its partition, hence its task
+                columns.append(df[PART_COLUMN])
                 spec["task_column"] = True
             spec["stage"] = stage.name
             parts.append(df.select(*columns))

@@ -2,7 +2,7 @@
 
 A stateful task's query keeps, for the results it writes, the replays an earlier attempt wrote past its
 checkpoint and a ledger per batch (`weirflow.spark.result_replays`). A query shared by several tasks keeps the
-same for each of them: its result rows name their task (``__task``, the task's index in the query), and the sink
+same for each of them: its result rows name their partition (``__part``), hence their task, and the sink
 writes each task's rows with that task's replays and ids, then commits each task's ledger. The tails are the
 same for every task of the query (they are where the streams end as the batch commits), so they are read once.
 """
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from weirflow.spark.result_replays import Replays, ResultsLedger, read_past
 from weirflow.spark.source import systems_for
-from weirflow.spark.source_spec import TASK_COLUMN
+from weirflow.spark.source_spec import PART_COLUMN
 
 _SEPARATOR = "\t"  # between a task and a replay key in a shared query's replayed counts (`task_key`)
 
@@ -33,11 +33,11 @@ def task_key(task: str, key: str) -> str:
 
 @dataclass
 class SharedResults:
-    """A shared query's ``tasks`` (by their index in ``__task``), the replays file of each that has one, where
-    each keeps its ledgers (``<ledgers>/<task>``) and the query's Spark checkpoint directory (whose offset log
-    says how far a batch read)."""
+    """A shared query's tasks (``task_of``: intermediate partition, a result's ``__part``, -> its task), the
+    replays file of each that has one, where each keeps its ledgers (``<ledgers>/<task>``) and the query's Spark
+    checkpoint directory (whose offset log says how far a batch read)."""
 
-    tasks: list[str]
+    task_of: dict[int, str]
     replays_files: dict[str, str]
     ledgers_dir: str
     spark_dir: str
@@ -45,7 +45,7 @@ class SharedResults:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "tasks": self.tasks,
+            "task_of": {str(p): t for p, t in self.task_of.items()},
             "replays": self.replays_files,
             "ledgers": self.ledgers_dir,
             "spark_dir": self.spark_dir,
@@ -54,7 +54,7 @@ class SharedResults:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SharedResults:
         return cls(
-            [str(t) for t in data["tasks"]],
+            {int(p): str(t) for p, t in dict(data["task_of"]).items()},
             {str(k): str(v) for k, v in dict(data.get("replays") or {}).items()},
             str(data["ledgers"]),
             str(data["spark_dir"]),
@@ -66,16 +66,16 @@ class SharedResults:
     def split(
         self, rows: pa.RecordBatch, sink: Mapping[str, Any], by_task: dict[str, dict[str, int]]
     ) -> list[tuple[str | None, pa.RecordBatch]]:
-        """``rows`` of one output task by task, without ``__task``, each counted in ``by_task``; rows of an
+        """``rows`` of one output task by task, without ``__part``, each counted in ``by_task``; rows of an
         output that does not name tasks are returned whole."""
-        if not sink.get("task_column") or TASK_COLUMN not in rows.schema.names:
+        if not sink.get("task_column") or PART_COLUMN not in rows.schema.names:
             return [(None, rows)]
-        column = rows.column(TASK_COLUMN)
-        rest = rows.drop_columns([TASK_COLUMN])
+        column = rows.column(PART_COLUMN)
+        rest = rows.drop_columns([PART_COLUMN])
         parts: list[tuple[str | None, pa.RecordBatch]] = []
         for index in pc.unique(column).to_pylist():
             part = rest.filter(pc.equal(column, index))
-            task = self.tasks[int(index)]
+            task = self.task_of[int(index)]
             written = by_task.setdefault(task, {})
             written[str(sink["stream"])] = written.get(str(sink["stream"]), 0) + part.num_rows
             parts.append((task, part))
@@ -101,7 +101,7 @@ class SharedResults:
         for counted, n in replayed.items():
             task, _, key = counted.partition(_SEPARATOR)
             used.setdefault(task, {})[key] = n
-        for task in self.tasks:
+        for task in sorted(set(self.task_of.values())):
             left = Replays()
             path = self.replays_files.get(task)
             if path:

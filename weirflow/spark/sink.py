@@ -202,7 +202,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         shared: SharedResults | None = None,
     ) -> None:
         self.snapshot = snapshot
-        # a shared aggregation query's tasks' replays and ledgers (rows name their task: ``__task``)
+        # a shared aggregation query's tasks' replays and ledgers (rows name their partition: ``__part``)
         self.shared = shared
         self._current: str | None = None  # the task whose results are being written (a shared query)
         # per input partition (``__pss``), the position below which a batch sends rows, not partials: where it

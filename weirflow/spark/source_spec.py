@@ -35,8 +35,8 @@ POSITION_FIELDS = [
     T.StructField(PSS, T.LongType(), True),
     T.StructField(POS, T.LongType(), True),
 ]
-# A shared aggregation query's rows: the index of the task whose partition each came from
-TASK_COLUMN = "__task"
+# A shared aggregation query's rows: the partition each was read from (`weirflow.spark.shared_aggregation`)
+PART_COLUMN = "__part"
 
 # Clients per worker process, reused across micro-batches (Spark reuses Python workers).
 _clients: dict[str, Any] = {}
@@ -131,12 +131,10 @@ class SourceSpec:
         self.lane_sources = decode_sources(options.get("lane_sources", ""))
         # the query's fence: its readers send dead letters only while the processor holds the tasks' locks
         self.fence = decode_fence(options.get("fence"))
-        # a shared aggregation query (`weirflow.spark.rebuild`): per SSP the index of its task, given to every
-        # data row as ``__task``; the file the processor keeps the watermark to inject in (the least over the
-        # query's tasks, which no read of one partition can know); ``seen`` rows for intermediate reads too
-        self.task_index: dict[str, int] = {
-            k: int(v) for k, v in json.loads(options.get("task_index") or "{}").items()
-        }
+        # a shared aggregation query (`weirflow.spark.rebuild`): each data row's partition as ``__part``; the file
+        # the processor keeps the watermark to inject in (the least over the query's tasks, which no read of one
+        # partition can know); ``seen`` rows for intermediate reads too
+        self.part_column: bool = options.get("part_column", "false") == "true"
         self.inject_file: str = options.get("inject_file", "")
         self.seen_rows: bool = options.get("seen_rows", "false") == "true"
 
@@ -155,6 +153,6 @@ class SourceSpec:
         fields += list(self.system_schema.fields)
         if self.event_time_from_record:
             fields.append(T.StructField(self.event_time_field, T.TimestampType(), True))
-        if self.task_index:
-            fields.append(T.StructField(TASK_COLUMN, T.IntegerType(), True))
+        if self.part_column:
+            fields.append(T.StructField(PART_COLUMN, T.IntegerType(), True))
         return T.StructType(fields)

@@ -113,8 +113,12 @@ class StageQuery(TaskProgress):
             inject="" if self.merged else self.tasks[0].name,
             marks_dir=str(runner.checkpoint_root / _MARKS_DIR / quote(runner.run_id, safe="")),
             fence=self._fence(),
-            task_index={key: i for i, t in enumerate(self.tasks) for key in t.keys} if self.shared else {},
-            closed={i: -1 if t.control.closed is None else t.control.closed for i, t in enumerate(self.tasks)}
+            shared=self.shared,
+            closed={
+                ssp.partition: -1 if t.control.closed is None else t.control.closed
+                for t in self.tasks
+                for ssp in t.task.ssps
+            }
             if self.shared
             else {},
             inject_file=str(self.inject_file or ""),
@@ -228,7 +232,8 @@ class StageQuery(TaskProgress):
             path = self._replays(t, sinks, self.counts_dir / f"replays-{i}.json", starts, location)
             if path is not None:
                 files[t.name] = str(path)
-        return SharedResults([t.name for t in self.tasks], files, str(location / RESULTS_DIR), str(location))
+        task_of = {ssp.partition: t.name for t in self.tasks for ssp in t.task.ssps}
+        return SharedResults(task_of, files, str(location / RESULTS_DIR), str(location))
 
     def _replays(
         self,
