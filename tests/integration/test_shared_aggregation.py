@@ -166,8 +166,8 @@ def test_a_task_of_a_shared_aggregate_query_moves_alone_and_rebuilds_its_open_wi
 
         measure(
             f"{killed.processor_id} SIGKILLed past by_page-0's checkpoint with its watermark at "
-            f"+{(closed_at // 1000) - BASE_S} s; {survivor.processor_id} ran the three by_page tasks in one query and "
-            f"rebuilt by_page-0 from offset {point}: all {len(expected)} windows once, equal to pandas"
+            f"+{(closed_at // 1000) - BASE_S} s; {survivor.processor_id} ran the three by_page tasks in one query "
+            f"and rebuilt by_page-0 from offset {point}: all {len(expected)} windows once, equal to pandas"
         )
     except Exception:
         for proc in procs:
