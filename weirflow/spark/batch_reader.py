@@ -76,6 +76,7 @@ class BatchReader:
         # control messages of the partition being read, and the task's control state they are added to: the
         # watermark this read moves Spark to (`_early_watermark`)
         self._heard: list[tuple[str, ControlMessage]] = []
+        self._heard_all: list[tuple[str, ControlMessage]] = []  # a shared query's, over every partition read
         self._early: StreamControl | None = None
         if spec.serde == "json":
             self.json: JsonDecoder | None = JsonDecoder(spec.user_schema)
@@ -129,6 +130,7 @@ class BatchReader:
         if value[0] == "group":
             for part in parts:
                 yield from self.read(part)
+            yield from self._shared_early({part[1]: part[3] for part in parts})
             return
         _, key, start, end, marker = value
 
@@ -173,6 +175,29 @@ class BatchReader:
             yield self._control_batch([(0, self._ctl(kind, key, f"{self.spec.stream_id}:{key}", 1, 0))])
 
     # --- the watermark a read moves Spark to -----------------------------------------------------------
+    def _shared_early(self, ends: dict[str, str]) -> Iterator[pa.RecordBatch]:
+        """A shared aggregation query's watermark from this batch's read of all its partitions (one Spark task
+        reads them: `weirflow.spark.source`), moved in the batch that read the messages as a query of one task
+        moves it (`_early_watermark`): once every partition of the query heard from every producer in this read,
+        the least of what they said. A task's reconciled watermark takes the largest a producer ever said in its
+        partition, so this is never ahead of the least over the query's tasks, which the processor injects a batch
+        later; a task still rebuilding holds it at its ``closed`` (`weirflow.spark.rebuild`)."""
+        if not self.spec.part_column or not self._heard_all:
+            return
+        heard = StreamControl()
+        for key, message in self._heard_all:
+            heard.apply(key, message)
+        self._heard_all.clear()
+        early = heard.watermark(self.spec.ssps)
+        if early is None:
+            return
+        for key, (until, closed) in self.spec.rebuild_until.items():
+            if int(ends.get(key, -1)) < until:
+                early = min(early, closed)
+        yield self._control_batch(
+            [((early + self.spec.delay_ms) * 1000, self._ctl(INJECT_KIND, None, ctl_ms=early))]
+        )
+
     def _early_watermark(self) -> int | None:
         """The reconciled watermark of the stream over the task's partitions once this read's control messages
         are added to the task's checkpointed control state (`weirflow.runtime.control.StreamControl`); None while a
@@ -318,8 +343,7 @@ class BatchReader:
                 assert isinstance(message, ControlMessage)
                 if message.type is MessageType.DRAIN and message.run_id != self.spec.run_id:
                     continue  # another deployment's drain (docs/drain.md): not an end for this one
-                if self.spec.inject:
-                    self._heard.append((key, message))
+                self._hear(key, message)
                 controls.append(
                     (
                         0,
@@ -344,6 +368,14 @@ class BatchReader:
         self._add_seen(key, latest, controls)
         self._taken += dead
         return dead
+
+    def _hear(self, key: str, message: ControlMessage) -> None:
+        """Keep a control message read for the watermark this read moves Spark to: the task's
+        (`_early_watermark`), or a shared query's (`_shared_early`)."""
+        if self.spec.inject:
+            self._heard.append((key, message))
+        elif self.spec.part_column:
+            self._heard_all.append((key, message))
 
     def _add_seen(self, key: str, latest: list[int], controls: list[tuple[int, dict[str, Any]]]) -> None:
         """One ``seen`` row for the chunk's data batches (their latest event time), when there were any."""

@@ -84,6 +84,7 @@ class QueryScope:
     # its task wrote before (`weirflow.spark.rebuild`); the file of the watermark to inject
     shared: bool = False
     closed: dict[int, int] = field(default_factory=dict)
+    rebuild_until: dict[str, list[int]] = field(default_factory=dict)  # SSP key -> [offset to pass, closed]
     inject_file: str = ""
 
 
@@ -327,6 +328,9 @@ class StageBuilder:
             "lane_sources": self._lane_sources(stream_id) if settings.intermediate else "",
             "fence": scope.fence if scope is not None else "",
             "part_column": str(scope is not None and scope.shared and settings.intermediate).lower(),
+            "rebuild_until": json.dumps(
+                {k: v for k, v in scope.rebuild_until.items() if k in ssps} if scope else {}
+            ),
             "inject_file": scope.inject_file if scope is not None else "",
             "seen_rows": str(settings.intermediate and seen_rows).lower(),
         }

@@ -274,7 +274,9 @@ class WeirflowStreamReader(DataSourceStreamReader):
             moved = int(b.offset) > int(a.offset) if self.spec.dense else b.offset != a.offset
             if moved or marker:
                 ranges.append(("ssp", key, a.offset, b.offset, marker))
-        groups = self.spec.read_groups
+        # a shared aggregation query's partitions are read by one Spark task, which sees every partition's
+        # control messages (`BatchReader._shared_early`)
+        groups = 1 if self.spec.part_column else self.spec.read_groups
         if groups and len(ranges) > groups:  # see `SystemConsumer.warm`
             parts = [InputPartition(("group", tuple(ranges[i::groups]))) for i in range(groups)]
         else:

@@ -135,6 +135,10 @@ class SourceSpec:
         # the processor keeps the watermark to inject in (the least over the query's tasks, which no read of one
         # partition can know); ``seen`` rows for intermediate reads too
         self.part_column: bool = options.get("part_column", "false") == "true"
+        # ... and per SSP of a task rebuilding its windows, the offset its reads must pass and its ``closed``
+        self.rebuild_until: dict[str, tuple[int, int]] = {
+            k: (int(v[0]), int(v[1])) for k, v in json.loads(options.get("rebuild_until") or "{}").items()
+        }
         self.inject_file: str = options.get("inject_file", "")
         self.seen_rows: bool = options.get("seen_rows", "false") == "true"
 

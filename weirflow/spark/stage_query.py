@@ -114,6 +114,12 @@ class StageQuery(TaskProgress):
             marks_dir=str(runner.checkpoint_root / _MARKS_DIR / quote(runner.run_id, safe="")),
             fence=self._fence(),
             shared=self.shared,
+            rebuild_until={
+                key: [until, t.rebuild.closed]
+                for t in self.tasks
+                if t.rebuild is not None
+                for key, until in t.rebuild.until.items()
+            },
             closed={
                 ssp.partition: -1 if t.control.closed is None else t.control.closed
                 for t in self.tasks
