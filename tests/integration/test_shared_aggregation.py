@@ -3,7 +3,7 @@ windows rebuilt from its intermediate partition (docs/pipelines.md, "Aggregate s
 `weirflow.spark.rebuild`).
 
 Two processors on the embedded default count views per page and minute (``partition_by``, ``aggregate``, then a
-``select`` of its columns) over ten minutes of views read 60 per trigger, through three intermediate partitions,
+``select`` of its columns) over ten minutes of views read 100 per trigger, through three intermediate partitions,
 with a lateness of 5 s, so windows close one after another while the job runs. Once task ``by_page-0`` has
 checkpointed a watermark two minutes into the views (windows written and windows open), the processor holding it
 is SIGKILLed right before its next checkpoint of the task (the ``before-checkpoint`` fault point, armed by a file
@@ -59,7 +59,7 @@ streams:
       field: event_time
     lateness: 5s
     bounded: true
-    max-events-per-trigger: 60
+    max-events-per-trigger: 100
   counts:
     partitions: 1
 spark:
