@@ -275,8 +275,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
     def _parts(
         self, batch: pa.RecordBatch, by_task: dict[str, dict[str, int]]
     ) -> list[tuple[int, str | None, pa.RecordBatch]]:
-        """``batch``'s rows per output (``__sink``) and, in a shared aggregation query, per task (counted in
-        ``by_task``): (output index, task or None, rows)."""
+        """``batch``'s rows per output and, in a shared aggregate query, per task: (output, task or None, rows)."""
         if "__sink" in batch.schema.names:
             which = batch.column("__sink")
             parts = [(i, batch.filter(pc.equal(which, i))) for i in which.unique().to_pylist()]
@@ -287,23 +286,24 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
         return [(i, t, r) for i, rows in parts for t, r in self.shared.split(rows, self.sinks[i], by_task)]
 
     def _send_partials(self, sink: dict[str, Any], batches: list[pa.RecordBatch], systems: Any) -> None:
-        """This partition's rows of the batch for an intermediate stream of partials, merged and sent one
-        intermediate partition at a time (`weirflow.spark.intermediate_records.partial_records`)."""
+        """This partition's rows of the batch for an intermediate stream of partials, merged (`partial_records`),
+        in two sends: the first intermediate partition's, then the others' at once (at 64 partitions a send each
+        was 64 fence checks and log writes per writer and batch)."""
         producer = systems.producer(sink["system"])
         by_partition: dict[int | None, list[OutgoingRecord]] = {}
         for record in partial_records(sink, batches, producer, self.rows_until):
             by_partition.setdefault(record.partition, []).append(record)
-        for i, records in enumerate(by_partition.values()):
-            if i:  # the batch's partials reached some intermediate partitions, not all
-                fault_points.reached("between-partial-sends", str(sink["stage"]))
-            self._send(producer, records)
+        parts = list(by_partition.values())
+        if parts:
+            self._send(producer, parts[0])
+        if len(parts) > 1:
+            fault_points.reached("between-partial-sends", str(sink["stage"]))
+            self._send(producer, [r for records in parts[1:] for r in records])
 
     def _by_task(self, sink: dict[str, Any], rows: pa.RecordBatch, by_task: dict[str, dict[str, int]]) -> None:
-        """Add to ``by_task`` the rows of ``rows`` per task of a query shared by several tasks: each row's
-        ``__pss`` names the input partition it came from, hence its task (``owners``). Rows without positions
-        (the stage's transforms dropped them, or its inputs have none) cannot be told apart: they are counted
-        for the query only (docs/endpoints.md, "Status page and metrics"). A query of one task needs nothing
-        here: all its rows are that task's."""
+        """Add to ``by_task`` the rows of ``rows`` per task of a stateless query shared by several tasks: each
+        row's ``__pss`` names its input partition, hence its task (``owners``); rows without positions are counted
+        for the query only (docs/endpoints.md, "Status page and metrics")."""
         if not self.owners or not sink.get("positions") or PSS not in rows.schema.names:
             return
         counted = pc.value_counts(rows.column(PSS))
@@ -468,14 +468,14 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             self._carry[index] = (int(pss_values[-1]), int(pos[-1]), int(k[-1]))
         return rows.append_column(K, pa.array(k, pa.int32()))
 
-    def _check_fence(self) -> None:
+    def _fence_check(self) -> None:
         self.fence.check(self.snapshot)
 
     def _send(self, producer: Any, records: list[OutgoingRecord]) -> None:
         """Send, fenced; records the system can never take (too large) go to their stream's ``<physical>.dlq``
         with the reason and the rest are sent again (the producer sent nothing when it refused)."""
         try:
-            producer.send_fenced(records, self._check_fence)
+            producer.send_fenced(records, self._fence_check)
             return
         except RecordTooLargeError as exc:
             refused = {id(r) for r in exc.records}
@@ -500,10 +500,10 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             log.warning(
                 "%d output record(s) too large: sent to dead-letter streams (%s)", len(letters), exc.reasons[0]
             )
-            producer.send_fenced(letters, self._check_fence)
+            producer.send_fenced(letters, self._fence_check)
             rest = [r for r in records if id(r) not in refused]
             if rest:
-                producer.send_fenced(rest, self._check_fence)
+                producer.send_fenced(rest, self._fence_check)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every partition's records were durable when its `write` returned; what is left is the served
@@ -541,7 +541,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             fault_points.reached("before-spark-commit", self.tasks[0])
         if not tables or self.served_dir is None:
             return
-        self._check_fence()
+        self._fence_check()
         for table, rows in tables.items():
             write_batch(Path(self.served_dir), table, batchId, rows)
 
@@ -574,7 +574,7 @@ class WeirflowStreamWriter(DataSourceStreamArrowWriter):
             if rows is not None:
                 began = time.perf_counter()
                 writer = systems.table_writer(sink["system"])
-                n = commit_rows(writer, sink["physical"], sink["stage"], rows, self._check_fence)
+                n = commit_rows(writer, sink["physical"], sink["stage"], rows, self._fence_check)
                 committed[sink["stream"]] = [n, round((time.perf_counter() - began) * 1000, 1)]
         return committed
 
