@@ -11,7 +11,7 @@ default with two processors over an unbounded input fed at ``--rate`` events per
 The target is ``value <= 5 * trigger interval + stop time``. The output is checked too: the windows
 written equal pandas over the input up to the cut, each written once.
 
-    .venv/bin/python benchmarks/drain.py [--rate 2000] [--partitions 4]
+    .venv/bin/python benchmarks/drain.py [--rate 2000] [--partitions 4] [--set KEY=VALUE ...]
 
 The last line is JSON: ``value`` (s), ``unit``, ``trigger_interval_s``, ``intervals`` (value / trigger
 interval), ``stop_s`` (baseline), ``extra_s`` (value - stop_s), ``target_s``, ``met``, and the phases seen in the
@@ -70,6 +70,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="input events per second")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--trigger-ms", type=int, default=500, help="task.trigger.interval.ms")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override (to try a lever); repeatable",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="weirflow-drain-"))
@@ -80,6 +87,7 @@ def main() -> None:
         f"streams.page-views.partitions={args.partitions}",
         f"streams.page-counts.partitions={args.partitions}",
         f"task.trigger.interval.ms={args.trigger_ms}",
+        *args.set,
     ]
     config_path = EXAMPLE / "job.yaml"
     config = load_config(config_path, overrides)
@@ -141,6 +149,7 @@ def main() -> None:
         "met": value <= target,
         "rate": args.rate,
         "partitions": args.partitions,
+        "overrides": args.set,
         "noticed_s": round(min(noticed) - began_wall, 2) if noticed else None,
         "first_stage_drained_s": round(max(first_stage) - began_wall, 2) if first_stage else None,
         "last_task_drained_s": round(max(drained) - began_wall, 2) if drained else None,

@@ -95,3 +95,24 @@ def test_a_drain_makes_the_leader_check_for_the_end_every_poll(metadata, tmp_pat
     now[0] = 100.75
     assert watch.check(model), "a hurried watch did not check within its new interval"
     checkpoints.stop()
+
+
+def test_the_loops_go_round_faster_while_a_drain_is_under_way(metadata, tmp_path: Path) -> None:
+    """Between a drain's last task drained and the processors' exit, every pause of a loop is time the drain
+    takes: the leader and follower loops pause `DRAIN_POLL_MS`, not the poll interval, once the monitor saw the
+    deployment's notice (and only then)."""
+    from types import SimpleNamespace
+
+    from weirflow.coordination.processor_core import DRAIN_POLL_MS, ProcessorCore
+
+    class Loops(ProcessorCore):
+        def __init__(self, drain: DrainMonitor) -> None:
+            self.timings = SimpleNamespace(poll_interval_ms=500)  # type: ignore[assignment]
+            self._drain = drain
+
+    monitor = DrainMonitor(metadata, _config(tmp_path, "r1"))
+    loops = Loops(monitor)
+    assert loops._round_ms() == 500
+    DrainUtils(metadata).write("r1")
+    assert monitor.poll() is not None
+    assert loops._round_ms() == DRAIN_POLL_MS < 500

@@ -46,7 +46,7 @@ class LeaderRole(ProcessorCore):
                 self._loop_error("leader", errors, exc)
                 self._fence_leadership(tenure)
             duties = tenure.duties
-            pause = self.timings.poll_interval_ms
+            pause = self._round_ms()
             if duties is not None and duties.watching_latch:
                 pause = min(LATCH_POLL_MS, pause)
             self._wait(pause, self._wake_leader)

@@ -299,7 +299,7 @@ class StreamProcessor(LeaderRole, KeeperRole):
             if self._round_again:  # the model moved on while this round waited on a latch: read it now
                 self._round_again = False
                 continue
-            self._wait(self.timings.poll_interval_ms, self._wake_follower)
+            self._wait(self._round_ms(), self._wake_follower)
 
     def _follower_round(self) -> None:
         assert self.ctx is not None
@@ -348,7 +348,7 @@ class StreamProcessor(LeaderRole, KeeperRole):
         under way, since every second between its last task drained and the exit is a second the drain takes."""
         interval_ms = self.timings.finished_check_interval_ms
         if self._drain is not None and self._drain.notice is not None:
-            interval_ms = min(interval_ms, self.timings.poll_interval_ms)
+            interval_ms = min(interval_ms, self._round_ms())
         return interval_ms
 
     def _read_model(self) -> JobModel | None:

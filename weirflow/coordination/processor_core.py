@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from weirflow.base import clock
 from weirflow.config.loader import Config
@@ -21,9 +22,16 @@ from weirflow.job.context import JobContext
 from weirflow.job.model import JobModel
 from weirflow.tasks.runner import TaskRunner
 
+if TYPE_CHECKING:
+    from weirflow.coordination.drain_monitor import DrainMonitor
+
 log = logging.getLogger("weirflow.processor")
 
 _FATAL_AFTER_LEASES = 4
+
+
+# How often the leader and follower loops go round while a drain is under way (`ProcessorCore._round_ms`).
+DRAIN_POLL_MS = 100
 
 
 class ProcessorCore:
@@ -55,6 +63,15 @@ class ProcessorCore:
     _last_heartbeat: float
     _next_finished_read: float
     _finished_known: bool
+    _drain: DrainMonitor | None
+
+    def _round_ms(self) -> int:
+        """The pause between two rounds of the leader and follower loops: the poll interval, or `DRAIN_POLL_MS`
+        while a drain is under way, when every pause between a task drained and the processors' exit is time the
+        drain takes (docs/drain.md); a drain lasts seconds, so the extra reads are few."""
+        if self._drain is not None and self._drain.notice is not None:
+            return min(DRAIN_POLL_MS, self.timings.poll_interval_ms)
+        return self.timings.poll_interval_ms
 
     def _write_heartbeat(self) -> None:
         raise NotImplementedError
