@@ -92,6 +92,15 @@ def self_union(plan: Any) -> bool:
     return False
 
 
+def hashed_partition(key: Any, count: int) -> Any:
+    """The intermediate partition of a row keyed ``key`` (binary) among ``count``: crc32 of the key, as the
+    embedded log hashes keys; a null key goes to partition 0. The sink places rows by it and a shared aggregate
+    query finds a result's partition again by it (`weirflow.spark.shared_aggregation`): one expression for both."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.pmod(F.crc32(key), F.lit(count)), F.lit(0))
+
+
 def passes_through(before: DataFrame, after: DataFrame, column: str) -> bool:
     """Whether ``after`` (a transform of ``before``) has ``before``'s ``column`` as it is: the same attribute of
     the analyzed plan (a ``select`` or ``withColumn`` of other columns keeps it; an alias or a new value does

@@ -40,6 +40,7 @@ from weirflow.spark.plan_nodes import (
     STATELESS_OPERATORS,
     analyzed,
     count_operators,
+    hashed_partition,
     self_union,
     walk,
 )
@@ -499,7 +500,7 @@ class StageBuilder:
                 spec["table"] = True
             elif sink.intermediate:
                 count = self.plan.partition_count(sink.stream_id)
-                partition = F.lit(0) if key is None else F.coalesce(F.pmod(F.crc32(key), F.lit(count)), F.lit(0))
+                partition = F.lit(0) if key is None else hashed_partition(key, count)
                 names = [f"__r{index}_{j}" for j in range(len(own))]
                 columns.append(partition.cast("int").alias("__partition"))
                 columns += [df[name].alias(alias) for name, alias in zip(own, names, strict=True)]

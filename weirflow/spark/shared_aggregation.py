@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from weirflow.pipeline.aggregate import AggregateSpec
 from weirflow.pipeline.plan import PipelinePlan, Stage
-from weirflow.spark.plan_nodes import STATELESS_OPERATORS, analyzed, passes_through, walk
+from weirflow.spark.plan_nodes import STATELESS_OPERATORS, analyzed, hashed_partition, passes_through, walk
 from weirflow.spark.rebuild import duration_ms
 from weirflow.spark.source_spec import PART_COLUMN
 
@@ -54,7 +54,7 @@ class SharedAggregation:
         """A result's intermediate partition from its key column, as the writing stage's sink chose it
         (`weirflow.spark.query.StageBuilder.sink_frame`)."""
         key = F.col(str(self.key)).cast("string").cast("binary")
-        return F.coalesce(F.pmod(F.crc32(key), F.lit(self.partitions)), F.lit(0)).cast("int")
+        return hashed_partition(key, self.partitions).cast("int")
 
 
 def shared_aggregation(
