@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from weirflow.config import load_config
 from weirflow.interfaces.system import OutgoingRecord
 from weirflow.job.systems import Systems
 from weirflow.local.launcher import ProcessorProcess
+from weirflow.runtime.fault_points import ARMED_BY
+from weirflow.runtime.fault_points import ENV as FAULT_POINT
 from weirflow.testing import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -129,6 +132,13 @@ def _drain_on_start(job: ExampleJob, overrides: list[str], config: object, stopp
     let the input grow; then start the next processor, which must drain and exit 0. Returns where the input was
     checkpointed and how far it reached at the stop."""
     assert stopped.terminate() == 0, stopped.log_text()[-4000:]
+    return _drain_next(job, overrides, config)
+
+
+def _drain_next(job: ExampleJob, overrides: list[str], config: object) -> Stop:
+    """With no processor running: write the drain notice (unless it is there already), let the input grow, then
+    start the next processor, which must drain and exit 0. Returns where the input was checkpointed and how far
+    it reached at the stop."""
     stopped_at = drain_job.input_cut(config)
     available = _upcoming(config)  # what any batch the stopped processor planned can reach
     if not drain_job.drain_notices(config):
@@ -188,6 +198,43 @@ def test_a_two_stage_job_noticed_to_drain_before_its_processor_starts_drains_wit
         f"notice before start, 2 stages: drained at {sum(cut.values())} events (checkpointed at the stop "
         f"{sum(stop.stopped_at.values())}, in the stream {sum(stop.available.values())}), "
         f"{len(got)} windows once each, equal pandas; {len(after)} later events unread"
+    )
+
+
+def test_a_two_stage_job_killed_past_its_first_stage_checkpoint_and_noticed_to_drain_takes_the_killed_batch_in(
+    tmp_path: Path, measure
+) -> None:
+    """The first stage's holder dies after a batch's rows reached the intermediate stream and before its
+    checkpoint names the batch (as a SIGTERM can stop a batch in flight); the drain notice is written while
+    nothing runs. The next processor's first stage starts from that checkpoint, but the rows past it are
+    already on their way downstream: its cut takes the killed batch in (replayed rows dropped by their
+    positions, the rest written), so what the job counted is exactly its input up to the cut, and the next run,
+    which starts there, counts nothing twice."""
+    armed = tmp_path / "armed"
+    job, overrides, config = _job(tmp_path, (EXAMPLE / "pipeline.py").read_text())
+    feeder = drain_job.Feeder(config, RATE).create_stream()
+    try:
+        fault = {FAULT_POINT: "before-checkpoint-of-rows:page_views:1", ARMED_BY: str(armed)}
+        first = job.start("p0", env=fault)
+        wait_until(lambda: "started task" in first.log_text(), FINISH_S, "p0 to run its tasks", 0.2)
+        feeder.start()
+        wait_until(lambda: results.consumed(config) >= 3 * RATE, FINISH_S, "the job to read", 0.2)
+        armed.touch()  # p0 dies with its next batch of rows written and not checkpointed
+        assert first.popen.wait(FINISH_S) == -signal.SIGKILL, first.log_text()[-4000:]
+        stop = _drain_next(job, overrides, config)
+    finally:
+        feeder.stop()
+        job.stop_all()
+    cut, after, got = _check_drained_at_the_stop(config, 2, stop)
+    assert cut != stop.stopped_at, (
+        f"the drain cut {cut} is where the killed processor had checkpointed: the batch it wrote past its "
+        "checkpoint was not taken in"
+    )
+    assert drain_job.unread_intermediate(config) == {}, "the intermediate stream was not read to its end"
+    measure(
+        f"first stage killed past its checkpoint, then a drain: checkpointed at {sum(stop.stopped_at.values())} "
+        f"events, cut at {sum(cut.values())} (the killed batch taken in), {len(got)} windows once each, equal "
+        f"pandas; {len(after)} later events unread"
     )
 
 

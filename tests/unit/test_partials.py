@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weirflow.base.errors import PipelineError
+from weirflow.spark.drain_cut import cut_past_written, furthest_written
 from weirflow.spark.partials import (
     MAX_PARTIALS_PER_RECORD,
     BatchMode,
@@ -87,11 +88,18 @@ class Killed(Exception):
 
 
 def _attempt(
-    world: World, source: int, available: list[int], rng: random.Random, rows_on_replay: bool, final: bool
+    world: World,
+    source: int,
+    available: list[int],
+    rng: random.Random,
+    rows_on_replay: bool,
+    final: bool,
+    grows: bool = True,
 ) -> None:
     """One attempt at ``source``: starts at its checkpoint, reads batches of random size up to what is
-    available (which grows), writes each batch's pieces (a kill may strike before any record), lets its
-    checkpoint lag behind Spark's commits, and ends killed, stopped cleanly, or (``final``) at the input's end."""
+    available (which grows, unless a drain's cut bounds it), writes each batch's pieces (a kill may strike
+    before any record), lets its checkpoint lag behind Spark's commits, and ends killed, stopped cleanly, or
+    (``final``) at the input's end."""
     start = world.checkpoint[source]
     code = pss(CODE, source)
     bound = world.until[source] if world.clean[source] else available[source]
@@ -115,7 +123,7 @@ def _attempt(
         position = end
         if rng.random() < 0.6:  # the checkpoint of the latest committed batch (it may lag behind)
             _checkpoint(world, source, committed[-1])
-        if rng.random() < 0.3:
+        if rng.random() < 0.3 and grows:
             available[source] = min(available[source] + rng.randrange(0, 15), 120)
         if not final and rng.random() < 0.05:  # a clean stop: the last batch checkpointed, nothing past it
             _checkpoint(world, source, committed[-1])
@@ -181,6 +189,51 @@ def test_every_row_counted_once_through_kills_and_restarts(seed: int) -> None:
 def test_partials_on_replay_count_rows_twice() -> None:
     """The rule is what keeps it exact: replays that send partials sum ranges that overlap ones taken."""
     wrong = sum(_run(seed, rows_on_replay=False)[0] != _run(seed, rows_on_replay=False)[1] for seed in range(60))
+    assert wrong > 0
+
+
+def _drained(seed: int, past_written: bool) -> tuple[dict, dict]:
+    """Attempts with kills and clean stops, then a drain: each task's next holder cuts its input where its
+    checkpoint is, or (``past_written``) past what earlier attempts wrote to the intermediate stream, by the
+    consumers' marks (`weirflow.spark.drain_cut`), and reads up to the cut. Returns what the consumers count
+    and pandas' count of the input up to the cuts."""
+    rng = random.Random(seed)
+    world = World()
+    available = [rng.randrange(5, 40) for _ in range(INPUTS)]
+    for _ in range(rng.randrange(1, 8)):
+        try:
+            _attempt(world, rng.randrange(INPUTS), available, rng, True, final=False)
+        except Killed:
+            pass
+    written: dict[int, int] = {}
+    for partition in range(PARTITIONS):
+        marks = Marks(at="0")
+        for record in world.log[partition]:
+            marks.admit("page_views", record)
+        for source, end in furthest_written(marks, "page_views", CODE).items():
+            written[source] = max(written.get(source, 0), end)
+    cut = [
+        cut_past_written({"k": world.checkpoint[s]}, written if past_written else {}, lambda _k, s=s: s)["k"]
+        for s in range(INPUTS)
+    ]
+    assert all(world.checkpoint[s] <= cut[s] <= available[s] for s in range(INPUTS))
+    for source in range(INPUTS):
+        _attempt(world, source, list(cut), rng, True, final=True, grows=False)
+    return _consume(world), _expected(cut)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_a_drain_after_kills_counts_exactly_its_input_up_to_the_cut(seed: int) -> None:
+    got, expected = _drained(seed, past_written=True)
+    assert got == expected
+
+
+def test_a_drain_cut_at_the_checkpoint_counts_what_a_killed_batch_wrote_past_it() -> None:
+    """The negative control: cut where the new holder's checkpoint is, rows a killed attempt wrote past it are
+    counted, and their input lies past the cut, where the next deployment counts it again."""
+    runs = (_drained(seed, past_written=False) for seed in range(60))
+    wrong = sum(got != expected for got, expected in runs)
     assert wrong > 0
 
 

@@ -34,15 +34,16 @@ from weirflow.runtime.control import (
     decode,
 )
 from weirflow.spark import lane_marks
+from weirflow.spark.drain_cut import bring_forward
 from weirflow.spark.lane_marks import LaneCheck
 from weirflow.spark.packing import unpack
 from weirflow.spark.replay import (
-    PRODUCER_KEY,
     ROW_BITS,
     Marks,
     MarksCache,
     compare_offsets,
     lane_pss,
+    producer_of,
     pss,
     strip,
 )
@@ -238,23 +239,7 @@ class BatchReader:
         if self._order(marks.at, start) != -1:  # a read from before the checkpoint's marks: they cannot apply
             return marks if marks.at == start else Marks(start)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
-        position = marks.at
-        while self._order(position, start) == -1:
-            chunk = consumer.read_columns(ssp, position, _READ_CHUNK, start)
-            if not len(chunk) and chunk.next_offset == position:
-                raise UnreadableRangeError(
-                    f"{key}: offsets [{position}, {start}) cannot be read to rebuild its marks"
-                )
-            for raw in chunk.values:
-                if raw[:1] == b"\x04":
-                    try:
-                        rows = unpack(raw)
-                    except (pa.ArrowInvalid, OSError):
-                        continue
-                    marks.admit(_producer(rows), rows)
-            position = chunk.next_offset
-        marks.at = start
-        return marks
+        return bring_forward(consumer, ssp, marks, start, lambda a, b: self._order(a, b) == -1)
 
     def _prune_lanes(self, key: str, marks: Marks) -> None:
         """Forget the marks of lanes no row will come from again (`weirflow.spark.lane_marks`)."""
@@ -401,7 +386,7 @@ class BatchReader:
         row_index = np.arange(rows.num_rows, dtype=np.int64)
         # replays first: a replay of rows counted before an upgrade is dropped as one, not read as v2's input
         if self._marks is not None:
-            keep = self._marks.admit(_producer(rows), rows)
+            keep = self._marks.admit(producer_of(rows), rows)
             if keep is not None:
                 self._dropped += rows.num_rows - pc.sum(keep).as_py()
                 rows, row_index = rows.filter(keep), row_index[keep.to_numpy(zero_copy_only=False)]
@@ -513,12 +498,6 @@ class BatchReader:
         producer = systems_for(spec.snapshot).producer(spec.system)
         producer.send_fenced(records, lambda: spec.fence.check(spec.snapshot))
         self._dead = []
-
-
-def _producer(rows: pa.Table) -> str:
-    """The stage that wrote a packed record (its schema's metadata), "" for records of older versions."""
-    metadata = rows.schema.metadata or {}
-    return metadata.get(PRODUCER_KEY, b"").decode("utf-8", "replace")
 
 
 def _column(table: pa.Table, field: pa.Field) -> pa.Array:

@@ -29,9 +29,11 @@ from pyspark.sql import types as T
 from weirflow.base.errors import PipelineError
 from weirflow.interfaces.system import SystemConsumer, SystemStreamPartition
 from weirflow.job.drain_notice import drain_flag_path, run_id_of
+from weirflow.job.grouper import partition_task
 from weirflow.pipeline.aggregate import WINDOW, AggregateSpec
 from weirflow.pipeline.api import Node, Sink
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.spark.drain_cut import WrittenStream, encode_written
 from weirflow.spark.input_settings import DEFAULT_EVENT_TIME, InputSettings, input_settings
 from weirflow.spark.lane_marks import LaneSource, encode_sources
 from weirflow.spark.plan_nodes import (
@@ -286,6 +288,7 @@ class StageBuilder:
         positions: bool,
         code: int,
         seen_rows: bool = False,
+        written_to: str = "",
     ) -> DataFrame:
         settings = self.settings(stream_id)
         ref = self.plan.ref(stream_id)
@@ -334,6 +337,7 @@ class StageBuilder:
             ),
             "inject_file": scope.inject_file if scope is not None else "",
             "seen_rows": str(settings.intermediate and seen_rows).lower(),
+            "written_to": "" if settings.intermediate else written_to,
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")
@@ -353,6 +357,28 @@ class StageBuilder:
         """The code of each of a stage's inputs (``(system, physical name)`` -> its rows' ``__pss`` bits,
         `weirflow.spark.replay.input_codes`)."""
         return input_codes((self.plan.ref(s).system, self.plan.ref(s).physical) for s in input_ids)
+
+    def _written_to(self, stage: Stage) -> str:
+        """The intermediate streams of dense offsets ``stage`` writes its positioned rows to, with the tasks
+        reading each partition: where a drain finds how far an earlier holder wrote
+        (`weirflow.spark.drain_cut`)."""
+        streams: list[WrittenStream] = []
+        for sink in stage.sinks:
+            ref = self.plan.ref(sink.stream_id)
+            if not sink.intermediate or not self.plan.systems.admin(ref.system).dense_offsets:
+                continue
+            readers = [s for s in self.plan.stages if sink.stream_id in s.input_ids]
+            streams.append(
+                WrittenStream(
+                    ref.system,
+                    ref.physical,
+                    {
+                        p: [partition_task(r.name, p, self.plan.task_prefix(r)) for r in readers]
+                        for p in range(self.plan.partition_count(sink.stream_id))
+                    },
+                )
+            )
+        return encode_written(stage.name, streams)
 
     def _lane_sources(self, stream_id: str) -> str:
         """The inputs with lanes of the stage writing intermediate stream ``stream_id``, by input code: where a
@@ -386,6 +412,7 @@ class StageBuilder:
         inputs = stage.input_ids
         codes = self.input_codes(inputs)
         positions = scope is not None and self.carries_positions(stage)
+        written_to = self._written_to(stage) if positions else ""
 
         def frame(node: Node) -> DataFrame:
             if id(node) in frames:
@@ -395,7 +422,8 @@ class StageBuilder:
                 ref = self.plan.ref(stream_id)
                 code = codes[(ref.system, ref.physical)]
                 seen = scope is not None and self.shared(stage).shared  # rebuild marks (`weirflow.spark.rebuild`)
-                df = self._source(inputs.index(stream_id), stream_id, scope, starts, positions, code, seen)
+                index = inputs.index(stream_id)
+                df = self._source(index, stream_id, scope, starts, positions, code, seen, written_to)
             elif node.op == "transform":
                 assert node.fn is not None
                 df = node.fn(frame(node.parents[0]))

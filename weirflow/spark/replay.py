@@ -161,6 +161,12 @@ class Marks:
         )
 
 
+def producer_of(rows: pa.Table) -> str:
+    """The stage that wrote a packed record (its schema's metadata), "" for records of older versions."""
+    metadata = rows.schema.metadata or {}
+    return metadata.get(PRODUCER_KEY, b"").decode("utf-8", "replace")
+
+
 def compare_offsets(admin: SystemAdmin, a: str, b: str) -> int | None:
     """-1, 0 or 1 as offset ``a`` of a partition is before, at or after ``b``; None when the system cannot
     tell (two positions neither of which is past the other). Dense offsets compare as numbers."""

@@ -72,12 +72,14 @@ from weirflow.runtime.control import (
 )
 from weirflow.spark import workergc
 from weirflow.spark.batch_reader import BatchReader
+from weirflow.spark.drain_cut import cut_past_written, written_ends
 from weirflow.spark.source_spec import (
     CONTROL_TYPE,
     INTERNAL_COLUMNS,
     INTERNAL_FIELDS,
     POSITION_FIELDS,
     SourceSpec,
+    checkpoints_for,
     partition_of,
     systems_for,
 )
@@ -167,7 +169,7 @@ class WeirflowStreamReader(DataSourceStreamReader):
         ends: dict[str, PartitionOffset] = {}
         open_keys = [key for key in self.spec.ssps if not start.partitions[key].ended]
         if self._draining() and self._cut is None:  # first batch planned since the drain: no new input from here
-            self._cut = {key: int(start.partitions[key].offset) for key in open_keys}
+            self._cut = self._drain_cut({key: int(start.partitions[key].offset) for key in open_keys})
         cut = self._cut
         metadata = self._refresh(start, open_keys if cut is None else [], per_task)
         for key in self.spec.ssps:
@@ -195,6 +197,21 @@ class WeirflowStreamReader(DataSourceStreamReader):
             known = dict(newest) if newest and take == available else None
             ends[key] = PartitionOffset(str(position + take), ended, drained=drained, position=known)
         return SourceOffset(self.spec.stream_id, ends, self._watermark(start, ends)).to_json()
+
+    def _drain_cut(self, read_to: dict[str, int]) -> dict[str, int]:
+        """A drain's cut: where the query has read to, or, where an earlier holder of a task wrote rows of a
+        batch it never checkpointed to the stage's intermediate streams, past them (`weirflow.spark.drain_cut`)."""
+        if not self.spec.written_to or not read_to:
+            return read_to
+        snapshot = self.spec.snapshot
+        written = written_ends(
+            systems_for(snapshot),
+            checkpoints_for(snapshot),
+            self.spec.producer,
+            self.spec.written_to,
+            self.spec.stream_code,
+        )
+        return cut_past_written(read_to, written, partition_of)
 
     def _watermark(self, start: SourceOffset, ends: dict[str, PartitionOffset]) -> int:
         """The watermark the next batch injects: the one the task's reconciliation asked for, or +infinity when

@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from weirflow.spark.drain_cut import decode_written
 from weirflow.spark.fence import decode as decode_fence
 from weirflow.spark.lane_marks import decode_sources
 from weirflow.spark.replay import POS, PSS
@@ -140,6 +141,9 @@ class SourceSpec:
             k: (int(v[0]), int(v[1])) for k, v in json.loads(options.get("rebuild_until") or "{}").items()
         }
         self.inject_file: str = options.get("inject_file", "")
+        # an input of a row-wise stage: the stage, and the intermediate streams its positioned rows go to, whose
+        # consumers' marks say how far an earlier holder wrote (a drain's cut, `weirflow.spark.drain_cut`)
+        self.producer, self.written_to = decode_written(options.get("written_to", ""))
         self.seen_rows: bool = options.get("seen_rows", "false") == "true"
 
     @property

@@ -1,0 +1,154 @@
+"""A drain's cut of a row-wise stage's input that takes in what an earlier holder wrote past its checkpoint.
+
+A row-wise stage's query starts from its tasks' checkpoints with a fresh Spark checkpoint, so it does not know
+the batch an earlier holder of a task planned, wrote to an intermediate stream and never checkpointed: a
+SIGTERM does not wait for a batch in flight, and a SIGKILL lands anywhere. Outside a drain that costs nothing:
+the query reads on past that batch, its rows come again, and the consumer drops them by their positions
+(`weirflow.spark.replay`). A drain cut where the query has read to, though, would leave those rows downstream,
+counted, past a cut from which the next deployment reads and counts their input again.
+
+So a drain cuts each input partition at least one past the furthest position of it that the stage's rows in
+its intermediate streams hold (`cut_past_written`). Those positions are the consumers' marks: each consumer
+task's checkpointed marks of its partition (`control.marks`), brought forward over the rest of the partition
+(`bring_forward`), as a consumer brings them forward when it starts elsewhere. The drain then reads the
+killed batch's input again: its rows that reached the stream are dropped as replays, the others are written,
+and the job's results are exactly its input up to the cut. Nothing past the furthest written position is read:
+input that arrived after the stop stays for the next deployment (docs/drain.md).
+
+One read of each intermediate partition's unconsumed end, once per query and drain, on the driver side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from weirflow.base.errors import UnreadableRangeError
+from weirflow.interfaces.system import SystemStreamPartition
+from weirflow.spark.packing import unpack
+from weirflow.spark.replay import CODE_BITS, PARTITION_MASK, ROW_BITS, Marks, producer_of
+
+log = logging.getLogger("weirflow.spark")
+
+READ_CHUNK = 10_000  # records per read of an intermediate partition
+
+
+@dataclass(frozen=True)
+class WrittenStream:
+    """An intermediate stream a row-wise stage writes positioned rows to, with the task of each consuming stage
+    that reads each of its partitions (whose checkpoint holds the partition's marks)."""
+
+    system: str
+    physical: str
+    readers: dict[int, list[str]]  # partition -> consumer task names
+
+    def to_json(self) -> dict[str, Any]:
+        return {"s": self.system, "p": self.physical, "r": {str(p): t for p, t in self.readers.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WrittenStream:
+        return cls(str(data["s"]), str(data["p"]), {int(p): list(t) for p, t in dict(data["r"]).items()})
+
+
+def encode_written(producer: str, streams: list[WrittenStream]) -> str:
+    """The source option naming the stage (``producer``) and the intermediate streams it writes to."""
+    return json.dumps({"by": producer, "to": [s.to_json() for s in streams]}) if streams else ""
+
+
+def decode_written(text: str) -> tuple[str, list[WrittenStream]]:
+    if not text:
+        return "", []
+    data = json.loads(text)
+    return str(data["by"]), [WrittenStream.from_json(d) for d in data["to"]]
+
+
+def bring_forward(
+    consumer: Any, ssp: SystemStreamPartition, marks: Marks, end: str, before: Callable[[str, str], bool]
+) -> Marks:
+    """``marks`` moved over the partition's records from ``marks.at`` up to ``end`` (``before(a, b)``: offset
+    ``a`` comes before ``b``), as a read of them would move them; raises `UnreadableRangeError` when a record
+    in that range cannot be read."""
+    position = marks.at
+    while before(position, end):
+        chunk = consumer.read_columns(ssp, position, READ_CHUNK, end)
+        if not len(chunk) and chunk.next_offset == position:
+            raise UnreadableRangeError(
+                f"{ssp.key()}: offsets [{position}, {end}) cannot be read to rebuild its marks"
+            )
+        for raw in chunk.values:
+            if raw[:1] == b"\x04":
+                try:
+                    rows = unpack(raw)
+                except (pa.ArrowInvalid, OSError):
+                    continue
+                marks.admit(producer_of(rows), rows)
+        position = chunk.next_offset
+    marks.at = end
+    return marks
+
+
+def written_ends(
+    systems: Any, checkpoints: Any, producer: str, streams: list[WrittenStream], code: int
+) -> dict[int, int]:
+    """Per partition of the input whose code is ``code``: one past the furthest offset whose rows stage
+    ``producer`` wrote to ``streams`` (dense offsets), from the consumers' marks brought to each partition's
+    end. Partitions with no row there are left out."""
+    ends: dict[int, int] = {}
+    for stream in streams:
+        admin = systems.admin(stream.system)
+        consumer = systems.consumer(stream.system)
+        upcoming = admin.partition_metadata_of(stream.physical, list(stream.readers))
+        for partition, readers in stream.readers.items():
+            ssp = SystemStreamPartition(stream.system, stream.physical, partition)
+            marks = _checkpointed_marks(checkpoints, readers, ssp.key())
+            if marks is None:
+                marks = Marks(str(upcoming[partition].oldest))
+            marks = bring_forward(consumer, ssp, marks, str(upcoming[partition].upcoming), _dense_before)
+            for part, end in furthest_written(marks, producer, code).items():
+                ends[part] = max(ends.get(part, 0), end)
+    return ends
+
+
+def furthest_written(marks: Marks, producer: str, code: int) -> dict[int, int]:
+    """Per partition of the input whose code is ``code``: one past the furthest offset of it whose rows stage
+    ``producer`` wrote to the partition ``marks`` were taken over."""
+    ends: dict[int, int] = {}
+    for name, (pos, _k) in marks.marks.items():
+        stage, _, value = name.rpartition("|")
+        pss = int(value) & PARTITION_MASK
+        if stage == producer and pss >> CODE_BITS == code:
+            part = pss & ((1 << CODE_BITS) - 1)
+            ends[part] = max(ends.get(part, 0), (pos >> ROW_BITS) + 1)
+    return ends
+
+
+def cut_past_written(
+    start: dict[str, int], written: dict[int, int], partition_of: Callable[[str], int]
+) -> dict[str, int]:
+    """A drain's cut per SSP key: where the query has read to (``start``), or past what an earlier holder wrote
+    (`written_ends`) when that is further."""
+    return {key: max(offset, written.get(partition_of(key), 0)) for key, offset in start.items()}
+
+
+def _checkpointed_marks(checkpoints: Any, readers: list[str], key: str) -> Marks | None:
+    """The marks of intermediate partition ``key`` in the checkpoint of the reader that read it furthest; None
+    when no reader has checkpointed marks of it."""
+    best: Marks | None = None
+    for task in readers:
+        checkpoint = checkpoints.read_last_checkpoint(task)
+        stored = dict(checkpoint.control).get("marks", {}).get(key) if checkpoint is not None else None
+        if stored is None:
+            continue
+        marks = Marks.from_json(stored)
+        if best is None or int(marks.at) > int(best.at):
+            best = marks
+    return best
+
+
+def _dense_before(a: str, b: str) -> bool:
+    return int(a) < int(b)
