@@ -13,10 +13,11 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from weirflow.config.loader import Config
-from weirflow.interfaces.system import OutgoingRecord, StreamSpec
+from weirflow.interfaces.system import OffsetRange, OutgoingRecord, RecordColumns, StreamSpec
 from weirflow.job.systems import Systems
 from weirflow.spark import source
-from weirflow.spark.batch_reader import BatchReader
+from weirflow.spark.batch_reader import BatchReader, _dense_positions
+from weirflow.spark.replay import ROW_BITS
 
 SSPS = [f"local.views.{p}" for p in range(3)]
 
@@ -194,3 +195,18 @@ def test_a_drain_message_of_another_run_is_not_an_end(tmp_path: Path) -> None:
     batches = list(batch_reader._decode("local.mid.0", chunk))
     rows = [row for b in batches for row in b.column(1).to_pylist() if row]
     assert [(r["kind"], r["producer"]) for r in rows] == [("drain", "a-1")]
+
+
+def test_consecutive_offsets_read_as_the_list_of_their_strings_and_position_rows_alike() -> None:
+    """The embedded log gives consecutive offsets as an `OffsetRange` (no string per record); it reads as the
+    list it stands for, and the rows' positions come out as from that list."""
+    offsets = OffsetRange(7, 3)
+    assert list(offsets) == ["7", "8", "9"] and offsets == ["7", "8", "9"] and len(offsets) == 3
+    assert offsets[-1] == "9" and offsets[1:] == ["8", "9"]
+    with pytest.raises(IndexError):
+        offsets[3]
+    as_range = RecordColumns(offsets, [None] * 3, [b""] * 3, [0] * 3, "10")
+    as_list = RecordColumns(["7", "8", "9"], [None] * 3, [b""] * 3, [0] * 3, "10")
+    for index in ([0, 1, 2], [2], [0, 2]):
+        assert _dense_positions(as_range, index).tolist() == _dense_positions(as_list, index).tolist()
+        assert _dense_positions(as_range, index).tolist() == [(7 + i) << ROW_BITS for i in index]

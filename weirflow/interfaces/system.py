@@ -136,6 +136,40 @@ class IncomingRecord:
     id: str | None = None
 
 
+class OffsetRange(Sequence[str]):
+    """The offsets of ``length`` consecutive records of a system of dense offsets, from ``first``: what
+    `RecordColumns.offsets` holds without a string per record (a reader that wants numbers takes ``first``)."""
+
+    __slots__ = ("first", "length")
+
+    def __init__(self, first: int, length: int) -> None:
+        self.first = first
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [str(self.first + i) for i in range(*index.indices(self.length))]
+        if index < 0:
+            index += self.length
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        return str(self.first + index)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OffsetRange):
+            return (self.first, self.length) == (other.first, other.length)
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __hash__(self) -> int:
+        return hash((self.first, self.length))
+
+    def __repr__(self) -> str:
+        return f"OffsetRange({self.first}, {self.length})"
+
+
 @dataclass(frozen=True)
 class RecordColumns:
     """Consecutive records of one SSP, column by column: what `SystemConsumer.read_columns` returns.
@@ -146,8 +180,8 @@ class RecordColumns:
     so it reads this shape rather than one `IncomingRecord` object per record.
 
     ``offsets`` name the records (the Spark source puts them in dead letters only; reads resume from
-    ``next_offset``): with dense offsets they are `read`'s; a system of positions may name each record by
-    its own identity instead (Kinesis: ``<shard>/<sequence number>``).
+    ``next_offset``): with dense offsets they are `read`'s, consecutive ones best as an `OffsetRange`; a system
+    of positions may name each record by its own identity instead (Kinesis: ``<shard>/<sequence number>``).
 
     ``lanes`` and ``ordinals`` (a system of positions with `SystemAdmin.record_ordinals`; empty otherwise) say
     where each record sits in the partition as a replay must see it again: the **lane** is the ordered log

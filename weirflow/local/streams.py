@@ -29,6 +29,7 @@ from weirflow.base.errors import (
 from weirflow.base.sqlite import Database
 from weirflow.interfaces.system import (
     IncomingRecord,
+    OffsetRange,
     OutgoingRecord,
     PartitionMetadata,
     RecordColumns,
@@ -159,12 +160,14 @@ class LocalSystemConsumer(SystemConsumer):
     def __init__(self, store: SqliteStreamStore) -> None:
         self._store = store
 
-    def _rows(self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None) -> list[Any]:
+    def _rows(
+        self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None, columns: str
+    ) -> list[Any]:
         upper = int(end) if end is not None else 2**62
         return (
             self._store.db.connection()
             .execute(
-                "SELECT offset, key, value, timestamp_ms, id FROM records WHERE stream = ? AND partition = ? "
+                f"SELECT {columns} FROM records WHERE stream = ? AND partition = ? "
                 "AND offset >= ? AND offset < ? ORDER BY offset LIMIT ?",
                 (ssp.stream, ssp.partition, int(start), upper, max_records),
             )
@@ -174,7 +177,7 @@ class LocalSystemConsumer(SystemConsumer):
     def read(
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
     ) -> list[IncomingRecord]:
-        rows = self._rows(ssp, start, max_records, end)
+        rows = self._rows(ssp, start, max_records, end, "offset, key, value, timestamp_ms, id")
         return [IncomingRecord(ssp, str(o), str(o + 1), k, v, ts, id=i) for o, k, v, ts, i in rows]
 
     def read_columns(
@@ -186,12 +189,14 @@ class LocalSystemConsumer(SystemConsumer):
         *,
         attributes: bool = False,
     ) -> RecordColumns:
-        rows = self._rows(ssp, start, max_records, end)
+        # no ids (readers of columns never use them) and, offsets being consecutive, no string per record
+        rows = self._rows(ssp, start, max_records, end, "offset, key, value, timestamp_ms")
         if not rows:
             return RecordColumns([], [], [], [], start)
-        offsets, keys, values, stamps, _ids = zip(*rows, strict=True)
+        offsets, keys, values, stamps = zip(*rows, strict=True)
+        first, last = offsets[0], offsets[-1]
         return RecordColumns(
-            offsets=list(map(str, offsets)),
+            offsets=OffsetRange(first, len(rows)) if last - first == len(rows) - 1 else list(map(str, offsets)),
             keys=keys,
             values=values,
             timestamps_ms=stamps,

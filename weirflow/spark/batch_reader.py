@@ -17,7 +17,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from weirflow.base.clock import now_ms
 from weirflow.base.errors import MalformedDocumentError, UnreadableRangeError
-from weirflow.interfaces.system import RecordColumns
+from weirflow.interfaces.system import OffsetRange, RecordColumns
 from weirflow.runtime.control import (
     CONTROL_KIND_NAMES,
     DEAD_LETTERS_KIND,
@@ -420,8 +420,7 @@ class BatchReader:
         base = pss(spec.stream_code, partition_of(key))
         if spec.dense:
             if position is None:
-                offsets = np.array(chunk.offsets).astype(np.int64)
-                position = offsets[np.asarray(index, dtype=np.int64)] << ROW_BITS
+                position = _dense_positions(chunk, index)
             pss_array = pa.repeat(pa.scalar(base, pa.int64()), n)
             pos_array = pa.array(np.asarray(position, dtype=np.int64))
         elif chunk.ordinals:  # each lane is a partition of its own (`weirflow.spark.replay.lane_pss`)
@@ -498,6 +497,15 @@ class BatchReader:
         producer = systems_for(spec.snapshot).producer(spec.system)
         producer.send_fenced(records, lambda: spec.fence.check(spec.snapshot))
         self._dead = []
+
+
+def _dense_positions(chunk: RecordColumns, index: list[int]) -> np.ndarray:
+    """The ``__pos`` of the records at ``index`` of ``chunk`` (dense offsets; their first row each): from the
+    first offset when they are consecutive (`OffsetRange`), without a string per record."""
+    at = np.asarray(index, dtype=np.int64)
+    if isinstance(chunk.offsets, OffsetRange):
+        return (at + chunk.offsets.first) << ROW_BITS
+    return np.array(chunk.offsets).astype(np.int64)[at] << ROW_BITS
 
 
 def _column(table: pa.Table, field: pa.Field) -> pa.Array:
