@@ -16,6 +16,10 @@ and the job's results are exactly its input up to the cut. Nothing past the furt
 input that arrived after the stop stays for the next deployment (docs/drain.md).
 
 One read of each intermediate partition's unconsumed end, once per query and drain, on the driver side.
+
+A stateful task's query has no positions to go by: when it starts with results an earlier attempt wrote past its
+checkpoint and Spark's offset log does not name the batch that wrote them, its cut is at least where its input
+ended as it started (`read_floor`, the file `StageQuery._drain_floor` writes).
 """
 
 from __future__ import annotations
@@ -133,6 +137,18 @@ def cut_past_written(
     """A drain's cut per SSP key: where the query has read to (``start``), or past what an earlier holder wrote
     (`written_ends`) when that is further."""
     return {key: max(offset, written.get(partition_of(key), 0)) for key, offset in start.items()}
+
+
+def read_floor(path: str) -> dict[str, int]:
+    """The least cut per SSP key a stateful task's drain may take (the file `StageQuery._drain_floor` wrote, none
+    when it wrote none)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            return {str(k): int(v) for k, v in json.load(file).items()}
+    except FileNotFoundError:
+        return {}
 
 
 def _checkpointed_marks(checkpoints: Any, readers: list[str], key: str) -> Marks | None:

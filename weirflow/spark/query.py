@@ -89,6 +89,7 @@ class QueryScope:
     closed: dict[int, int] = field(default_factory=dict)
     rebuild_until: dict[str, list[int]] = field(default_factory=dict)  # SSP key -> [offset to pass, closed]
     inject_file: str = ""
+    drain_floor_file: str = ""  # a stateful task's least drain cut, when it has one (`StageQuery._drain_floor`)
 
 
 class StageBuilder:
@@ -338,6 +339,7 @@ class StageBuilder:
             "inject_file": scope.inject_file if scope is not None else "",
             "seen_rows": str(settings.intermediate and seen_rows).lower(),
             "written_to": "" if settings.intermediate else written_to,
+            "drain_floor_file": scope.drain_floor_file if scope is not None else "",
         }
         raw = self.spark.readStream.format(SOURCE_NAME).options(**options).load()
         timed = raw.withWatermark("__wm_time", f"{settings.delay_ms} milliseconds")

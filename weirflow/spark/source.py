@@ -72,7 +72,7 @@ from weirflow.runtime.control import (
 )
 from weirflow.spark import workergc
 from weirflow.spark.batch_reader import BatchReader
-from weirflow.spark.drain_cut import cut_past_written, written_ends
+from weirflow.spark.drain_cut import cut_past_written, read_floor, written_ends
 from weirflow.spark.source_spec import (
     CONTROL_TYPE,
     INTERNAL_COLUMNS,
@@ -200,7 +200,12 @@ class WeirflowStreamReader(DataSourceStreamReader):
 
     def _drain_cut(self, read_to: dict[str, int]) -> dict[str, int]:
         """A drain's cut: where the query has read to, or, where an earlier holder of a task wrote rows of a
-        batch it never checkpointed to the stage's intermediate streams, past them (`weirflow.spark.drain_cut`)."""
+        batch it never checkpointed to the stage's intermediate streams, past them (`weirflow.spark.drain_cut`);
+        for a stateful task that wrote results past its checkpoint, no earlier than its floor
+        (`StageQuery._drain_floor`)."""
+        floor = read_floor(self.spec.drain_floor_file)
+        if floor:
+            read_to = {key: max(offset, floor.get(key, 0)) for key, offset in read_to.items()}
         if not self.spec.written_to or not read_to:
             return read_to
         snapshot = self.spec.snapshot

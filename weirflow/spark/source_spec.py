@@ -144,6 +144,8 @@ class SourceSpec:
         # an input of a row-wise stage: the stage, and the intermediate streams its positioned rows go to, whose
         # consumers' marks say how far an earlier holder wrote (a drain's cut, `weirflow.spark.drain_cut`)
         self.producer, self.written_to = decode_written(options.get("written_to", ""))
+        # a stateful task's: the file of the least cut a drain may take (SSP key -> offset), when there is one
+        self.drain_floor_file: str = options.get("drain_floor_file", "")
         self.seen_rows: bool = options.get("seen_rows", "false") == "true"
 
     @property

@@ -27,6 +27,8 @@ from weirflow.interfaces.spark_checkpoint import (
     has_offsets,
     history_of,
     last_committed,
+    last_committed_batch,
+    planned_batch,
 )
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job.start_position import start_offset
@@ -50,6 +52,7 @@ _ALIVE_CHECK_S = 2.0  # how often a query's liveness is asked of Spark beyond it
 _STATELESS_DIR = "_stateless"
 _COUNTS_DIR = "_written"  # per query: records written per output and batch, from the sink (records out)
 _MARKS_DIR = "_marks"  # per run id: marks of the intermediate partitions read here (`weirflow.spark.replay`)
+_FLOOR_DIR = "_drain_floor"  # per stateful task's query: the least drain cut (`StageQuery._drain_floor`)
 _INJECT_DIR = "_inject"  # per shared aggregation query: the watermark its source injects
 
 
@@ -77,6 +80,7 @@ class StageQuery(TaskProgress):
         self.history: str | None = None
         self.counts_dir: Path | None = None
         self.replays_file: Path | None = None  # results of an earlier attempt not to write again
+        self._replay_until: dict[str, str] = {}  # ... and the input ends they come of, at most (`_drain_floor`)
         self.records_out: dict[str, int] = {}  # output stream -> records written by this query
         self._alive_checked = time.monotonic()
         # a stateful stage's tasks sharing the query (`weirflow.spark.shared_aggregation`): each rebuilds its open
@@ -107,6 +111,11 @@ class StageQuery(TaskProgress):
                 runner.checkpoint_root / _INJECT_DIR / f"{self.stage.name}-{uuid.uuid4().hex[:12]}.json"
             )
             write_injected(self)
+        floor_file = (
+            None
+            if self.merged or self.shared
+            else runner.checkpoint_root / _FLOOR_DIR / f"{self.name}-{uuid.uuid4().hex[:12]}.json"
+        )
         scope = QueryScope(
             ssps=tuple(ssp for t in self.tasks for ssp in t.task.ssps),
             task_of={key: t.name for key, t in self.by_ssp.items()},
@@ -128,6 +137,7 @@ class StageQuery(TaskProgress):
             if self.shared
             else {},
             inject_file=str(self.inject_file or ""),
+            drain_floor_file=str(floor_file or ""),
         )
         for t in self.tasks:
             t.read_to = {ssp: str(starts[ssp.key()].offset) for ssp in t.task.ssps}
@@ -154,6 +164,8 @@ class StageQuery(TaskProgress):
             if self.merged
             else self._replays(self.tasks[0], sinks, self.counts_dir / "replays.json", starts, location)
         )
+        if floor_file is not None:
+            self._drain_floor(floor_file, location)
         shared = self._shared_results(sinks, starts, location) if self.shared else None
         self.query = (
             sink.writeStream.format("weirflow-sink")
@@ -271,8 +283,25 @@ class StageQuery(TaskProgress):
                 replays.await_input(self._input_ends(t))
         if not len(replays):
             return None
+        self._replay_until = dict(replays.until)
         replays.save(path)
         return path
+
+    def _drain_floor(self, path: Path, location: Path) -> None:
+        """Where a drain may cut this task's input at the earliest (the source reads ``path`` as it fixes the
+        cut): nothing, unless an earlier attempt wrote results past the checkpoint of a batch Spark will not run
+        again as it was planned (its offset log ends at its last commit: the batch was planned on another
+        machine, or the directory is new). A drain cut where the query has read to would leave those results
+        written and their input past the cut, where the next deployment counts it again; cut at ``until`` (no
+        earlier attempt read further), the query produces them again, and they are left out as replays."""
+        until = self._replay_until
+        if not until:
+            return
+        committed = last_committed_batch(location)
+        if planned_batch(location, 0 if committed is None else committed + 1) is not None:
+            return  # Spark runs the planned batch again first: the cut comes after it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(until))
 
     def _rows_until(self, sinks: list[dict[str, Any]]) -> dict[str, int]:
         """For a stage that sends partials (`weirflow.spark.partials`): per input partition (``__pss``) of each
