@@ -195,6 +195,16 @@ class _Job:
         """`_assert_windows_once_and_exact` on ``stream`` over the events of ``run``."""
         return _assert_windows_once_and_exact(self.systems, stream, self.sent[run])
 
+    def __enter__(self) -> _Job:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """Every processor's last log lines when the test failed; then `close`."""
+        if kind is not None:
+            for proc in self.procs:
+                print(proc.log_text()[-3000:])
+        self.close()
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.alive():
@@ -211,8 +221,7 @@ def test_a_moved_stateful_task_keeps_its_open_windows_after_a_sigkill_and_the_ne
     r1 exact. Run r2 (the v2 code, output ``counts-v2``): two batches on the killed machine, then back on the
     survivor's, whose local directory of the task is of v1's history and further on: every window of r2 counts
     r2's events only."""
-    job = _Job(tmp_path, azure_storage)
-    try:
+    with _Job(tmp_path, azure_storage) as job:
         # r1: views-0 moved by a SIGKILL with every window open
         job.feed("r1", range(EVENTS))
         r1 = {machine: job.start(machine, "r1") for machine in ("p1", "p2")}
@@ -275,12 +284,6 @@ def test_a_moved_stateful_task_keeps_its_open_windows_after_a_sigkill_and_the_ne
             f"views-0 then ran r2 on {owner} (the v2 code), then came back to {home} (a local directory of v1's "
             f"history, further on): all {len(expected)} windows of r2 count r2's {len(job.sent['r2'])} views only"
         )
-    except Exception:
-        for proc in job.procs:
-            print(proc.log_text()[-3000:])
-        raise
-    finally:
-        job.close()
 
 
 # A stateful stage whose results in a micro-batch come of that batch's own input (a window's count, in append
@@ -311,9 +314,8 @@ def test_a_stateful_task_killed_with_results_past_its_checkpoint_drains_on_anoth
     an earlier attempt can have read (docs/drain.md), writes each result once, and the output is exactly the
     distinct views of the input up to the cut."""
     armed = tmp_path / "armed"
-    job = _Job(tmp_path, azure_storage)
-    (tmp_path / "pipeline.py").write_text(DISTINCT)
-    try:
+    with _Job(tmp_path, azure_storage) as job:
+        (tmp_path / "pipeline.py").write_text(DISTINCT)
         job.feed("r1", range(EVENTS))
         fault = {FAULT_POINT: "before-spark-commit:views-0:1", ARMED_BY: str(armed)}
         first = job.start("p1", "r1", env=fault)
@@ -354,9 +356,3 @@ def test_a_stateful_task_killed_with_results_past_its_checkpoint_drains_on_anoth
             f"events), drained on another machine at {cut[0]}: {len(written)} results once each, exactly the "
             "input up to the cut"
         )
-    except Exception:
-        for proc in job.procs:
-            print(proc.log_text()[-3000:])
-        raise
-    finally:
-        job.close()

@@ -164,7 +164,9 @@ def _consume(world: World) -> dict[tuple[str, int], tuple[int, int, int, int]]:
     return {key: (v[0], v[1], v[2], v[3]) for key, v in totals.items()}
 
 
-def _run(seed: int, rows_on_replay: bool) -> tuple[dict, dict]:
+def _killed_and_stopped(seed: int, rows_on_replay: bool) -> tuple[random.Random, World, list[int]]:
+    """A few attempts at random producers, each ending killed or stopped cleanly: the random source, the world
+    they left and the input available."""
     rng = random.Random(seed)
     world = World()
     available = [rng.randrange(5, 40) for _ in range(INPUTS)]
@@ -174,6 +176,11 @@ def _run(seed: int, rows_on_replay: bool) -> tuple[dict, dict]:
             _attempt(world, source, available, rng, rows_on_replay, final=False)
         except Killed:
             pass
+    return rng, world, available
+
+
+def _run(seed: int, rows_on_replay: bool) -> tuple[dict, dict]:
+    rng, world, available = _killed_and_stopped(seed, rows_on_replay)
     for source in range(INPUTS):
         _attempt(world, source, available, rng, rows_on_replay, final=True)
     return _consume(world), _expected(available)
@@ -197,14 +204,7 @@ def _drained(seed: int, past_written: bool) -> tuple[dict, dict]:
     checkpoint is, or (``past_written``) past what earlier attempts wrote to the intermediate stream, by the
     consumers' marks (`weirflow.spark.drain_cut`), and reads up to the cut. Returns what the consumers count
     and pandas' count of the input up to the cuts."""
-    rng = random.Random(seed)
-    world = World()
-    available = [rng.randrange(5, 40) for _ in range(INPUTS)]
-    for _ in range(rng.randrange(1, 8)):
-        try:
-            _attempt(world, rng.randrange(INPUTS), available, rng, True, final=False)
-        except Killed:
-            pass
+    rng, world, available = _killed_and_stopped(seed, rows_on_replay=True)
     written: dict[int, int] = {}
     for partition in range(PARTITIONS):
         marks = Marks(at="0")

@@ -34,13 +34,13 @@ from weirflow.runtime.control import (
     decode,
 )
 from weirflow.spark import lane_marks
-from weirflow.spark.drain_cut import bring_forward
 from weirflow.spark.lane_marks import LaneCheck
 from weirflow.spark.packing import unpack
 from weirflow.spark.replay import (
     ROW_BITS,
     Marks,
     MarksCache,
+    bring_forward,
     compare_offsets,
     lane_pss,
     producer_of,
@@ -239,7 +239,7 @@ class BatchReader:
         if self._order(marks.at, start) != -1:  # a read from before the checkpoint's marks: they cannot apply
             return marks if marks.at == start else Marks(start)
         consumer = systems_for(self.spec.snapshot).consumer(self.spec.system)
-        return bring_forward(consumer, ssp, marks, start, lambda a, b: self._order(a, b) == -1)
+        return bring_forward(consumer, systems_for(self.spec.snapshot).admin(self.spec.system), ssp, marks, start)
 
     def _prune_lanes(self, key: str, marks: Marks) -> None:
         """Forget the marks of lanes no row will come from again (`weirflow.spark.lane_marks`)."""

@@ -10,10 +10,10 @@ counted, past a cut from which the next deployment reads and counts their input 
 So a drain cuts each input partition at least one past the furthest position of it that the stage's rows in
 its intermediate streams hold (`cut_past_written`). Those positions are the consumers' marks: each consumer
 task's checkpointed marks of its partition (`control.marks`), brought forward over the rest of the partition
-(`bring_forward`), as a consumer brings them forward when it starts elsewhere. The drain then reads the
-killed batch's input again: its rows that reached the stream are dropped as replays, the others are written,
-and the job's results are exactly its input up to the cut. Nothing past the furthest written position is read:
-input that arrived after the stop stays for the next deployment (docs/drain.md).
+(`weirflow.spark.replay.bring_forward`), as a consumer brings them forward when it starts elsewhere. The drain
+then reads the killed batch's input again: its rows that reached the stream are dropped as replays, the others
+are written, and the job's results are exactly its input up to the cut. Nothing past the furthest written
+position is read: input that arrived after the stop stays for the next deployment (docs/drain.md).
 
 One read of each intermediate partition's unconsumed end, once per query and drain, on the driver side.
 
@@ -25,21 +25,12 @@ ended as it started (`read_floor`, the file `StageQuery._drain_floor` writes).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
-from weirflow.base.errors import UnreadableRangeError
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.spark.packing import unpack
-from weirflow.spark.replay import CODE_BITS, PARTITION_MASK, ROW_BITS, Marks, producer_of
-
-log = logging.getLogger("weirflow.spark")
-
-READ_CHUNK = 10_000  # records per read of an intermediate partition
+from weirflow.spark.replay import ROW_BITS, Marks, bring_forward, parts_of
 
 
 @dataclass(frozen=True)
@@ -71,31 +62,6 @@ def decode_written(text: str) -> tuple[str, list[WrittenStream]]:
     return str(data["by"]), [WrittenStream.from_json(d) for d in data["to"]]
 
 
-def bring_forward(
-    consumer: Any, ssp: SystemStreamPartition, marks: Marks, end: str, before: Callable[[str, str], bool]
-) -> Marks:
-    """``marks`` moved over the partition's records from ``marks.at`` up to ``end`` (``before(a, b)``: offset
-    ``a`` comes before ``b``), as a read of them would move them; raises `UnreadableRangeError` when a record
-    in that range cannot be read."""
-    position = marks.at
-    while before(position, end):
-        chunk = consumer.read_columns(ssp, position, READ_CHUNK, end)
-        if not len(chunk) and chunk.next_offset == position:
-            raise UnreadableRangeError(
-                f"{ssp.key()}: offsets [{position}, {end}) cannot be read to rebuild its marks"
-            )
-        for raw in chunk.values:
-            if raw[:1] == b"\x04":
-                try:
-                    rows = unpack(raw)
-                except (pa.ArrowInvalid, OSError):
-                    continue
-                marks.admit(producer_of(rows), rows)
-        position = chunk.next_offset
-    marks.at = end
-    return marks
-
-
 def written_ends(
     systems: Any, checkpoints: Any, producer: str, streams: list[WrittenStream], code: int
 ) -> dict[int, int]:
@@ -112,9 +78,9 @@ def written_ends(
             marks = _checkpointed_marks(checkpoints, readers, ssp.key())
             if marks is None:
                 marks = Marks(str(upcoming[partition].oldest))
-            marks = bring_forward(consumer, ssp, marks, str(upcoming[partition].upcoming), _dense_before)
-            for part, end in furthest_written(marks, producer, code).items():
-                ends[part] = max(ends.get(part, 0), end)
+            marks = bring_forward(consumer, admin, ssp, marks, str(upcoming[partition].upcoming))
+            for part, written in furthest_written(marks, producer, code).items():
+                ends[part] = max(ends.get(part, 0), written)
     return ends
 
 
@@ -122,12 +88,10 @@ def furthest_written(marks: Marks, producer: str, code: int) -> dict[int, int]:
     """Per partition of the input whose code is ``code``: one past the furthest offset of it whose rows stage
     ``producer`` wrote to the partition ``marks`` were taken over."""
     ends: dict[int, int] = {}
-    for name, (pos, _k) in marks.marks.items():
-        stage, _, value = name.rpartition("|")
-        pss = int(value) & PARTITION_MASK
-        if stage == producer and pss >> CODE_BITS == code:
-            part = pss & ((1 << CODE_BITS) - 1)
-            ends[part] = max(ends.get(part, 0), (pos >> ROW_BITS) + 1)
+    for value, pos in marks.furthest(producer).items():
+        code_of, partition, _lane = parts_of(value)
+        if code_of == code:
+            ends[partition] = max(ends.get(partition, 0), (pos >> ROW_BITS) + 1)
     return ends
 
 
@@ -164,7 +128,3 @@ def _checkpointed_marks(checkpoints: Any, readers: list[str], key: str) -> Marks
         if best is None or int(marks.at) > int(best.at):
             best = marks
     return best
-
-
-def _dense_before(a: str, b: str) -> bool:
-    return int(a) < int(b)

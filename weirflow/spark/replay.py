@@ -43,7 +43,9 @@ from urllib.parse import quote
 import numpy as np
 import pyarrow as pa
 
-from weirflow.interfaces.system import SystemAdmin
+from weirflow.base.errors import UnreadableRangeError
+from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemStreamPartition
+from weirflow.spark.packing import unpack
 
 PSS = "__pss"
 POS = "__pos"
@@ -53,6 +55,7 @@ LANE_SHIFT = 32  # ``__pss`` bits above: the lane plus one (0: a partition of on
 PARTITION_MASK = (1 << LANE_SHIFT) - 1
 ROW_BITS = 12  # a packed record holds at most 2**12 rows (`weirflow.spark.packing.MAX_ROWS`)
 PRODUCER_KEY = b"weirflow.stage"  # the packed record's schema metadata naming the producing stage
+_READ_CHUNK = 10_000  # records per read when marks are brought forward (`bring_forward`)
 
 
 CODE_BITS = 16  # ``__pss`` bits 16-31: the input stream's code
@@ -140,6 +143,15 @@ class Marks:
                 self.marks[name] = (int(top), int(k[fresh & (pos == top)].max()))
         return None if keep.all() else pa.array(keep)
 
+    def furthest(self, producer: str) -> dict[int, int]:
+        """Per ``__pss`` of stage ``producer``'s rows: the largest ``__pos`` taken."""
+        found: dict[int, int] = {}
+        for name, (pos, _k) in self.marks.items():
+            stage, _, value = name.rpartition("|")
+            if stage == producer:
+                found[int(value)] = pos
+        return found
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "at": self.at,
@@ -165,6 +177,32 @@ def producer_of(rows: pa.Table) -> str:
     """The stage that wrote a packed record (its schema's metadata), "" for records of older versions."""
     metadata = rows.schema.metadata or {}
     return metadata.get(PRODUCER_KEY, b"").decode("utf-8", "replace")
+
+
+def bring_forward(
+    consumer: SystemConsumer, admin: SystemAdmin, ssp: SystemStreamPartition, marks: Marks, end: str
+) -> Marks:
+    """``marks`` moved over the partition's records from ``marks.at`` up to ``end``, as a read of them would move
+    them: where a read that finds no marks file starts from a checkpoint's marks, and where a drain learns how
+    far a stage wrote (`weirflow.spark.drain_cut`). Raises `UnreadableRangeError` when a record in that range
+    cannot be read."""
+    position = marks.at
+    while compare_offsets(admin, position, end) == -1:
+        chunk = consumer.read_columns(ssp, position, _READ_CHUNK, end)
+        if not len(chunk) and chunk.next_offset == position:
+            raise UnreadableRangeError(
+                f"{ssp.key()}: offsets [{position}, {end}) cannot be read to rebuild its marks"
+            )
+        for raw in chunk.values:
+            if raw[:1] == b"\x04":
+                try:
+                    rows = unpack(raw)
+                except (pa.ArrowInvalid, OSError):
+                    continue
+                marks.admit(producer_of(rows), rows)
+        position = chunk.next_offset
+    marks.at = end
+    return marks
 
 
 def compare_offsets(admin: SystemAdmin, a: str, b: str) -> int | None:
