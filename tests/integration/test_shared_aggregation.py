@@ -12,6 +12,10 @@ name. The survivor takes it over (with ``by_page-1``); its own query restarts wi
 rebuilds its open windows by reading its partition again from a rebuild mark, not from the start. Every window
 must then be written once, with pandas' count. It fails when a task starts at its checkpoint's offsets (open
 windows undercounted) or when the query does not leave out the windows written before (written twice).
+
+The leader trims the intermediate stream every half second meanwhile (docs/guarantees.md, "Trimming"): the
+rebuild reads records the trim must have kept (a trim past the rebuild mark fails the read, and the job with it),
+and at the end nothing is left below the last checkpoints.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ app:
 job.coordinator.liveness.timeout.ms: 4000
 job.debounce.time.ms: 500
 job.intermediate.partitions: 3
+job.trim.interval.ms: 500
 streams:
   views:
     partitions: 1
@@ -163,11 +168,17 @@ def test_a_task_of_a_shared_aggregate_query_moves_alone_and_rebuilds_its_open_wi
         closed_at, point = int(rebuilt[-1][0]), int(rebuilt[-1][1])
         assert closed_at >= (BASE_S + KILL_AFTER_S) * 1000
         assert point > 0, "the task was read again from its start, not from a rebuild mark"
+        admin = systems.admin("local")
+        (intermediate,) = [name for name in admin.list_streams() if name.endswith("by-page")]
+        kept = {p: m for p, m in admin.partition_metadata(intermediate).items()}
+        assert all(int(m.oldest) > 0 and m.oldest == m.upcoming for m in kept.values()), kept
+        assert "trimmed records of intermediate streams" in killed.log_text() + log_text
 
         measure(
             f"{killed.processor_id} SIGKILLed past by_page-0's checkpoint with its watermark at "
             f"+{(closed_at // 1000) - BASE_S} s; {survivor.processor_id} ran the three by_page tasks in one query "
-            f"and rebuilt by_page-0 from offset {point}: all {len(expected)} windows once, equal to pandas"
+            f"and rebuilt by_page-0 from offset {point}: all {len(expected)} windows once, equal to pandas; "
+            f"{intermediate} trimmed to {[m.oldest for m in kept.values()]}"
         )
     except Exception:
         for proc in procs:

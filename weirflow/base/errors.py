@@ -21,6 +21,7 @@ before it was a `WeirflowError` and callers may still catch it so)::
     ├── MalformedMessageError (ValueError)
     ├── DecodeError (ValueError)
     ├── UnreadableRangeError (RuntimeError)
+    ├── RecordsDeletedError (LookupError)
     ├── StateError (RuntimeError)
     ├── StartupError (RuntimeError)
     ├── EtagMismatchError
@@ -151,6 +152,12 @@ class DecodeError(WeirflowError, ValueError):
 class UnreadableRangeError(WeirflowError, RuntimeError):
     """A range of offsets that was planned (its end is known) cannot be read back in time: the system lost
     or did not yet deliver records the plan counted on. A `RuntimeError` too, which it was before."""
+
+
+class RecordsDeletedError(WeirflowError, LookupError):
+    """A read asked for records its system deleted (a trim of an intermediate stream, a stream's retention):
+    reading on from the first record held would skip them without a word. The message names the stream, the
+    partition, the offset asked for and the first one still held."""
 
 
 class StateError(WeirflowError, RuntimeError):

@@ -566,6 +566,16 @@ KEYS: tuple[ConfigKey, ...] = (
         _S,
     ),
     ConfigKey(
+        "job.trim.interval.ms",
+        "duration_ms",
+        30000,
+        "How often the leader deletes the records of the job's intermediate streams that no task will read "
+        'again (docs/guarantees.md, "Trimming"): below every consuming task\'s checkpoint, marks and rebuild '
+        "marks, and every producing task's tails. Only on a system that deletes on request (the embedded log); "
+        "0 keeps every record.",
+        _S,
+    ),
+    ConfigKey(
         "job.intermediate.partitions",
         "int",
         None,

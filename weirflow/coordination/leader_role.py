@@ -15,6 +15,7 @@ from weirflow.coordination.leader import LeaderDuties
 from weirflow.coordination.leader_fence import FencedCoordination, FencedMetadataStore, LeaderFence
 from weirflow.coordination.loops import Leadership, LoopErrors
 from weirflow.coordination.processor_core import ProcessorCore
+from weirflow.coordination.trimming import Trimmer
 from weirflow.interfaces.coordination import LeaderElector
 from weirflow.job.drain_notice import run_id_of
 from weirflow.job.model import TaskModel
@@ -86,6 +87,9 @@ class LeaderRole(ProcessorCore):
                 tenure.finished = FinishedWatch(
                     self.ctx.checkpoints, metadata, self.timings.finished_check_interval_ms, run_id_of(self.config)
                 )
+                scope = self.runner.trim_scope() if self.runner is not None else None
+                interval = int(self.config.get("job.trim.interval.ms"))
+                tenure.trimmer = Trimmer(self.ctx.checkpoints, self.ctx.systems, scope, interval)
         elif time.monotonic() - tenure.last_sent >= self.timings.renew_interval_ms / 1000:
             self._fence_leadership(tenure)  # a renewal may take long: never act on a lease past its margin
             sent_at = time.monotonic()
@@ -97,6 +101,8 @@ class LeaderRole(ProcessorCore):
         self._fence_leadership(tenure)
         if tenure.duties is not None:
             tenure.duties.tick()
+        if tenure.trimmer is not None and self._model.version > 0:
+            tenure.trimmer.check(self._model)
         if tenure.finished is not None and self._model.version == self._working_version:
             if tenure.finished.check(self._model) and not self._finished_known:
                 # written by this process: its follower reads it now rather than a check interval later

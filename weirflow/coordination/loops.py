@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from weirflow.coordination.job_finished import FinishedWatch
 from weirflow.coordination.leader import LeaderDuties
+from weirflow.coordination.trimming import Trimmer
 
 
 class LoopErrors:
@@ -34,6 +35,7 @@ class Leadership:
     def __init__(self) -> None:
         self.duties: LeaderDuties | None = None
         self.finished: FinishedWatch | None = None
+        self.trimmer: Trimmer | None = None
         self.deadline = 0.0  # monotonic s: sent time of the last confirming request + lease
         self.last_sent = 0.0
         self.lapses = 0  # the keeper's heartbeat lapses when leadership was won (`LeaseKeeper.lapses`)
@@ -45,6 +47,7 @@ class Leadership:
     def step_down(self) -> None:
         self.duties = None
         self.finished = None
+        self.trimmer = None
 
 
 def run_bounded(fn: Callable[[], None], timeout_s: float, name: str) -> bool:

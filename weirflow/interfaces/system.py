@@ -291,6 +291,8 @@ class SystemAdmin(ABC):
     # out. False (Kinesis: its producer reorders the records of one send): it keeps a window of a send's rows
     # (`weirflow.results.ReplayFilter.for_job`; docs/guarantees.md, "Reading results once").
     ordered_partitions: ClassVar[bool] = True
+    # Whether `trim` deletes records on request (the embedded log); False: the system's retention deletes.
+    trims: ClassVar[bool] = False
 
     @abstractmethod
     def partition_count(self, stream: str) -> int:
@@ -407,6 +409,14 @@ class SystemAdmin(ABC):
         at start, with the reason in the error. Override it when the system can tell."""
         return Retention(None, f"{type(self).__name__} does not say how long it keeps records")
 
+    def trim(self, stream: str, partition: int, before: str) -> int | None:
+        """Delete the records of ``partition`` below offset ``before``, for a job that will never read them
+        again (docs/guarantees.md, "Trimming"). Offsets stay as they are: the partition's ``oldest`` moves up to
+        ``before``, and a read below it raises `RecordsDeletedError` rather than skipping. Returns how many
+        records were deleted, or None when the system does not delete on request (Event Hubs, Kinesis: their
+        retention deletes)."""
+        return None
+
     def close(self) -> None:
         """Release connections. Idempotent."""
 
@@ -420,7 +430,9 @@ class SystemConsumer(ABC):
     ) -> list[IncomingRecord]:
         """Records of ``ssp`` from offset ``start`` (inclusive) in offset order, at most ``max_records`` and
         stopping before ``end`` when given. Returns an empty list when nothing is there yet; never blocks
-        for long. ``start`` older than the partition's oldest offset reads from the oldest."""
+        for long. ``start`` older than the partition's oldest offset reads from the oldest, except on a system
+        that knows the records between were deleted (`SystemAdmin.trim`, the embedded log's retention): it
+        raises `RecordsDeletedError`, since the reader would skip them."""
 
     def read_columns(
         self,

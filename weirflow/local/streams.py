@@ -23,6 +23,7 @@ from weirflow.base import clock
 from weirflow.base.errors import (
     InvalidArgumentError,
     PartitionNotFoundError,
+    RecordsDeletedError,
     StreamExistsError,
     StreamNotFoundError,
 )
@@ -48,11 +49,21 @@ CREATE TABLE IF NOT EXISTS records (stream TEXT NOT NULL, partition INTEGER NOT 
     PRIMARY KEY (stream, partition, offset)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS record_ids (stream TEXT NOT NULL, id TEXT NOT NULL,
     PRIMARY KEY (stream, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partition_starts (stream TEXT NOT NULL, partition INTEGER NOT NULL,
+    start INTEGER NOT NULL, PRIMARY KEY (stream, partition)) WITHOUT ROWID;
 """
 _ENDS = (
     "SELECT (SELECT MIN(offset) FROM records WHERE stream = ? AND partition = ?), "
-    "(SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?)"
+    "(SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?), "
+    "(SELECT start FROM partition_starts WHERE stream = ? AND partition = ?)"
 )
+_START = "SELECT start FROM partition_starts WHERE stream = ? AND partition = ?"
+
+
+def first_held(conn: Any, stream: str, partition: int) -> int:
+    """The first offset a partition may still hold: 0 unless records below were deleted (`trim`)."""
+    row = conn.execute(_START, (stream, partition)).fetchone()
+    return int(row[0]) if row is not None else 0
 
 
 class SqliteStreamStore:
@@ -85,6 +96,8 @@ class SqliteStreamStore:
 
 
 class LocalSystemAdmin(SystemAdmin):
+    trims = True
+
     def __init__(self, store: SqliteStreamStore) -> None:
         self._store = store
 
@@ -106,13 +119,40 @@ class LocalSystemAdmin(SystemAdmin):
         for p in partitions:
             if not 0 <= p < count:
                 raise PartitionNotFoundError(f"stream '{stream}' has no partition {p} (it has {count})")
-            lo, hi = conn.execute(_ENDS, (stream, p, stream, p)).fetchone()
+            lo, hi, start = conn.execute(_ENDS, (stream, p, stream, p, stream, p)).fetchone()
+            start = start or 0
             result[p] = (
-                PartitionMetadata("0", None, "0")
+                PartitionMetadata(str(start), None, str(start))
                 if hi is None
-                else PartitionMetadata(str(lo), str(hi), str(hi + 1))
+                else PartitionMetadata(str(max(lo, start)), str(hi), str(hi + 1))
             )
         return result
+
+    def trim(self, stream: str, partition: int, before: str) -> int:
+        """Delete the partition's records below ``before`` (never past the last one: the next append keeps its
+        offset) and remember where the partition now starts, so that offsets stay as they were and a read
+        below it raises `RecordsDeletedError`. The pages freed are reused by later appends: the file stops
+        growing rather than shrinking (docs/guarantees.md, "Trimming")."""
+        count = self._store.partitions(stream)
+        if not 0 <= partition < count:
+            raise PartitionNotFoundError(f"stream '{stream}' has no partition {partition} (it has {count})")
+        with self._store.db.transaction() as conn:
+            start = first_held(conn, stream, partition)
+            hi = conn.execute(
+                "SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?", (stream, partition)
+            ).fetchone()[0]
+            upto = min(int(before), (hi + 1) if hi is not None else start)
+            if upto <= start:
+                return 0
+            deleted = conn.execute(
+                "DELETE FROM records WHERE stream = ? AND partition = ? AND offset < ?", (stream, partition, upto)
+            ).rowcount
+            conn.execute(
+                "INSERT INTO partition_starts VALUES (?, ?, ?) "
+                "ON CONFLICT (stream, partition) DO UPDATE SET start = excluded.start",
+                (stream, partition, upto),
+            )
+            return int(deleted)
 
     def create_stream(self, spec: StreamSpec) -> bool:
         if spec.partitions < 1:
@@ -164,15 +204,20 @@ class LocalSystemConsumer(SystemConsumer):
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None, columns: str
     ) -> list[Any]:
         upper = int(end) if end is not None else 2**62
-        return (
-            self._store.db.connection()
-            .execute(
-                f"SELECT {columns} FROM records WHERE stream = ? AND partition = ? "
-                "AND offset >= ? AND offset < ? ORDER BY offset LIMIT ?",
-                (ssp.stream, ssp.partition, int(start), upper, max_records),
+        conn = self._store.db.connection()
+        rows = conn.execute(
+            f"SELECT {columns} FROM records WHERE stream = ? AND partition = ? "
+            "AND offset >= ? AND offset < ? ORDER BY offset LIMIT ?",
+            (ssp.stream, ssp.partition, int(start), upper, max_records),
+        ).fetchall()
+        if (not rows or rows[0][0] != int(start)) and int(start) < (
+            held := first_held(conn, ssp.stream, ssp.partition)
+        ):
+            raise RecordsDeletedError(
+                f"{ssp}: offset {start} was deleted (records below {held} were trimmed or outlived their "
+                f'retention); the first offset held is {held} (docs/guarantees.md, "Trimming")'
             )
-            .fetchall()
-        )
+        return rows
 
     def read(
         self, ssp: SystemStreamPartition, start: str, max_records: int, end: str | None = None
@@ -262,7 +307,7 @@ class LocalSystemProducer(SystemProducer):
                     row = conn.execute(
                         "SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ?", slot
                     ).fetchone()
-                    next_offsets[slot] = (row[0] + 1) if row[0] is not None else 0
+                    next_offsets[slot] = (row[0] + 1) if row[0] is not None else first_held(conn, *slot)
                 rows.append(
                     (record.stream, partition, next_offsets[slot], record.key, record.value, timestamp, record.id)
                 )

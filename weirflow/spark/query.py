@@ -480,6 +480,12 @@ class StageBuilder:
             self._shared[stage.name] = shared_aggregation(self.plan, stage, self.stateless(stage), time, frames)
         return self._shared[stage.name]
 
+    def shared_known(self, stage_name: str) -> bool | None:
+        """`shared` of a stage if this processor has worked it out already, else None: answered from any thread
+        without building anything (the leader's trim asks, `SparkTaskRunner.trim_scope`)."""
+        found = self._shared.get(stage_name)
+        return None if found is None else found.shared
+
     def _is_table(self, stream_id: str) -> bool:
         """Whether ``stream_id`` is on a system whose streams are tables (`weirflow.interfaces.table`)."""
         return self.plan.systems.table_writer(self.plan.ref(stream_id).system) is not None

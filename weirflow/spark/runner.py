@@ -44,6 +44,7 @@ from weirflow.job.model import TaskModel
 from weirflow.pipeline.plan import PipelinePlan, Stage
 from weirflow.runtime.control import TaskControl
 from weirflow.runtime.served_tables import TableReader
+from weirflow.runtime.trim_points import TrimScope
 from weirflow.spark.fence import LeaseBoard
 from weirflow.spark.progress import ProgressFeed, ProgressView
 from weirflow.spark.query import StageBuilder
@@ -153,9 +154,8 @@ class SparkTaskRunner(TaskRunner):
         self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
 
     def _merges(self, stage: Stage) -> bool:
-        """Whether the tasks of ``stage`` held here run as one query: a stateless stage's
-        (`task.stateless.merge`), or a stage whose work is one aggregate (`task.aggregate.merge`,
-        `weirflow.spark.shared_aggregation`)."""
+        """Whether the tasks of ``stage`` held here run as one query: a stateless stage's (`task.stateless.merge`),
+        or a stage whose work is one aggregate (`task.aggregate.merge`, `weirflow.spark.shared_aggregation`)."""
         self._ready.wait()
         if self._prepare_error is not None or stage.serves:
             return False
@@ -323,8 +323,7 @@ class SparkTaskRunner(TaskRunner):
         }
 
     def query_stats(self) -> dict[str, dict[str, Any]]:
-        """Per query running here (its stable name: a stateless stage's, a stateful task's): how many tasks it
-        runs and the records it wrote per output since it started."""
+        """Per query running here, by its stable name: its tasks and records written per output since its start."""
         with self._guard:
             queries = list({id(q): q for q in self._query_of.values()}.values())
         return {q.name: {"tasks": len(q.tasks), "records_out": dict(q.records_out)} for q in queries}
@@ -337,10 +336,12 @@ class SparkTaskRunner(TaskRunner):
     def intermediate_streams(self) -> list[str]:
         return list(self.plan.app.intermediates)
 
+    def trim_scope(self) -> TrimScope:
+        return TrimScope.of([self.plan.ref(s) for s in self.plan.app.intermediates], self.builder.shared_known)
+
     def table(self, task_name: str, table: str) -> TableReader | None:
-        """Called on the endpoint server's event loop for every lookup, so it takes no lock: the runner's guard
-        can be held while a query starts or stops, and a lookup must not wait for that. Single dict reads
-        are atomic; the reader cache is only touched from the event loop."""
+        """Called on the endpoint server's event loop for every lookup, so it takes no lock (the guard may be held
+        while a query starts or stops); single dict reads are atomic, the reader cache is the loop's alone."""
         location: Path | None
         if task_name in self._finished:
             location = self.spark_checkpoint_dir(task_name)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from weirflow.interfaces.coordination import Lock
 from weirflow.job.model import TaskModel
 from weirflow.runtime.served_tables import ServedTable
+from weirflow.runtime.trim_points import TrimScope
 
 
 class TableRoutes(Protocol):
@@ -139,6 +140,11 @@ class TaskRunner(ABC):
         """The job's intermediate streams (a pipeline's ``partition_by`` streams), which ``WS /tap`` reads
         besides the declared ones; [] when it has none."""
         return []
+
+    def trim_scope(self) -> TrimScope | None:
+        """What of the streams the job writes for itself the leader may trim once no task will read it again
+        (`weirflow.coordination.trimming`); None when there is nothing (the default)."""
+        return None
 
     @abstractmethod
     def failures(self) -> dict[str, str]: ...

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from weirflow.base.errors import StreamExistsError, StreamNotFoundError
+from weirflow.base.errors import RecordsDeletedError, StreamExistsError, StreamNotFoundError
 from weirflow.interfaces.system import (
     OutgoingRecord,
     RecordColumns,
@@ -133,6 +133,37 @@ class SystemContract(Contract):
         bounded = system.consumer.read(ssp, everything[3].offset, 100, end=everything[5].offset)
         assert [r.value for r in bounded] == [b"v3", b"v4"]
         assert system.consumer.read(ssp, meta[1].upcoming, 100) == []
+
+    def test_a_trimmed_partition_keeps_its_offsets_and_refuses_reads_below_its_start(self, system) -> None:
+        """`SystemAdmin.trim`: records below the offset go, the rest keep their offsets, appends go on from the
+        last offset (also after everything was trimmed), and a read below the start says so instead of
+        skipping. A system that does not delete on request answers None and keeps every record."""
+        system.declare("trimmed", 2)
+        system.producer.send([OutgoingRecord("trimmed", f"v{i}".encode(), partition=1) for i in range(10)])
+        ssp = SystemStreamPartition(system.name, "trimmed", 1)
+        meta = system.admin.partition_metadata("trimmed")[1]
+        everything = system.consumer.read(ssp, meta.oldest, 100)
+        deleted = system.admin.trim("trimmed", 1, everything[4].offset)
+        if deleted is None:
+            assert [r.value for r in system.consumer.read(ssp, meta.oldest, 100)] == [r.value for r in everything]
+            return
+        assert deleted == 4
+        assert system.admin.partition_metadata("trimmed")[1].oldest == everything[4].offset
+        kept = system.consumer.read(ssp, everything[4].offset, 100)
+        assert [(r.offset, r.value) for r in kept] == [(r.offset, r.value) for r in everything[4:]]
+        assert system.admin.trim("trimmed", 1, everything[2].offset) == 0, "a trim never moves the start back"
+        with pytest.raises(RecordsDeletedError, match=f"first offset held is {everything[4].offset}"):
+            system.consumer.read(ssp, everything[1].offset, 100)
+        with pytest.raises(RecordsDeletedError):
+            system.consumer.read_columns(ssp, everything[1].offset, 100)
+        assert system.admin.trim("trimmed", 1, "1000000") == 6, "never past the last record"
+        after = system.admin.partition_metadata("trimmed")[1]
+        assert after.oldest == after.upcoming == everything[-1].next_offset and after.newest is None
+        assert system.consumer.read(ssp, after.upcoming, 10) == []
+        system.producer.send([OutgoingRecord("trimmed", b"next", partition=1)])
+        (appended,) = system.consumer.read(ssp, after.upcoming, 10)
+        assert appended.offset == everything[-1].next_offset, "an append after a full trim keeps the offsets"
+        assert system.admin.partition_metadata("trimmed")[0].oldest == "0", "other partitions untouched"
 
     def test_an_empty_partition_has_no_newest_offset(self, system) -> None:
         system.declare("views", 2)
