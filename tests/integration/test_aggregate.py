@@ -33,6 +33,7 @@ PARTITIONS = 2
 JOB = """
 job:
   name: aggregates
+  trim.interval.ms: 0  # the test reads the intermediate stream whole afterwards: nothing of it is trimmed
 app:
   pipeline: aggregates:pipeline
 streams:

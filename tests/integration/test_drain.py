@@ -51,6 +51,7 @@ SHORT = [
     "job.coordinator.poll.interval.ms=250",
     "job.debounce.time.ms=1000",
     "task.max.records.per.trigger=4000",
+    "job.trim.interval.ms=0",  # the drain messages are counted in the whole intermediate stream afterwards
 ]
 
 # The upgrade: the intermediate stream carries (page, user_len, event_time) instead of (user, page, event_time),

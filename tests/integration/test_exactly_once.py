@@ -85,6 +85,7 @@ def _overrides(root: Path) -> list[str]:
         "job.coordinator.heartbeat.interval.ms=500",
         "job.coordinator.liveness.timeout.ms=2500",
         "job.debounce.time.ms=500",
+        "job.trim.interval.ms=0",  # the intermediate stream's rows, replays included, are counted afterwards
     ]
 
 

@@ -58,6 +58,7 @@ streams:
     event-time: {field: event_time}
   seen: {partitions: 2}
 task.trigger.interval.ms: 200
+job.trim.interval.ms: 0  # the intermediate stream's records are counted whole afterwards
 spark: {master: "local[2]"}
 """
 

@@ -225,3 +225,121 @@ def test_trims_between_random_checkpoints_and_kills_lose_no_row_and_take_none_tw
             assert reader.committed == list(range(sent[reader.ssp.partition])), reader.name
         store.close()
         checkpoints.stop()
+
+
+# --- the embedded log's retention ------------------------------------------------------------------------------
+
+
+def test_the_embedded_log_deletes_records_past_their_stream_s_retention_in_time_and_in_bytes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from weirflow.base import clock
+    from weirflow.config import Config
+    from weirflow.local.factories import LocalSystemFactory
+
+    config = Config.from_dict(
+        {
+            "job.name": "kept",
+            "job.state.dir": str(tmp_path),
+            "streams.views.retention": "5m",
+            "streams.clicks.physical.name": "clicks-v2",
+            "streams.clicks.retention.bytes": 100,
+            "streams.other.partitions": 1,
+        }
+    )
+    admin = LocalSystemFactory().get_admin("local", config)
+    producer = LocalSystemFactory().get_producer("local", config)
+    assert str(admin.retention("views")) == "drops records after 5 minutes (streams.views.retention)"
+    assert admin.retention("clicks-v2") is not None and admin.retention("clicks-v2").ms is None
+    assert admin.retention("other") is None, "a stream without a retention keeps every record"
+    for stream in ("views", "clicks-v2", "other"):
+        admin.create_stream(StreamSpec(stream, 2))
+    now = [1_800_000_000_000]
+    monkeypatch.setattr(clock, "now_ms", lambda: now[0])
+    for _minute in range(10):  # a record a minute in partition 0 of each stream
+        producer.send(
+            [OutgoingRecord(s, b"0123456789", key=b"k", partition=0) for s in ("views", "clicks-v2", "other")]
+        )
+        now[0] += 60_000
+    deleted = admin.apply_retention()
+    # views: appended at minutes 0..9, now is minute 10: older than 5 minutes are minutes 0..4
+    # clicks-v2: 11 bytes a record, 100 bytes per partition keep the newest 9
+    assert deleted == {"views": 5, "clicks-v2": 1}
+    meta = {s: admin.partition_metadata(s)[0] for s in ("views", "clicks-v2", "other")}
+    assert (meta["views"].oldest, meta["clicks-v2"].oldest, meta["other"].oldest) == ("5", "1", "0")
+    assert admin.partition_metadata("views")[1].oldest == "0", "an empty partition keeps its start"
+    assert admin.apply_retention() == {}, "nothing more until time passes"
+    now[0] += 60_000
+    assert admin.apply_retention() == {"views": 1}
+
+
+# --- output ids ------------------------------------------------------------------------------------------------
+
+
+def test_the_ids_no_replay_sends_again_are_forgotten_and_the_others_kept(tmp_path: Path) -> None:
+    from weirflow.coordination import id_pruning
+    from weirflow.results.ids import dead_letter_id, result_id, row_id
+    from weirflow.spark import replay
+
+    assert (id_pruning.CODE_BITS, id_pruning.ROW_BITS, id_pruning.LANE_SHIFT) == (
+        replay.CODE_BITS,
+        replay.ROW_BITS,
+        replay.LANE_SHIFT,
+    ), "the id layout is weirflow.spark.replay's"
+    views = SystemStreamPartition("local", "page-views", 3)
+    code = replay.input_codes([("local", "page-views")])[("local", "page-views")]
+    model = JobModel(1, {"views-3": _task("views-3", "views", views), "counts-0": _task("counts-0", "counts", P0)})
+    keep = id_pruning.ids_to_keep(
+        model, {"views-3": _cp({views: "100"})}, {"views": {code: ("local", "page-views")}}
+    )
+    row = replay.pss(code, 3)
+    assert not keep(row_id("views", row, 99 << 12 | 7, 0)), "input record 99: before the checkpoint's 100"
+    assert keep(row_id("views", row, 100 << 12, 0)), "input record 100: a replay sends it again"
+    assert keep(row_id("views", replay.pss(code, 2), 5 << 12, 0)), "a partition no task has checkpointed"
+    assert keep(row_id("other", row, 5 << 12, 0)), "a stage of another job"
+    assert keep(row_id("views", (1 << 32) | row, 5 << 12, 0)), "a lane of a system of positions"
+    assert not keep(dead_letter_id(views.key(), "42")) and keep(dead_letter_id(views.key(), "100"))
+    assert not keep(result_id("counts-0", "5f0c1e2a9b3d4c6e.1a.3.0.2f", "9c0e4d1b22aa0f3e")), "never sent twice"
+    assert keep(result_id("elsewhere-0", "5f0c1e2a9b3d4c6e.1a.3.0.2f", "9c0e4d1b22aa0f3e")), "not this job's"
+    assert keep("no known shape")
+
+    store = SqliteStreamStore(tmp_path / "streams.db")
+    admin, producer = LocalSystemAdmin(store), LocalSystemProducer(store)
+    admin.create_stream(StreamSpec("out", 1))
+    sent = [row_id("views", row, i << 12, 0) for i in range(98, 102)]
+    producer.send([OutgoingRecord("out", b"v", partition=0, id=i) for i in sent])
+    assert admin.forget_ids("out", keep) == 2
+    producer.send([OutgoingRecord("out", b"v", partition=0, id=i) for i in sent])  # a replay of all four
+    consumer = LocalSystemConsumer(store)
+    held = [r.id for r in consumer.read(SystemStreamPartition("local", "out", 0), "0", 100)]
+    assert held == sent + sent[:2], "the forgotten ids are written again, the kept ones still dropped"
+
+
+# --- compacted changelogs ----------------------------------------------------------------------------------------
+
+
+def test_a_compacted_changelog_keeps_the_latest_record_per_key_and_rebuilds_the_same_table(tmp_path: Path) -> None:
+    store = SqliteStreamStore(tmp_path / "streams.db")
+    admin, producer, consumer = LocalSystemAdmin(store), LocalSystemProducer(store), LocalSystemConsumer(store)
+    admin.create_stream(StreamSpec("table", 2))
+    updates = [(p, f"user-{i % 7}", f"v{i}") for i in range(200) for p in (0, 1)]
+    producer.send([OutgoingRecord("table", v.encode(), key=k.encode(), partition=p) for p, k, v in updates])
+    producer.send([OutgoingRecord("table", b"no key", partition=0)])
+
+    def rebuilt(partition: int) -> tuple[dict[bytes | None, bytes], list[str]]:
+        ssp = SystemStreamPartition("local", "table", partition)
+        table, offsets = {}, []
+        for record in consumer.read(ssp, admin.partition_metadata("table")[partition].oldest, 10_000):
+            table[record.key] = record.value
+            offsets.append(record.offset)
+        return table, offsets
+
+    before = [rebuilt(p) for p in (0, 1)]
+    assert admin.compact("table") == 2 * (200 - 7)
+    after = [rebuilt(p) for p in (0, 1)]
+    assert [t for t, _ in after] == [t for t, _ in before], "the same table, latest row per key"
+    assert len(after[1][1]) == 7 and len(after[0][1]) == 8, "one record per key, and the keyless one"
+    assert set(after[0][1]) <= set(before[0][1]), "offsets stay as they were"
+    producer.send([OutgoingRecord("table", b"newest", key=b"user-3", partition=1)])
+    assert admin.partition_metadata("table")[1].upcoming == "201", "appends go on from the last offset"
+    assert admin.compact("table") == 1

@@ -11,6 +11,7 @@ patterns: the placeholder matches one dotted segment (``systems.<name>.factory``
 
 from __future__ import annotations
 
+from weirflow.config.stream_keys import STREAM_KEYS
 from weirflow.interfaces.config import ConfigKey, KeyType
 
 __all__ = ["FREE_PREFIXES", "KEYS", "ConfigKey", "KeyType"]
@@ -483,81 +484,6 @@ KEYS: tuple[ConfigKey, ...] = (
         'table rows, or rows between stages (docs/guarantees.md, "Streams read back whole").',
         _S,
     ),
-    ConfigKey("streams.<id>.system", "str", None, "System holding the stream; default `job.default.system`.", _S),
-    ConfigKey("streams.<id>.physical.name", "str", None, "Name of the stream on its system; default `<id>`.", _S),
-    ConfigKey(
-        "streams.<id>.partitions",
-        "int",
-        None,
-        "Partition count used when weirflow creates the stream (inputs of the example, intermediate "
-        "and output streams).",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.schema",
-        "str",
-        None,
-        "Spark DDL of a `json` stream's values, e.g. `user string, page string, event_time timestamp`.",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.serde",
-        "str",
-        None,
-        "How values decode: `json` (needs `schema`; default when a schema is set), `string` or `bytes` "
-        "(columns `key`, `value`). Undecodable values go to the dead-letter stream `<physical>.dlq`.",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.event-time.field",
-        "str",
-        None,
-        "Timestamp column holding each event's time; default: the time the record was appended, "
-        "as column `event_time`.",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.lateness",
-        "duration_ms",
-        0,
-        "How far behind the newest event time an event may arrive and still count (Spark's watermark delay).",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.bounded",
-        "bool",
-        False,
-        "The stream is read up to its end (as of when the task catches up), then ends with end-of-stream; "
-        "the job finishes when all its tasks have.",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.start",
-        "str",
-        "earliest",
-        "Where a task without a checkpoint starts reading: `earliest`, `latest`, or an ISO 8601 time such as "
-        "`2026-11-20T08:00:00Z` (per partition, the first record stamped at or after it; no zone means UTC), or "
-        "`sdk-checkpoint`: after the checkpoint a consumer written with the system's own SDK left (Event Hubs: "
-        "the blobs in `task.checkpoint.azure.eventhubs.container`; a partition without one starts at earliest).",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.system-columns",
-        "str",
-        "none",
-        "Spark data plane: the system's own record columns to add beside the decoded ones: `none`, `all`, or "
-        "a comma-separated list (Event Hubs: `properties`, `partition_key`, `enqueued_time`, "
-        "`sequence_number`, `offset`). Off by default so a job's schema does not change with its system.",
-        _S,
-    ),
-    ConfigKey(
-        "streams.<id>.max-events-per-trigger",
-        "int",
-        None,
-        "Spark data plane: most records one micro-batch reads from this stream per task; default "
-        "`task.max.records.per.trigger`.",
-        _S,
-    ),
     ConfigKey(
         "job.intermediate.system",
         "str",
@@ -569,10 +495,12 @@ KEYS: tuple[ConfigKey, ...] = (
         "job.trim.interval.ms",
         "duration_ms",
         30000,
-        "How often the leader deletes the records of the job's intermediate streams that no task will read "
-        'again (docs/guarantees.md, "Trimming"): below every consuming task\'s checkpoint, marks and rebuild '
-        "marks, and every producing task's tails. Only on a system that deletes on request (the embedded log); "
-        "0 keeps every record.",
+        "How often the leader deletes what the job no longer needs on a system that deletes on request (the "
+        'embedded log; docs/operations.md, "Running for months"): the records of its intermediate streams no '
+        "task will read again (below every consuming task's checkpoint, marks and rebuild marks, and every "
+        "producing task's tails), the records past their stream's `streams.<id>.retention`, the records of "
+        "table changelogs a later one of their key supersedes, and the output ids no replay sends again. 0: "
+        "never.",
         _S,
     ),
     ConfigKey(
@@ -582,4 +510,4 @@ KEYS: tuple[ConfigKey, ...] = (
         "Partitions of intermediate streams weirflow creates; default the most partitions of any input.",
         _S,
     ),
-)
+) + STREAM_KEYS

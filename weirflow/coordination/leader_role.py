@@ -17,6 +17,7 @@ from weirflow.coordination.loops import Leadership, LoopErrors
 from weirflow.coordination.processor_core import ProcessorCore
 from weirflow.coordination.trimming import Trimmer
 from weirflow.interfaces.coordination import LeaderElector
+from weirflow.interfaces.stream_names import declared_streams
 from weirflow.job.drain_notice import run_id_of
 from weirflow.job.model import TaskModel
 
@@ -89,7 +90,10 @@ class LeaderRole(ProcessorCore):
                 )
                 scope = self.runner.trim_scope() if self.runner is not None else None
                 interval = int(self.config.get("job.trim.interval.ms"))
-                tenure.trimmer = Trimmer(self.ctx.checkpoints, self.ctx.systems, scope, interval)
+                declared = [(ref.system, ref.physical) for ref in declared_streams(self.config)]
+                tenure.trimmer = Trimmer(
+                    self.ctx.checkpoints, self.ctx.systems, scope, interval, declared=declared
+                )
         elif time.monotonic() - tenure.last_sent >= self.timings.renew_interval_ms / 1000:
             self._fence_leadership(tenure)  # a renewal may take long: never act on a lease past its margin
             sent_at = time.monotonic()

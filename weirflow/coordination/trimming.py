@@ -6,6 +6,11 @@ each intermediate stream the first offset anything may still read (`weirflow.run
 stream's system to delete the records below it (`SystemAdmin.trim`). Only systems that delete on request do
 anything (the embedded log); on Event Hubs and Kinesis their retention deletes, and the leader reads nothing.
 
+The same round applies the retention of the job's streams on a system that has no service of its own to do it
+(`SystemAdmin.apply_retention`: the embedded log's `streams.<id>.retention` and `streams.<id>.retention.bytes`),
+compacts a record task's table changelogs (`SystemAdmin.compact`: the latest record per key), and forgets the
+output ids no replay can send again (`weirflow.coordination.id_pruning`).
+
 Why a leader that lost its lease meanwhile does no harm: every bound is a checkpoint, and checkpoints only move
 forward (fenced writes), so a trim computed from older checkpoints deletes less, never more. A trim runs in the
 leader's loop between its lease renewals; it costs one read of the checkpoint table and one delete per
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from weirflow.base import malformed
 from weirflow.base.errors import MalformedDocumentError
-from weirflow.interfaces.checkpoint import CheckpointManager
+from weirflow.coordination.id_pruning import ids_to_keep
+from weirflow.interfaces.checkpoint import Checkpoint, CheckpointManager
 from weirflow.interfaces.system import SystemStreamPartition
 from weirflow.job.model import JobModel
 from weirflow.job.systems import Systems
@@ -30,7 +36,8 @@ log = logging.getLogger("weirflow.processor")
 
 
 class Trimmer:
-    """The leader's trim of intermediate streams; a new one is made with each tenure."""
+    """The leader's trim of intermediate streams, and the retention of the job's streams on systems that have no
+    service to apply it (``retained``: the systems of the job's declared streams); one per tenure."""
 
     def __init__(
         self,
@@ -39,20 +46,68 @@ class Trimmer:
         scope: TrimScope | None,
         interval_ms: int,
         clock: Callable[[], float] = time.monotonic,
+        declared: Iterable[tuple[str, str]] = (),
     ) -> None:
         self._checkpoints = checkpoints
         self._systems = systems
         self._scope = scope
+        self._declared = sorted(set(declared))  # (system, physical) of the job's own streams
+        self._retained = sorted({system for system, _ in self._declared})
         self._interval_s = interval_ms / 1000
         self._clock = clock
         self._next = 0.0
-        self.trimmed: dict[str, int] = {}  # records deleted per stream in this tenure (`weirflow status`, tests)
+        self.trimmed: dict[str, int] = {}  # records deleted per stream in this tenure (tests)
+        self.forgotten: dict[str, int] = {}  # output ids forgotten per stream in this tenure
 
     def check(self, model: JobModel) -> int:
-        """Trim when due; returns how many records this call deleted."""
-        if self._scope is None or self._interval_s <= 0 or self._clock() < self._next:
+        """Trim and apply retention when due; returns how many records this call deleted."""
+        if self._interval_s <= 0 or self._clock() < self._next:
             return 0
         self._next = self._clock() + self._interval_s
+        deleted = self._retain()
+        if not any(self._systems.admin(system).trims for system in self._systems_of(model)):
+            return deleted
+        try:
+            deleted += self._compact()
+            checkpoints = self._checkpoints.read_all()
+            deleted += self._trim_intermediate(model, checkpoints)
+            self._forget_ids(model, checkpoints)
+        except MalformedDocumentError as exc:
+            malformed.report("checkpoints", exc, action="nothing of the intermediate streams is trimmed")
+        except Exception as exc:  # housekeeping: it never costs the leadership, and it is tried again
+            log.warning(
+                "could not trim the intermediate streams (%s: %s); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                self._interval_s,
+            )
+        return deleted
+
+    def _systems_of(self, model: JobModel) -> set[str]:
+        return {ssp.system for task in model.tasks.values() for ssp in task.ssps} | set(self._retained)
+
+    def _retain(self) -> int:
+        deleted: dict[str, int] = {}
+        for system in self._retained:
+            try:
+                admin = self._systems.admin(system)
+                deleted.update((admin.apply_retention() or {}) if admin.trims else {})
+            except Exception as exc:  # housekeeping: tried again at the next interval
+                log.warning(
+                    "could not apply the retention of system '%s' (%s: %s)", system, type(exc).__name__, exc
+                )
+        if deleted:
+            log.info(
+                "deleted records past their stream's retention: %s",
+                ", ".join(f"{stream} {count}" for stream, count in sorted(deleted.items())),
+            )
+        for stream, count in deleted.items():
+            self.trimmed[stream] = self.trimmed.get(stream, 0) + count
+        return sum(deleted.values())
+
+    def _trim_intermediate(self, model: JobModel, checkpoints: Mapping[str, Checkpoint]) -> int:
+        if self._scope is None:
+            return 0
         ssps = [
             ssp
             for task in model.tasks.values()
@@ -61,22 +116,36 @@ class Trimmer:
         ]
         if not ssps:
             return 0
-        try:
-            checkpoints = self._checkpoints.read_all()
-            points = trim_points(
-                model.tasks, checkpoints, ssps, rebuilds=self._scope.rebuilds, compare=self._compare
+        points = trim_points(model.tasks, checkpoints, ssps, rebuilds=self._scope.rebuilds, compare=self._compare)
+        return self._trim(points)
+
+    def _compact(self) -> int:
+        compacted: dict[str, int] = {}
+        for system, stream in sorted(self._scope.compacted if self._scope is not None else ()):
+            admin = self._systems.admin(system)
+            if admin.trims and (count := admin.compact(stream)):
+                compacted[stream] = count
+        if compacted:
+            log.info(
+                "compacted changelogs (records superseded by a later one of their key): %s",
+                ", ".join(f"{stream} {count}" for stream, count in sorted(compacted.items())),
             )
-            return self._trim(points)
-        except MalformedDocumentError as exc:
-            malformed.report("checkpoints", exc, action="nothing of the intermediate streams is trimmed")
-        except Exception as exc:  # a trim is housekeeping: it never costs the leadership, it is tried again
-            log.warning(
-                "could not trim the intermediate streams (%s: %s); trying again in %.0f s",
-                type(exc).__name__,
-                exc,
-                self._interval_s,
-            )
-        return 0
+        for stream, count in compacted.items():
+            self.trimmed[stream] = self.trimmed.get(stream, 0) + count
+        return sum(compacted.values())
+
+    def _forget_ids(self, model: JobModel, checkpoints: Mapping[str, Checkpoint]) -> None:
+        """Forget the output ids of the job's streams that no replay can send again (`id_pruning`)."""
+        keep = ids_to_keep(model, checkpoints, self._scope.stage_inputs if self._scope is not None else {})
+        forgotten: dict[str, int] = {}
+        for system, stream in self._declared:
+            admin = self._systems.admin(system)
+            if admin.trims and (count := admin.forget_ids(stream, keep)):
+                forgotten[stream] = count
+        if forgotten:
+            log.debug("forgot output ids no replay sends again: %s", forgotten)
+        for stream, count in forgotten.items():
+            self.forgotten[stream] = self.forgotten.get(stream, 0) + count
 
     def _compare(self, ssp: SystemStreamPartition, a: str, b: str) -> int | None:
         return self._systems.admin(ssp.system).compare_offsets(a, b)

@@ -417,6 +417,28 @@ class SystemAdmin(ABC):
         retention deletes)."""
         return None
 
+    def compact(self, stream: str) -> int | None:
+        """Delete every keyed record of ``stream`` that a later record of the same key and partition supersedes,
+        as a compacted Kafka topic keeps only the latest value per key: a table's changelog is read back whole and
+        only its latest row per key counts (docs/guarantees.md, "Trimming"). Offsets stay as they are, so a
+        partition has gaps. Returns how many records were deleted, or None when the system does not compact (the
+        default)."""
+        return None
+
+    def forget_ids(self, stream: str, keep: Callable[[str], bool]) -> int | None:
+        """Forget the output ids of ``stream`` (`OutgoingRecord.id`) for which ``keep`` is False: a later send of
+        one is written again instead of dropped. The job's leader forgets those no replay can send again
+        (docs/guarantees.md, "Output ids"). Returns how many were forgotten, or None when the system keeps no ids
+        (the default)."""
+        return None
+
+    def apply_retention(self) -> dict[str, int] | None:
+        """Delete what each stream's retention no longer keeps, on a system that has no service of its own to do
+        it (the embedded log: `streams.<id>.retention`, `streams.<id>.retention.bytes`); the job's leader calls it
+        every `job.trim.interval.ms`. Returns the records deleted per stream, or None when the system's own
+        service applies its retention (the default)."""
+        return None
+
     def close(self) -> None:
         """Release connections. Idempotent."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from weirflow.base.errors import RecordsDeletedError
 from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.system import SystemAdmin, SystemStreamPartition
 
@@ -64,3 +65,42 @@ def start_offset(config: ConfigView, stream_id: str, admin: SystemAdmin, ssp: Sy
         start = "earliest"
     metadata = admin.partition_metadata(ssp.stream)[ssp.partition]
     return metadata.upcoming if start == "latest" else metadata.oldest
+
+
+ON_DELETED = ("fail", "earliest")
+
+
+def resume_offset(
+    config: ConfigView, stream_id: str, admin: SystemAdmin, ssp: SystemStreamPartition, offset: str
+) -> str:
+    """Where a task resumes ``ssp`` from its checkpoint's ``offset``: that offset, unless the system deleted it
+    (the embedded log's retention, `SystemAdmin.trims`). Then, per ``streams.<id>.on-deleted``, the task fails with
+    `RecordsDeletedError` naming the stream, the partition and the first offset held (``fail``, the default), or
+    resumes at that offset with a WARNING saying how many records it skips (``earliest``): never silently."""
+    if not admin.trims:
+        return offset
+    oldest = admin.partition_metadata_of(ssp.stream, [ssp.partition])[ssp.partition].oldest
+    if admin.compare_offsets(offset, oldest) != -1:
+        return offset
+    key = f"streams.{stream_id}.on-deleted"
+    choice = str(config.get(key) or "fail").strip().lower()
+    if choice not in ON_DELETED:
+        raise config.error(key, f"'{choice}' is neither fail nor earliest")
+    skipped = admin.records_between(ssp.stream, ssp.partition, offset, oldest)
+    if choice == "earliest":
+        log.warning(
+            "%s: the checkpoint resumes at offset %s, which was deleted (retention); resuming at the first offset "
+            "held, %s, skipping %s records (%s: earliest)",
+            ssp,
+            offset,
+            oldest,
+            skipped if skipped is not None else "the deleted",
+            key,
+        )
+        return oldest
+    raise RecordsDeletedError(
+        f"{ssp}: the checkpoint resumes at offset {offset}, which was deleted (records below {oldest} outlived "
+        f"the stream's retention); the first offset held is {oldest}. Raise streams.{stream_id}.retention past "
+        f"the longest the job may be stopped or behind, or set {key}: earliest to resume there, skipping "
+        f'{skipped if skipped is not None else "the deleted"} records (docs/operations.md, "Running for months")'
+    )

@@ -13,12 +13,19 @@ from weirflow.interfaces.config import ConfigView
 from weirflow.interfaces.coordination import CoordinationUtils, JobCoordinatorFactory
 from weirflow.interfaces.metadata import MetadataStore, MetadataStoreFactory
 from weirflow.interfaces.spark_state import MirrorReport, SparkStateStore, SparkStateStoreFactory
+from weirflow.interfaces.stream_names import declared_streams
 from weirflow.interfaces.system import SystemAdmin, SystemConsumer, SystemFactory, SystemProducer
 from weirflow.interfaces.timings import CoordinationTimings
 from weirflow.local.checkpoint import SqliteCheckpointManager
 from weirflow.local.coordination import SqliteCoordinationUtils
 from weirflow.local.metadata import SqliteMetadataStore
-from weirflow.local.streams import LocalSystemAdmin, LocalSystemConsumer, LocalSystemProducer, SqliteStreamStore
+from weirflow.local.streams import (
+    LocalSystemAdmin,
+    LocalSystemConsumer,
+    LocalSystemProducer,
+    SqliteStreamStore,
+    StreamRetention,
+)
 
 
 def job_database_path(config: ConfigView) -> Path:
@@ -30,6 +37,19 @@ def stream_database_path(config: ConfigView, system_name: str) -> Path:
     if config.get(key):
         return config.path(key)
     return config.state_dir() / f"{system_name}.streams.db"
+
+
+def retentions(config: ConfigView, system_name: str) -> dict[str, StreamRetention]:
+    """The retention of each declared stream of ``system_name`` that sets one, by physical name."""
+    found = {}
+    for ref in declared_streams(config):
+        ms, size = (config.get(f"streams.{ref.stream_id}.retention{suffix}") for suffix in ("", ".bytes"))
+        if ref.system == system_name and (ms is not None or size is not None):
+            key = f"streams.{ref.stream_id}.retention" + ("" if ms is not None else ".bytes")
+            found[ref.physical] = StreamRetention(
+                int(ms) if ms is not None else None, int(size) if size is not None else None, key
+            )
+    return found
 
 
 def _busy(config: ConfigView) -> int:
@@ -64,7 +84,10 @@ class LocalSystemFactory(SystemFactory):
     connections, so they can be used from different threads and closed independently."""
 
     def get_admin(self, system_name: str, config: ConfigView) -> SystemAdmin:
-        return LocalSystemAdmin(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))
+        return LocalSystemAdmin(
+            SqliteStreamStore(stream_database_path(config, system_name), _busy(config)),
+            retentions(config, system_name),
+        )
 
     def get_consumer(self, system_name: str, config: ConfigView) -> SystemConsumer:
         return LocalSystemConsumer(SqliteStreamStore(stream_database_path(config, system_name), _busy(config)))

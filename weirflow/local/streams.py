@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from weirflow.interfaces.system import (
     OutgoingRecord,
     PartitionMetadata,
     RecordColumns,
+    Retention,
     StreamSpec,
     SystemAdmin,
     SystemConsumer,
@@ -95,11 +97,25 @@ class SqliteStreamStore:
         self.db.close()
 
 
+@dataclass(frozen=True)
+class StreamRetention:
+    """What a stream of the embedded log keeps (`streams.<id>.retention`, `streams.<id>.retention.bytes`), and
+    the key that says so, for messages."""
+
+    ms: int | None
+    bytes: int | None
+    key: str
+
+    def describe(self) -> Retention:
+        return Retention(self.ms, self.key)
+
+
 class LocalSystemAdmin(SystemAdmin):
     trims = True
 
-    def __init__(self, store: SqliteStreamStore) -> None:
+    def __init__(self, store: SqliteStreamStore, retentions: Mapping[str, StreamRetention] | None = None) -> None:
         self._store = store
+        self._retentions = dict(retentions or {})  # by physical name
 
     def partition_count(self, stream: str) -> int:
         return self._store.partitions(stream)
@@ -191,9 +207,69 @@ class LocalSystemAdmin(SystemAdmin):
         rows = self._store.db.connection().execute("SELECT name, partitions FROM streams ORDER BY name").fetchall()
         return {name: count for name, count in rows}
 
-    def retention(self, stream: str) -> None:
-        """None: the embedded log never deletes a record while its stream exists."""
-        return None
+    def retention(self, stream: str) -> Retention | None:
+        """None unless the stream's config gives it a retention: then the embedded log deletes records past it
+        (`apply_retention`), read or not."""
+        found = self._retentions.get(stream)
+        return found.describe() if found is not None else None
+
+    def compact(self, stream: str) -> int:
+        """One delete per partition, in one transaction each: a keyed record goes when a later record of its key
+        is in the partition. A reader reading the partition meanwhile still ends with the latest value per key
+        (what it skips has a later record it has not read yet)."""
+        deleted = 0
+        for partition in range(self._store.partitions(stream)):
+            with self._store.db.transaction() as conn:
+                deleted += conn.execute(
+                    "DELETE FROM records WHERE stream = ? AND partition = ? AND key IS NOT NULL AND offset NOT IN "
+                    "(SELECT MAX(offset) FROM records WHERE stream = ? AND partition = ? AND key IS NOT NULL "
+                    "GROUP BY key)",
+                    (stream, partition, stream, partition),
+                ).rowcount
+        return deleted
+
+    def forget_ids(self, stream: str, keep: Callable[[str], bool]) -> int:
+        """Reads the stream's ids once and deletes, in one transaction, those ``keep`` refuses: the records keep
+        their ids (``records.id``, what readers see); only the table that drops a send of a held id shrinks."""
+        conn = self._store.db.connection()
+        ids = [row[0] for row in conn.execute("SELECT id FROM record_ids WHERE stream = ?", (stream,))]
+        gone = [(stream, i) for i in ids if not keep(i)]
+        if gone:
+            with self._store.db.transaction() as conn:
+                conn.executemany("DELETE FROM record_ids WHERE stream = ? AND id = ?", gone)
+        return len(gone)
+
+    def apply_retention(self) -> dict[str, int]:
+        """Per stream with a retention: below the first record appended within ``ms``, and below the oldest
+        records whose keys and values together pass ``bytes`` per partition, counted from the newest."""
+        deleted: dict[str, int] = {}
+        existing = self.list_streams()
+        now = clock.now_ms()
+        for stream, kept in self._retentions.items():
+            for partition in range(existing.get(stream, 0)):
+                cut = 0
+                if kept.ms is not None:
+                    cut = int(self.offset_for_time(stream, partition, now - kept.ms))
+                if kept.bytes is not None:
+                    cut = max(cut, self._bytes_cut(stream, partition, kept.bytes))
+                if cut and (count := self.trim(stream, partition, str(cut))):
+                    deleted[stream] = deleted.get(stream, 0) + count
+        return deleted
+
+    def _bytes_cut(self, stream: str, partition: int, limit: int) -> int:
+        """The first offset to keep so that the partition holds at most ``limit`` bytes of keys and values (0: it
+        holds less). Reads the newest records until the sum passes the limit, not the whole partition."""
+        row = (
+            self._store.db.connection()
+            .execute(
+                "SELECT offset FROM (SELECT offset, SUM(LENGTH(value) + IFNULL(LENGTH(key), 0)) "
+                "OVER (ORDER BY offset DESC) AS held FROM records WHERE stream = ? AND partition = ?) "
+                "WHERE held > ? LIMIT 1",
+                (stream, partition, limit),
+            )
+            .fetchone()
+        )
+        return int(row[0]) + 1 if row is not None else 0
 
 
 class LocalSystemConsumer(SystemConsumer):
@@ -215,7 +291,7 @@ class LocalSystemConsumer(SystemConsumer):
         ):
             raise RecordsDeletedError(
                 f"{ssp}: offset {start} was deleted (records below {held} were trimmed or outlived their "
-                f'retention); the first offset held is {held} (docs/guarantees.md, "Trimming")'
+                f'retention); the first offset held is {held} (docs/operations.md, "Running for months")'
             )
         return rows
 

@@ -27,7 +27,7 @@ a Spark checkpoint behind the store is discarded), so it never needs a record be
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from weirflow.interfaces.checkpoint import Checkpoint
 from weirflow.interfaces.system import SystemStreamPartition
@@ -41,13 +41,24 @@ Compare = Callable[[SystemStreamPartition, str, str], int | None]
 @dataclass(frozen=True)
 class TrimScope:
     """What a job may trim, as its task runner knows it: its intermediate streams as ``(system, physical
-    name)`` pairs, and ``rebuilds(stage)``, whether a stage's tasks rebuild open windows from rebuild marks."""
+    name)`` pairs, ``rebuilds(stage)``, whether a stage's tasks rebuild open windows from rebuild marks, and the
+    streams it may compact."""
 
     streams: frozenset[tuple[str, str]]
     rebuilds: Callable[[str], bool]
+    # per stage, the code of each input in its rows' ``__pss`` -> (system, physical): what names the input
+    # partition of a row's output id (`weirflow.results.ids`), for forgetting the ids no replay sends again
+    stage_inputs: Mapping[str, Mapping[int, tuple[str, str]]] = field(default_factory=dict)
+    # streams read back whole of which only the latest record per key counts (a record task's table changelogs)
+    compacted: frozenset[tuple[str, str]] = frozenset()
 
     @classmethod
-    def of(cls, refs: Iterable[StreamRef], shared_known: Callable[[str], bool | None]) -> TrimScope:
+    def of(
+        cls,
+        refs: Iterable[StreamRef],
+        shared_known: Callable[[str], bool | None],
+        stage_inputs: Mapping[str, Mapping[int, tuple[str, str]]],
+    ) -> TrimScope:
         """A pipeline's: ``refs`` its intermediate streams; ``shared_known(stage)`` whether the stage's tasks run
         one shared aggregation query, as far as the processor has worked it out (None: not yet). A stage not
         worked out yet is taken to rebuild from marks, which keeps more of its input, never less."""
@@ -56,7 +67,7 @@ class TrimScope:
             known = shared_known(stage)
             return True if known is None else known
 
-        return cls(frozenset((ref.system, ref.physical) for ref in refs), rebuilds)
+        return cls(frozenset((ref.system, ref.physical) for ref in refs), rebuilds, stage_inputs)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from weirflow.job.grouper import partition_task
 from weirflow.pipeline.aggregate import WINDOW, AggregateSpec
 from weirflow.pipeline.api import Node, Sink
 from weirflow.pipeline.plan import PipelinePlan, Stage
+from weirflow.runtime.trim_points import TrimScope
 from weirflow.spark.drain_cut import WrittenStream, encode_written
 from weirflow.spark.input_settings import DEFAULT_EVENT_TIME, InputSettings, input_settings
 from weirflow.spark.lane_marks import LaneSource, encode_sources
@@ -479,6 +480,15 @@ class StageBuilder:
             frames = self._planned(stage)
             self._shared[stage.name] = shared_aggregation(self.plan, stage, self.stateless(stage), time, frames)
         return self._shared[stage.name]
+
+    def trim_scope(self) -> TrimScope:
+        """What the leader may trim and forget of this pipeline's streams (`weirflow.coordination.trimming`)."""
+        inputs = {
+            stage.name: {code: ref for ref, code in self.input_codes(stage.input_ids).items()}
+            for stage in self.plan.stages
+        }
+        refs = [self.plan.ref(stream_id) for stream_id in self.plan.app.intermediates]
+        return TrimScope.of(refs, self.shared_known, inputs)
 
     def shared_known(self, stage_name: str) -> bool | None:
         """`shared` of a stage if this processor has worked it out already, else None: answered from any thread

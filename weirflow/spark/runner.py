@@ -337,7 +337,7 @@ class SparkTaskRunner(TaskRunner):
         return list(self.plan.app.intermediates)
 
     def trim_scope(self) -> TrimScope:
-        return TrimScope.of([self.plan.ref(s) for s in self.plan.app.intermediates], self.builder.shared_known)
+        return self.builder.trim_scope()
 
     def table(self, task_name: str, table: str) -> TableReader | None:
         """Called on the endpoint server's event loop for every lookup, so it takes no lock (the guard may be held

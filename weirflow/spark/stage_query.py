@@ -31,7 +31,7 @@ from weirflow.interfaces.spark_checkpoint import (
     planned_batch,
 )
 from weirflow.interfaces.system import SystemStreamPartition
-from weirflow.job.start_position import start_offset
+from weirflow.job.start_position import resume_offset, start_offset
 from weirflow.spark import fence
 from weirflow.spark.progress import ProgressView
 from weirflow.spark.query import QueryScope
@@ -405,11 +405,13 @@ class StageQuery(TaskProgress):
         return order is None or order > 0
 
     def _start_offset(self, t: TaskState, ssp: SystemStreamPartition) -> str:
-        if ssp in t.offsets:
-            return t.offsets[ssp]
         stream_id = self.runner.stream_id_of(ssp)
         admin = self.runner.plan.systems.admin(ssp.system)
-        if self.runner.plan.is_intermediate(stream_id):
+        intermediate = self.runner.plan.is_intermediate(stream_id)
+        if ssp in t.offsets:  # an input's may have outlived its retention; an intermediate's is never trimmed
+            held = t.offsets[ssp]
+            return held if intermediate else resume_offset(self.runner.plan.config, stream_id, admin, ssp, held)
+        if intermediate:
             return admin.partition_metadata_of(ssp.stream, [ssp.partition])[ssp.partition].oldest
         return start_offset(self.runner.plan.config, stream_id, admin, ssp)
 

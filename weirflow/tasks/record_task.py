@@ -61,12 +61,13 @@ from weirflow.interfaces.system import IncomingRecord, OutgoingRecord, StreamSpe
 from weirflow.job.drain_notice import DEFAULT_RUN_ID, run_id_of
 from weirflow.job.model import TaskModel
 from weirflow.job.retention import check_retention
-from weirflow.job.start_position import parse_start, start_offset
+from weirflow.job.start_position import parse_start, resume_offset, start_offset
 from weirflow.job.systems import Systems
 from weirflow.job.user_code import load_callable
 from weirflow.runtime.control import TaskControl
 from weirflow.runtime.fencing import FencedCheckpointWriter
 from weirflow.runtime.served_tables import MemoryTable
+from weirflow.runtime.trim_points import TrimScope
 from weirflow.tasks.record_tables import RecordTables
 from weirflow.tasks.runner import TaskRunner
 
@@ -349,6 +350,15 @@ class RecordTaskRunner(TaskRunner):
         with self._guard:
             self._failed.pop(task_name, None)
 
+    def trim_scope(self) -> TrimScope | None:
+        """The tables' changelogs, compacted: a task rebuilds its table from the latest row per key."""
+        if self.tables is None or not self.tables.tables:
+            return None
+        changelogs = (self.tables.changelog(name) for name in self.tables.tables)
+        return TrimScope(
+            frozenset(), lambda stage: False, compacted=frozenset((c.system, c.physical) for c in changelogs)
+        )
+
     @property
     def table_routes(self) -> RecordTables | None:
         """The job's ``task.tables`` (`weirflow.tasks.record_tables`): a key's table row is in the task holding
@@ -375,11 +385,12 @@ class RecordTaskRunner(TaskRunner):
         stored = dict(checkpoint.offsets) if checkpoint else {}
         offsets: dict[SystemStreamPartition, str] = {}
         for ssp in task.ssps:
+            stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
+            admin = self.systems.admin(ssp.system)
             if ssp in stored:
-                offsets[ssp] = stored[ssp]
+                offsets[ssp] = resume_offset(self.systems.config, stream_id, admin, ssp, stored[ssp])
             else:
-                stream_id = self.systems.stream_id_of(ssp.system, ssp.stream)
-                offsets[ssp] = start_offset(self.systems.config, stream_id, self.systems.admin(ssp.system), ssp)
+                offsets[ssp] = start_offset(self.systems.config, stream_id, admin, ssp)
         return offsets
 
     def _restore_tables(self, handle: _TaskThread) -> None:

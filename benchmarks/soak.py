@@ -1,0 +1,244 @@
+"""Soak: the example job unbounded for a while at a steady rate, and what its state directory grows by.
+
+One `weirflow run` processor of `examples/pageviews` on the embedded default, with `streams.page-views.bounded`
+false, fed ``--rate`` events a second (the example's generator, ten sends a second) for ``--minutes``. Every
+``--sample-s`` the state directory is measured by part:
+
+* ``input`` and ``outputs``: the bytes (keys, values, ids) the embedded log holds of the job's input stream and of
+  its output streams (the user's data: what their retention, ``streams.<id>.retention``, bounds);
+* ``intermediate``: the same for the job's intermediate streams (what the leader trims: docs/guarantees.md,
+  "Trimming");
+* ``ids``: the output ids the embedded log keeps to drop replays (``record_ids``);
+* ``checkpoints``: the job database (coordination, checkpoints, metadata), on disk;
+* ``spark``: the Spark checkpoint and state directories, on disk;
+* ``directory``: everything under the state directory, on disk (``du``), and ``streams_file``: the embedded log's
+  file.
+
+The growth of each part over the second half of the run (after warm-up) is given per million events and per day
+at that rate; ``job_owned`` is everything but input and outputs (intermediate, ids, checkpoints, Spark). The
+processor tree's RSS is taken at the half and at the end (``rss_mb_per_min``: its slope over the second half).
+The **baseline**, measured in the same run, is the input stream's own growth: the events the user appended.
+
+Prints progress on stderr and one JSON line last. Usage: ``python benchmarks/soak.py [--rate 2000]
+[--minutes 20] [--sample-s 30] [--set streams.page-views.retention=5m ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos import Producer, say  # benchmarks/ is the script's own folder, first on sys.path
+from jobwatch import two_stage_tasks
+
+from weirflow.config import load_config
+from weirflow.interfaces.system import StreamSpec
+from weirflow.job.context import JobContext
+from weirflow.job.systems import Systems
+from weirflow.local.factories import job_database_path, stream_database_path
+from weirflow.local.launcher import start_processor
+from weirflow.testing import wait_until
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "pageviews"
+MB = 1_000_000
+PARTS = ("input", "intermediate", "outputs", "ids", "checkpoints", "spark")
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes on disk under ``path`` (``du``'s allocated blocks: what fills a disk)."""
+    if not path.exists():
+        return 0
+    out = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def file_bytes(path: Path) -> int:
+    """An SQLite file with its write-ahead log."""
+    return sum(disk_bytes(Path(f"{path}{suffix}")) for suffix in ("", "-wal"))
+
+
+def tree_rss(pid: int) -> int:
+    """RSS in bytes of ``pid`` and every process below it (Spark's JVM, Python workers)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+        rss[int(entry)] = next(
+            (int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0
+        )
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += rss.get(current, 0)
+        todo += children.get(current, [])
+    return total
+
+
+class Sampler:
+    """Measures the parts of one job's state directory."""
+
+    def __init__(self, config: Any, state: Path) -> None:
+        self.state = state
+        self.streams_db = stream_database_path(config, "local")
+        self.job_db = job_database_path(config)
+        systems = Systems(config)
+        self.input = systems.resolve("page-views").physical
+        self.outputs = {systems.resolve("page-counts").physical}
+        systems.close()
+
+    def sample(self) -> dict[str, int]:
+        conn = sqlite3.connect(f"file:{self.streams_db}?mode=ro", uri=True, timeout=30)
+        try:
+            held = dict(
+                conn.execute(
+                    "SELECT stream, SUM(LENGTH(value) + IFNULL(LENGTH(key), 0) + IFNULL(LENGTH(id), 0)) "
+                    "FROM records GROUP BY stream"
+                ).fetchall()
+            )
+            ids = conn.execute("SELECT IFNULL(SUM(LENGTH(stream) + LENGTH(id)), 0) FROM record_ids").fetchone()[0]
+        finally:
+            conn.close()
+        parts = {
+            "input": int(held.get(self.input, 0)),
+            "outputs": sum(int(v) for k, v in held.items() if k in self.outputs or k.endswith(".dlq")),
+            "intermediate": sum(
+                int(v)
+                for k, v in held.items()
+                if k != self.input and k not in self.outputs and not k.endswith(".dlq")
+            ),
+            "ids": int(ids),
+            "checkpoints": file_bytes(self.job_db),
+            "spark": sum(disk_bytes(p) for p in self.state.iterdir() if p.is_dir()),
+            "streams_file": file_bytes(self.streams_db),
+            "directory": disk_bytes(self.state),
+        }
+        parts["job_owned"] = parts["intermediate"] + parts["ids"] + parts["checkpoints"] + parts["spark"]
+        return parts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=2000, help="events per second")
+    parser.add_argument("--minutes", type=float, default=20, help="how long to feed the job")
+    parser.add_argument("--sample-s", type=float, default=30, help="seconds between two measurements")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    parser.add_argument("--keep", type=Path, help="run in this directory and keep it (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="weirflow-soak-"))
+    try:
+        result = run(args, work)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result))
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("job.yaml", "pipeline.py", "generate.py"):
+        shutil.copy(EXAMPLE / name, work / name)
+    state = work / "state"
+    overrides = [f"job.state.dir={state}", "streams.page-views.bounded=false", *args.set]
+    config = load_config(work / "job.yaml", overrides)
+    systems = Systems(config)
+    partitions = int(config.get("streams.page-views.partitions") or 4)
+    for stream in ("page-views", "page-counts"):
+        ref = systems.resolve(stream)
+        systems.admin(ref.system).create_stream(StreamSpec(ref.physical, partitions))
+    say(f"starting the processor (state in {state})")
+    proc = start_processor(work / "job.yaml", "soak-0", overrides, log_dir=work / "logs")
+    producer = Producer(config, args.rate, systems.resolve("page-views").physical)
+    try:
+        ctx = JobContext.open(config, owner="soak-watch")
+        try:
+            tasks = two_stage_tasks(config, partitions)
+            wait_until(
+                lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= tasks,
+                300,
+                "every task to run",
+                interval_s=0.5,
+            )
+        finally:
+            ctx.close()
+        sampler = Sampler(config, state)
+        producer.start()
+        started = time.monotonic()
+        samples: list[tuple[float, int, int, dict[str, int]]] = []  # (s since start, events, rss, parts)
+        end = args.minutes * 60
+        while True:
+            elapsed = time.monotonic() - started
+            if producer.error is not None:
+                raise RuntimeError(f"the producer failed: {producer.error}")
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"the processor exited ({proc.popen.returncode}):\n{proc.log_text()[-3000:]}")
+            parts = sampler.sample()
+            samples.append((elapsed, len(producer.sent), tree_rss(proc.popen.pid), parts))
+            sizes = ", ".join(f"{part} {parts[part] / MB:,.2f}" for part in PARTS)
+            directory = parts["directory"] / MB
+            say(
+                f"{elapsed / 60:5.1f} min, {len(producer.sent):,} events: directory {directory:,.1f} MB "
+                f"({sizes}); RSS {samples[-1][2] / MB:,.0f} MB"
+            )
+            if elapsed >= end:
+                break
+            time.sleep(max(0.0, min(args.sample_s, end - elapsed)))
+    finally:
+        producer.stop_flag.set()
+        producer.join(30)
+        proc.terminate()
+        systems.close()
+    return summary(args, samples)
+
+
+def summary(args: argparse.Namespace, samples: list[tuple[float, int, int, dict[str, int]]]) -> dict[str, Any]:
+    """Growth over the second half of the run (the first is warm-up: windows open, Spark compiles, the tables
+    reach their working size)."""
+    half = samples[-1][0] / 2
+    first = next(s for s in samples if s[0] >= half)
+    last = samples[-1]
+    span_s, events = last[0] - first[0], last[1] - first[1]
+    per_day = 86_400 / span_s if span_s else 0.0
+    growth = {part: last[3][part] - first[3][part] for part in last[3]}
+    return {
+        "figure": "state directory growth of the example job, unbounded, embedded default, 1 processor",
+        "unit": "MB",
+        "value": round(growth["job_owned"] / MB, 2),
+        "rate": args.rate,
+        "minutes": args.minutes,
+        "overrides": args.set,
+        "measured_minutes": round(span_s / 60, 1),
+        "events_measured": events,
+        "growth_mb": {part: round(v / MB, 2) for part, v in growth.items()},
+        "growth_mb_per_million_events": {
+            part: round(v / MB / (events / 1e6), 2) if events else None for part, v in growth.items()
+        },
+        "growth_gb_per_day": {part: round(v * per_day / 1e9, 2) for part, v in growth.items()},
+        "directory_mb_start_end": [round(first[3]["directory"] / MB, 1), round(last[3]["directory"] / MB, 1)],
+        "directory_change_pct": round(100 * growth["directory"] / first[3]["directory"], 1),
+        "rss_mb_start_end": [round(first[2] / MB), round(last[2] / MB)],
+        "rss_mb_per_min": round((last[2] - first[2]) / MB / (span_s / 60), 2) if span_s else None,
+        "baseline": round(growth["input"] / MB, 2),
+        "baseline_name": "the input stream's own growth over the same span (the events appended), same run",
+        "target_job_owned_mb": 5,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
