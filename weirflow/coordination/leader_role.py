@@ -106,7 +106,7 @@ class LeaderRole(ProcessorCore):
         if tenure.duties is not None:
             tenure.duties.tick()
         if tenure.trimmer is not None and self._model.version > 0:
-            tenure.trimmer.check(self._model)
+            tenure.trimmer.start_due(self._model)
         if tenure.finished is not None and self._model.version == self._working_version:
             if tenure.finished.check(self._model) and not self._finished_known:
                 # written by this process: its follower reads it now rather than a check interval later

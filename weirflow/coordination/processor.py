@@ -48,6 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from weirflow.base import clock, malformed
+from weirflow.base.disk import is_disk_full
 from weirflow.base.errors import MalformedDocumentError
 from weirflow.config.loader import Config
 from weirflow.coordination.data_plane import JobDataPlane
@@ -533,6 +534,9 @@ class StreamProcessor(LeaderRole, KeeperRole):
         for task, error in self.runner.failures().items():
             self.runner.forget(task)
             self._release(task)
+            if is_disk_full(error):
+                self._stop_on_full_disk(f"task {task}", error)
+                return
             self.error = f"task {task}: {error}"
             if task in self._model.tasks_of(self.processor_id):
                 self._pending[task] = clock.now_ms() + _TASK_RETRY_MS

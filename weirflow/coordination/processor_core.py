@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from weirflow.base import clock
+from weirflow.base.disk import disk_full_message, is_disk_full
 from weirflow.config.loader import Config
 from weirflow.coordination.keeper import LeaseKeeper
 from weirflow.coordination.loops import Leadership, LoopErrors
@@ -92,6 +93,9 @@ class ProcessorCore:
         )
 
     def _loop_error(self, loop: str, errors: LoopErrors, exc: BaseException) -> None:
+        if is_disk_full(exc):
+            self._stop_on_full_disk(f"the {loop} loop", exc)
+            return
         elapsed = errors.failed(clock.now_ms())
         self.error = f"{loop}: {type(exc).__name__}: {exc}"
         log.error("%s loop error (failing for %d ms): %s", loop, elapsed, exc, exc_info=exc)
@@ -100,6 +104,17 @@ class ProcessorCore:
             self._fatal = True
             self._set_state(ProcessorState.FAILED)
             self._halt()
+
+    def _stop_on_full_disk(self, what: str, error: BaseException | str) -> None:
+        """Stop now, failed, naming the path and its free space: retrying cannot help until space is freed
+        (`weirflow.base.disk`). Said once: the other loops find the disk full too as the processor stops."""
+        if self._fatal:
+            return
+        self.error = disk_full_message(self.config.state_dir(), what, error)
+        log.critical("%s", self.error)
+        self._fatal = True
+        self._set_state(ProcessorState.FAILED)
+        self._halt()
 
     def _recovered(self, errors: LoopErrors, loop: str) -> None:
         if errors.ok() and self.error.startswith(f"{loop}:"):

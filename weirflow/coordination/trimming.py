@@ -12,14 +12,16 @@ compacts a record task's table changelogs (`SystemAdmin.compact`: the latest rec
 output ids no replay can send again (`weirflow.coordination.id_pruning`).
 
 Why a leader that lost its lease meanwhile does no harm: every bound is a checkpoint, and checkpoints only move
-forward (fenced writes), so a trim computed from older checkpoints deletes less, never more. A trim runs in the
-leader's loop between its lease renewals; it costs one read of the checkpoint table and one delete per
-partition that moved (milliseconds on the embedded log).
+forward (fenced writes), so a trim computed from older checkpoints deletes less, never more. A trim runs on a
+thread of its own, one round at a time (`Trimmer.start_due`), so that the leader loop keeps renewing its lease;
+it costs one read of the checkpoint table and one delete per partition that moved (milliseconds on the
+embedded log).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -56,8 +58,24 @@ class Trimmer:
         self._interval_s = interval_ms / 1000
         self._clock = clock
         self._next = 0.0
+        self._running = threading.Event()
         self.trimmed: dict[str, int] = {}  # records deleted per stream in this tenure (tests)
         self.forgotten: dict[str, int] = {}  # output ids forgotten per stream in this tenure
+
+    def start_due(self, model: JobModel) -> None:
+        """`check` on a thread of its own when due and no round is still running: the leader loop renews the
+        leadership lease, and a round after a long stop may delete for seconds."""
+        if self._interval_s <= 0 or self._clock() < self._next or self._running.is_set():
+            return
+        self._running.set()
+
+        def round_() -> None:
+            try:
+                self.check(model)
+            finally:
+                self._running.clear()
+
+        threading.Thread(target=round_, name="trimmer", daemon=True).start()
 
     def check(self, model: JobModel) -> int:
         """Trim and apply retention when due; returns how many records this call deleted."""
