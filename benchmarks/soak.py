@@ -57,8 +57,9 @@ def disk_bytes(path: Path) -> int:
     """Bytes on disk under ``path`` (``du``'s allocated blocks: what fills a disk)."""
     if not path.exists():
         return 0
-    out = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, text=True, check=True).stdout
-    return int(out.split()[0])
+    # Spark deletes old batch files while du walks the tree: du then exits 1 for them, still printing a total
+    out = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, text=True).stdout
+    return int(out.split()[0]) if out.strip() else 0
 
 
 def file_bytes(path: Path) -> int:
