@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from weirflow.base.waiting import wait_until
 from weirflow.job.context import JobContext
 
 
@@ -23,6 +24,20 @@ def two_stage_tasks(config: Any, input_partitions: int) -> int:
     """The tasks of a two-stage job: one per input partition, one per intermediate partition
     (`job.intermediate.partitions`, by default the inputs' most)."""
     return input_partitions + (config.get("job.intermediate.partitions") or input_partitions)
+
+
+def wait_all_running(config: Any, tasks: int, owner: str, interval_s: float = 0.2) -> None:
+    """Wait (up to 300 s) until the job's processors run ``tasks`` tasks between them, as their registry says."""
+    ctx = JobContext.open(config, owner=owner)
+    try:
+        wait_until(
+            lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= tasks,
+            300,
+            "every task to run",
+            interval_s=interval_s,
+        )
+    finally:
+        ctx.close()
 
 
 @dataclass

@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from jobwatch import two_stage_tasks  # benchmarks/ is the script's own folder, first on sys.path
+from jobwatch import two_stage_tasks, wait_all_running  # benchmarks/ is the script's own folder, first on sys.path
 
 from weirflow.base.waiting import wait_until
 from weirflow.config import load_config
@@ -167,19 +167,7 @@ def run(work: Path, pipeline: str, args: argparse.Namespace) -> tuple[Systems, P
         admin.create_stream(StreamSpec(stream, PARTITIONS))
     log(f"{pipeline}: starting the processor")
     proc = start_processor(work / "job.yaml", "latency-0", overrides, log_dir=work / "logs")
-    from weirflow.job.context import JobContext
-
-    tasks = two_stage_tasks(config, PARTITIONS)
-    ctx = JobContext.open(config, owner="latency-watch")
-    try:
-        wait_until(
-            lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= tasks,
-            300,
-            "every task to run",
-            interval_s=0.2,
-        )
-    finally:
-        ctx.close()
+    wait_all_running(config, two_stage_tasks(config, PARTITIONS), "latency-watch")
     log(
         f"{pipeline}: all tasks running; writing {args.rate} events/s for {args.warmup:.0f} s (warm-up) "
         f"+ {args.seconds:.0f} s"

@@ -38,15 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from chaos import Producer, say  # benchmarks/ is the script's own folder, first on sys.path
-from jobwatch import two_stage_tasks
+from jobwatch import two_stage_tasks, wait_all_running
 
 from weirflow.config import load_config
 from weirflow.interfaces.system import StreamSpec
-from weirflow.job.context import JobContext
 from weirflow.job.systems import Systems
 from weirflow.local.factories import job_database_path, stream_database_path
 from weirflow.local.launcher import start_processor
-from weirflow.testing import wait_until
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "pageviews"
 MB = 1_000_000
@@ -167,17 +165,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     proc = start_processor(work / "job.yaml", "soak-0", overrides, log_dir=work / "logs")
     producer = Producer(config, args.rate, systems.resolve("page-views").physical)
     try:
-        ctx = JobContext.open(config, owner="soak-watch")
-        try:
-            tasks = two_stage_tasks(config, partitions)
-            wait_until(
-                lambda: sum(len(p.tasks) for p in ctx.coordination.processor_registry().processors()) >= tasks,
-                300,
-                "every task to run",
-                interval_s=0.5,
-            )
-        finally:
-            ctx.close()
+        wait_all_running(config, two_stage_tasks(config, partitions), "soak-watch", interval_s=0.5)
         sampler = Sampler(config, state)
         producer.start()
         started = time.monotonic()

@@ -114,14 +114,7 @@ class Trimmer:
                 log.warning(
                     "could not apply the retention of system '%s' (%s: %s)", system, type(exc).__name__, exc
                 )
-        if deleted:
-            log.info(
-                "deleted records past their stream's retention: %s",
-                ", ".join(f"{stream} {count}" for stream, count in sorted(deleted.items())),
-            )
-        for stream, count in deleted.items():
-            self.trimmed[stream] = self.trimmed.get(stream, 0) + count
-        return sum(deleted.values())
+        return _tally(deleted, self.trimmed, "deleted records past their stream's retention")
 
     def _trim_intermediate(self, model: JobModel, checkpoints: Mapping[str, Checkpoint]) -> int:
         if self._scope is None:
@@ -143,14 +136,9 @@ class Trimmer:
             admin = self._systems.admin(system)
             if admin.trims and (count := admin.compact(stream)):
                 compacted[stream] = count
-        if compacted:
-            log.info(
-                "compacted changelogs (records superseded by a later one of their key): %s",
-                ", ".join(f"{stream} {count}" for stream, count in sorted(compacted.items())),
-            )
-        for stream, count in compacted.items():
-            self.trimmed[stream] = self.trimmed.get(stream, 0) + count
-        return sum(compacted.values())
+        return _tally(
+            compacted, self.trimmed, "compacted changelogs (records superseded by a later one of their key)"
+        )
 
     def _forget_ids(self, model: JobModel, checkpoints: Mapping[str, Checkpoint]) -> None:
         """Forget the output ids of the job's streams that no replay can send again (`id_pruning`)."""
@@ -160,10 +148,7 @@ class Trimmer:
             admin = self._systems.admin(system)
             if admin.trims and (count := admin.forget_ids(stream, keep)):
                 forgotten[stream] = count
-        if forgotten:
-            log.debug("forgot output ids no replay sends again: %s", forgotten)
-        for stream, count in forgotten.items():
-            self.forgotten[stream] = self.forgotten.get(stream, 0) + count
+        _tally(forgotten, self.forgotten, "forgot output ids no replay sends again", logging.DEBUG)
 
     def _compare(self, ssp: SystemStreamPartition, a: str, b: str) -> int | None:
         return self._systems.admin(ssp.system).compare_offsets(a, b)
@@ -177,11 +162,13 @@ class Trimmer:
             if deleted:
                 now[ssp.stream] = now.get(ssp.stream, 0) + deleted
                 log.debug("trimmed %d records of %s below %s (%s)", deleted, ssp, point.offset, point.held_by)
-        for stream, count in now.items():
-            self.trimmed[stream] = self.trimmed.get(stream, 0) + count
-        if now:
-            log.info(
-                "trimmed records of intermediate streams that no task will read again: %s",
-                ", ".join(f"{stream} {count}" for stream, count in sorted(now.items())),
-            )
-        return sum(now.values())
+        return _tally(now, self.trimmed, "trimmed records of intermediate streams that no task will read again")
+
+
+def _tally(counts: dict[str, int], total: dict[str, int], what: str, level: int = logging.INFO) -> int:
+    """Add one round's ``counts`` per stream to the tenure's ``total``, say them in one line, return their sum."""
+    for stream, count in counts.items():
+        total[stream] = total.get(stream, 0) + count
+    if counts:
+        log.log(level, "%s: %s", what, ", ".join(f"{stream} {count}" for stream, count in sorted(counts.items())))
+    return sum(counts.values())
