@@ -16,7 +16,8 @@ false, fed ``--rate`` events a second (the example's generator, ten sends a seco
 
 The growth of each part over the second half of the run (after warm-up) is given per million events and per day
 at that rate; ``job_owned`` is everything but input and outputs (intermediate, ids, checkpoints, Spark). The
-processor tree's RSS is taken at the half and at the end (``rss_mb_per_min``: its slope over the second half).
+processor tree's RSS is taken at the half and at the end (``rss_mb_per_min``: its slope over the second half), also
+by kind of process (``rss_mb_start_end_by_process``: the processor, Spark's JVM, the Python workers).
 The **baseline**, measured in the same run, is the input stream's own growth: the events the user appended.
 
 Prints progress on stderr and one JSON line last. Usage: ``python benchmarks/soak.py [--rate 2000]
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from chaos import Producer, say  # benchmarks/ is the script's own folder, first on sys.path
 from jobwatch import two_stage_tasks, wait_all_running
@@ -65,8 +66,9 @@ def file_bytes(path: Path) -> int:
     return sum(disk_bytes(Path(f"{path}{suffix}")) for suffix in ("", "-wal"))
 
 
-def tree_rss(pid: int) -> int:
-    """RSS in bytes of ``pid`` and every process below it (Spark's JVM, Python workers)."""
+def tree_rss(pid: int) -> dict[str, int]:
+    """RSS in bytes of ``pid`` (``processor``) and of every process below it: Spark's JVM (``jvm``) and the rest
+    (``python_workers``: the fork servers, worker daemons and source runners)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -82,12 +84,28 @@ def tree_rss(pid: int) -> int:
         rss[int(entry)] = next(
             (int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0
         )
-    total, todo = 0, [pid]
+    kinds = {"processor": 0, "jvm": 0, "python_workers": 0}
+    todo = [pid]
     while todo:
         current = todo.pop()
-        total += rss.get(current, 0)
+        try:
+            java = Path(f"/proc/{current}/exe").resolve().name == "java"
+        except OSError:
+            java = False
+        kinds["processor" if current == pid else "jvm" if java else "python_workers"] += rss.get(current, 0)
         todo += children.get(current, [])
-    return total
+    return kinds
+
+
+class Sample(NamedTuple):
+    elapsed_s: float  # since the producer started
+    events: int  # sent so far
+    rss: dict[str, int]  # by kind of process (`tree_rss`)
+    parts: dict[str, int]  # bytes by part of the state directory (`Sampler.sample`)
+
+    @property
+    def rss_total(self) -> int:
+        return sum(self.rss.values())
 
 
 class Sampler:
@@ -169,7 +187,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         sampler = Sampler(config, state)
         producer.start()
         started = time.monotonic()
-        samples: list[tuple[float, int, int, dict[str, int]]] = []  # (s since start, events, rss, parts)
+        samples: list[Sample] = []
         end = args.minutes * 60
         while True:
             elapsed = time.monotonic() - started
@@ -178,12 +196,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if proc.popen.poll() is not None:
                 raise RuntimeError(f"the processor exited ({proc.popen.returncode}):\n{proc.log_text()[-3000:]}")
             parts = sampler.sample()
-            samples.append((elapsed, len(producer.sent), tree_rss(proc.popen.pid), parts))
+            samples.append(Sample(elapsed, len(producer.sent), tree_rss(proc.popen.pid), parts))
             sizes = ", ".join(f"{part} {parts[part] / MB:,.2f}" for part in PARTS)
             directory = parts["directory"] / MB
             say(
                 f"{elapsed / 60:5.1f} min, {len(producer.sent):,} events: directory {directory:,.1f} MB "
-                f"({sizes}); RSS {samples[-1][2] / MB:,.0f} MB"
+                f"({sizes}); RSS {samples[-1].rss_total / MB:,.0f} MB"
             )
             if elapsed >= end:
                 break
@@ -196,15 +214,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return summary(args, samples)
 
 
-def summary(args: argparse.Namespace, samples: list[tuple[float, int, int, dict[str, int]]]) -> dict[str, Any]:
+def summary(args: argparse.Namespace, samples: list[Sample]) -> dict[str, Any]:
     """Growth over the second half of the run (the first is warm-up: windows open, Spark compiles, the tables
     reach their working size)."""
-    half = samples[-1][0] / 2
-    first = next(s for s in samples if s[0] >= half)
+    half = samples[-1].elapsed_s / 2
+    first = next(s for s in samples if s.elapsed_s >= half)
     last = samples[-1]
-    span_s, events = last[0] - first[0], last[1] - first[1]
+    span_s, events = last.elapsed_s - first.elapsed_s, last.events - first.events
     per_day = 86_400 / span_s if span_s else 0.0
-    growth = {part: last[3][part] - first[3][part] for part in last[3]}
+    growth = {part: last.parts[part] - first.parts[part] for part in last.parts}
     return {
         "figure": "state directory growth of the example job, unbounded, embedded default, 1 processor",
         "unit": "MB",
@@ -219,10 +237,13 @@ def summary(args: argparse.Namespace, samples: list[tuple[float, int, int, dict[
             part: round(v / MB / (events / 1e6), 2) if events else None for part, v in growth.items()
         },
         "growth_gb_per_day": {part: round(v * per_day / 1e9, 2) for part, v in growth.items()},
-        "directory_mb_start_end": [round(first[3]["directory"] / MB, 1), round(last[3]["directory"] / MB, 1)],
-        "directory_change_pct": round(100 * growth["directory"] / first[3]["directory"], 1),
-        "rss_mb_start_end": [round(first[2] / MB), round(last[2] / MB)],
-        "rss_mb_per_min": round((last[2] - first[2]) / MB / (span_s / 60), 2) if span_s else None,
+        "directory_mb_start_end": [round(sample.parts["directory"] / MB, 1) for sample in (first, last)],
+        "directory_change_pct": round(100 * growth["directory"] / first.parts["directory"], 1),
+        "rss_mb_start_end": [round(first.rss_total / MB), round(last.rss_total / MB)],
+        "rss_mb_per_min": round((last.rss_total - first.rss_total) / MB / (span_s / 60), 2) if span_s else None,
+        "rss_mb_start_end_by_process": {
+            kind: [round(first.rss[kind] / MB), round(last.rss[kind] / MB)] for kind in last.rss
+        },
         "baseline": round(growth["input"] / MB, 2),
         "baseline_name": "the input stream's own growth over the same span (the events appended), same run",
         "target_job_owned_mb": 5,

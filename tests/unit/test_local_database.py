@@ -1,13 +1,17 @@
 """The embedded database under concurrency: processes opening one new file at the same moment (processors
-started together), and a close while another thread runs a query."""
+started together), a close while another thread runs a query, and the connections of threads that ended."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+
+import pytest
 
 from weirflow.base.sqlite import Database
 
@@ -87,3 +91,35 @@ def test_a_close_while_another_thread_runs_a_query_lets_the_query_finish(tmp_pat
     )
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     assert done.stdout.strip() == str([2_000_000] * 3), "each query ran to its end"
+
+
+def test_the_connections_of_ended_threads_are_closed_and_a_live_thread_s_is_kept(tmp_path: Path) -> None:
+    """Each thread gets a connection of its own, and a processor keeps starting threads (a trim round runs on
+    one): the connections of ended threads were kept for the database's life, each with its page cache, and
+    grew a long-running processor by megabytes a minute."""
+    db = Database(tmp_path / "job.db", SCHEMA)
+    release = threading.Event()
+    opened: list[sqlite3.Connection] = []
+
+    def use(wait: bool) -> None:
+        conn = db.connection()
+        conn.execute("INSERT INTO t VALUES (1)")
+        opened.append(conn)
+        if wait:
+            release.wait(60)
+            conn.execute("INSERT INTO t VALUES (2)")  # still open: its thread was alive throughout
+
+    live = threading.Thread(target=use, args=(True,))
+    live.start()
+    for _ in range(20):
+        short = threading.Thread(target=use, args=(False,))
+        short.start()
+        short.join()
+    newest = opened[-1]
+    for conn in opened[1:-1]:  # every ended thread's but the newest (closed when the next thread opens one)
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
+    assert newest.execute("SELECT COUNT(*) FROM t").fetchone() == (21,)
+    release.set()
+    live.join(60)
+    assert db.connection().execute("SELECT a, COUNT(*) FROM t GROUP BY a").fetchall() == [(1, 21), (2, 1)]

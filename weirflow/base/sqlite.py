@@ -21,7 +21,12 @@ from weirflow.base import telemetry
 
 
 class Database:
-    """A SQLite file with per-thread connections; ``schema`` runs once per connection (idempotent DDL)."""
+    """A SQLite file with per-thread connections; ``schema`` runs once per connection (idempotent DDL).
+
+    A connection outlives its thread until the next thread opens one: then the connections of every thread that
+    has ended are closed. A long-running processor keeps starting threads (each of the leader's trim rounds runs on
+    one), and each connection holds a page cache of its own: kept, they grew a processor without end
+    (docs/operations.md, "Running for months")."""
 
     def __init__(self, path: Path, schema: str, busy_timeout_ms: int = 10000) -> None:
         self.path = Path(path)
@@ -44,7 +49,11 @@ class Database:
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._guard:
+                ended = [held for thread, held in self._all if not thread.is_alive()]
+                self._all = [(thread, held) for thread, held in self._all if thread.is_alive()]
                 self._all.append((threading.current_thread(), conn))
+            for held in ended:  # their threads are gone, so no query runs on them
+                held.close()
         return conn
 
     def _use_wal(self, conn: sqlite3.Connection) -> None:
