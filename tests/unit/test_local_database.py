@@ -98,7 +98,7 @@ def test_the_connections_of_ended_threads_are_closed_and_a_live_thread_s_is_kept
     one): the connections of ended threads were kept for the database's life, each with its page cache, and
     grew a long-running processor by megabytes a minute."""
     db = Database(tmp_path / "job.db", SCHEMA)
-    release = threading.Event()
+    live_opened, release = threading.Event(), threading.Event()
     opened: list[sqlite3.Connection] = []
 
     def use(wait: bool) -> None:
@@ -106,11 +106,13 @@ def test_the_connections_of_ended_threads_are_closed_and_a_live_thread_s_is_kept
         conn.execute("INSERT INTO t VALUES (1)")
         opened.append(conn)
         if wait:
+            live_opened.set()
             release.wait(60)
             conn.execute("INSERT INTO t VALUES (2)")  # still open: its thread was alive throughout
 
     live = threading.Thread(target=use, args=(True,))
     live.start()
+    assert live_opened.wait(60)
     for _ in range(20):
         short = threading.Thread(target=use, args=(False,))
         short.start()

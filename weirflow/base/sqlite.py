@@ -9,6 +9,7 @@ switch to WAL are counted for ``GET /metrics`` (`weirflow.base.telemetry`, ``sto
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ class Database:
         self._schema = schema
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
-        self._all: list[tuple[threading.Thread, sqlite3.Connection]] = []  # each with the thread it serves
+        # Each with the thread it serves and the process that opened it: a forked child's copies are its parent's
+        # (SQLite's locks are per process), never closed by the child.
+        self._all: list[tuple[threading.Thread, sqlite3.Connection, int]] = []
         self._guard = threading.Lock()
         self.connection().executescript(schema)
 
@@ -49,9 +52,10 @@ class Database:
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             with self._guard:
-                ended = [held for thread, held in self._all if not thread.is_alive()]
-                self._all = [(thread, held) for thread, held in self._all if thread.is_alive()]
-                self._all.append((threading.current_thread(), conn))
+                me = os.getpid()
+                ended = [held for thread, held, pid in self._all if pid == me and not thread.is_alive()]
+                self._all = [(t, held, pid) for t, held, pid in self._all if pid != me or t.is_alive()]
+                self._all.append((threading.current_thread(), conn, me))
             for held in ended:  # their threads are gone, so no query runs on them
                 held.close()
         return conn
@@ -99,7 +103,7 @@ class Database:
         with self._guard:
             owned, self._all = self._all, []
             self._local = threading.local()
-        for thread, conn in owned:
+        for thread, conn, _ in owned:
             if thread is me or not thread.is_alive():
                 try:
                     conn.close()
