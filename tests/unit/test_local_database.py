@@ -1,5 +1,6 @@
 """The embedded database under concurrency: processes opening one new file at the same moment (processors
-started together), a close while another thread runs a query, and the connections of threads that ended."""
+started together), a close while another thread runs a query, the connections of threads that ended, and a
+forked child's inherited ones."""
 
 from __future__ import annotations
 
@@ -125,3 +126,29 @@ def test_the_connections_of_ended_threads_are_closed_and_a_live_thread_s_is_kept
     release.set()
     live.join(60)
     assert db.connection().execute("SELECT a, COUNT(*) FROM t GROUP BY a").fetchall() == [(1, 21), (2, 1)]
+
+
+def _in_a_forked_child(db: Database, inherited: sqlite3.Connection, results: object) -> None:
+    own = threading.Thread(target=lambda: db.connection().execute("SELECT 1"))  # opens the child's own
+    own.start()
+    own.join()
+    try:
+        inherited.execute("SELECT 1")
+        results.put("open")  # type: ignore[attr-defined]
+    except sqlite3.ProgrammingError as exc:
+        results.put(str(exc))  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_leaves_the_connections_it_inherited_to_its_parent(tmp_path: Path) -> None:
+    """A child forked from a processor inherits its parent's connections, threads of the parent that are not
+    its own among them: closing those copies is the parent's business (SQLite's locks are per process)."""
+    db = Database(tmp_path / "job.db", SCHEMA)
+    opened: list[sqlite3.Connection] = []
+    ended = threading.Thread(target=lambda: opened.append(db.connection()))
+    ended.start()
+    ended.join()
+    results = mp.get_context("fork").Queue()
+    child = mp.get_context("fork").Process(target=_in_a_forked_child, args=(db, opened[0], results))
+    child.start()
+    child.join(60)
+    assert results.get(timeout=10) == "open"
